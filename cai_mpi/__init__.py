@@ -1,0 +1,58 @@
+"""cai_mpi: send any CUDA Array Interface object between MPI ranks, stream-safe and self-describing.
+
+    >>> import cai_mpi
+    >>> cai_mpi.send_array(x, dest=1)          # doctest: +SKIP  (any CAI object, Array or host array)
+    >>> y = cai_mpi.recv_array(source=0)       # doctest: +SKIP  (no shape or dtype needed)
+
+Importing cai_mpi initializes MPI (through mpi4py) and duplicates COMM_WORLD
+for cai_mpi's private traffic, so every rank should import it.
+"""
+
+from __future__ import annotations
+
+from ._src.array import Array
+from ._src.comms import cuda_aware, init_world
+from ._src.config import ENV_VARS
+from ._src.descriptor import CAIDescriptor, describe
+from ._src.detect import CudaAwareness
+from ._src.device import DeviceChoice, choose_device
+from ._src.errors import (
+    CAIError,
+    CaiMpiError,
+    ProtocolError,
+    RecvMismatchError,
+    RuntimeUnavailableError,
+    StreamError,
+)
+from ._src.p2p import ANY_SOURCE, ANY_TAG, irecv_array, isend_array, recv_array, send_array
+from ._src.waitables import Request
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ANY_SOURCE",
+    "ANY_TAG",
+    "ENV_VARS",
+    "Array",
+    "CAIDescriptor",
+    "CAIError",
+    "CaiMpiError",
+    "CudaAwareness",
+    "DeviceChoice",
+    "ProtocolError",
+    "RecvMismatchError",
+    "Request",
+    "RuntimeUnavailableError",
+    "StreamError",
+    "choose_device",
+    "cuda_aware",
+    "describe",
+    "irecv_array",
+    "isend_array",
+    "recv_array",
+    "send_array",
+]
+
+# Every rank imports cai_mpi, so duplicating COMM_WORLD here cannot block a rank that never
+# calls cai_mpi later (a lazy, first-use duplicate would).
+init_world()

@@ -1,0 +1,160 @@
+"""Array: a received buffer plus its CAI descriptor and provenance, consumable zero-copy by any CAI library."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .descriptor import CAIDescriptor, descriptor_from_numpy
+from .runtime.base import DeviceBuffer
+
+try:
+    from .bufexport import BufferExporterBase
+except ImportError:  # pragma: no cover - the module ships with the package
+    BufferExporterBase = object  # type: ignore[misc,assignment]
+
+__all__ = ["Array"]
+
+
+class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
+    """What ``recv_array`` returns: the data, its descriptor, and where it came from.
+
+    Device memory exports ``__cuda_array_interface__`` (v3, ``stream`` None:
+    the data is complete when you get it), so ``cupy.asarray(a)``,
+    ``torch.as_tensor(a, device="cuda")`` and ``numba.cuda.as_cuda_array(a)``
+    adopt it without a copy. Host memory exports ``__array_interface__`` and
+    the buffer protocol, so ``numpy.asarray(a)`` is a zero-copy view. Pass an
+    Array straight back to ``send_array`` to forward it.
+
+    Attributes:
+        descriptor: the CAIDescriptor of the data (``ptr`` is its address).
+        source: rank it came from (in the communicator it was received on).
+        tag: the user tag it was sent with.
+        meta: the sender's ``meta`` dict, or None.
+        device: ``"host"`` or the GPU ordinal holding the data.
+    """
+
+    def __init__(
+        self,
+        descriptor: CAIDescriptor,
+        *,
+        device: str | int,
+        owner: Any,
+        host: np.ndarray[Any, Any] | None = None,
+        source: int = -1,
+        tag: int = -1,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.descriptor = descriptor
+        self.device = device
+        self.source = source
+        self.tag = tag
+        self.meta = meta
+        self._owner = owner  # keeps the memory alive (host ndarray, DeviceBuffer, or the user's out=)
+        self._host = host
+
+    @classmethod
+    def from_host(
+        cls,
+        host: np.ndarray[Any, Any],
+        *,
+        owner: Any = None,
+        source: int = -1,
+        tag: int = -1,
+        meta: dict[str, Any] | None = None,
+    ) -> Array:
+        """Wrap a host numpy array (no copy); ``owner`` keeps the memory alive if ``host`` does not."""
+        desc = descriptor_from_numpy(host)
+        return cls(desc, device="host", owner=host if owner is None else owner, host=host, source=source,
+                   tag=tag, meta=meta)
+
+    @classmethod
+    def from_device(
+        cls,
+        buffer: DeviceBuffer,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        *,
+        fortran: bool = False,
+        source: int = -1,
+        tag: int = -1,
+        meta: dict[str, Any] | None = None,
+    ) -> Array:
+        desc = CAIDescriptor.for_new_buffer(buffer.ptr, shape, dtype, fortran=fortran)
+        return cls(desc, device=buffer.ordinal, owner=buffer, source=source, tag=tag, meta=meta)
+
+    # -- array metadata ----------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.descriptor.shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.descriptor.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.descriptor.nbytes
+
+    @property
+    def size(self) -> int:
+        return self.descriptor.size
+
+    @property
+    def ndim(self) -> int:
+        return self.descriptor.ndim
+
+    @property
+    def is_host(self) -> bool:
+        return self.device == "host"
+
+    # -- export protocols --------------------------------------------------
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        if self._host is not None:
+            raise AttributeError(
+                "this cai_mpi.Array holds host memory: use numpy.asarray(a) (__array_interface__)"
+            )
+        return self.descriptor.to_dict()
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        if self._host is None:
+            raise AttributeError(
+                f"this cai_mpi.Array lives on GPU {self.device}: use cupy.asarray(a) or "
+                "torch.as_tensor(a, device='cuda') (__cuda_array_interface__)"
+            )
+        return self._host.__array_interface__  # type: ignore[no-any-return]
+
+    def _host_buffer_target(self) -> np.ndarray[Any, Any]:
+        if self._host is None:
+            raise BufferError(f"cai_mpi.Array on GPU {self.device} has no host buffer")
+        return self._host
+
+    def numpy(self) -> np.ndarray[Any, Any]:
+        """The data as a numpy array: a zero-copy view for host memory, a copy to host for device memory."""
+        if self._host is not None:
+            return self._host
+        from .runtime import get_runtime
+
+        rt = get_runtime()
+        out = np.empty(self.shape, self.dtype, order="F" if not self.descriptor.is_c_contiguous else "C")
+        if self.nbytes:
+            stream = rt.create_stream(int(self.device))
+            rt.copy_async(out.ctypes.data, self.descriptor.ptr, self.nbytes, stream)
+            stream.synchronize()
+        return out
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d cai_mpi.Array")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        where = "host" if self.device == "host" else f"cuda:{self.device}"
+        meta = f", meta={self.meta!r}" if self.meta else ""
+        return (
+            f"cai_mpi.Array(shape={self.shape}, dtype={self.dtype}, device={where}, "
+            f"source={self.source}, tag={self.tag}{meta})"
+        )

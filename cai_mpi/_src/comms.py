@@ -1,0 +1,103 @@
+"""Private duplicates of user communicators, cached on the communicator itself (MPI attribute caching)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+from mpi4py import MPI
+
+from .detect import CudaAwareness, agree, detect_local
+
+__all__ = ["Channels", "channels", "init_world", "cuda_aware"]
+
+
+class Channels:
+    """The two private duplicates cai_mpi uses for one user communicator.
+
+    Headers travel on ``header`` with the user's tag, so ``source``/``tag``
+    and ANY_SOURCE/ANY_TAG keep their mpi4py meaning; payloads travel on
+    ``payload`` with a per-message tag, so no header receive (even ANY_TAG
+    in another thread) can ever match a payload.
+    """
+
+    __slots__ = ("aware", "header", "payload", "tag_ub", "_tags", "__weakref__")
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.header: MPI.Comm = comm.Dup()
+        self.payload: MPI.Comm = comm.Dup()
+        self.header.Set_name(f"cai_mpi-header({comm.Get_name()})")
+        self.payload.Set_name(f"cai_mpi-payload({comm.Get_name()})")
+        tag_ub = comm.Get_attr(MPI.TAG_UB)
+        self.tag_ub: int = int(tag_ub) if tag_ub is not None else 32767
+        self._tags = itertools.count()
+        # Both sides of a message must pick compatible routes: agree once, here, while collective.
+        comm_for_agreement = self.header if not self.header.Is_inter() else None
+        local = detect_local()
+        self.aware: CudaAwareness = agree(comm_for_agreement, local) if comm_for_agreement else local
+
+    def next_payload_tag(self) -> int:
+        # itertools.count is atomic under the GIL; wrapping needs tag_ub messages in flight to collide.
+        return next(self._tags) % self.tag_ub
+
+    def free(self) -> None:
+        for c in (self.header, self.payload):
+            if c != MPI.COMM_NULL and not MPI.Is_finalized():
+                c.Free()
+
+
+def _delete_attr(comm: MPI.Comm, keyval: int, chans: Any) -> None:
+    if isinstance(chans, Channels):
+        chans.free()
+
+
+_keyval = MPI.Comm.Create_keyval(delete_fn=_delete_attr)
+_create_lock = threading.Lock()
+_world: Channels | None = None
+
+
+def init_world() -> None:
+    """Duplicate COMM_WORLD now (at import, when every rank imports cai_mpi), if MPI is initialized."""
+    global _world
+    if _world is None and MPI.Is_initialized() and not MPI.Is_finalized():
+        _world = _attach(MPI.COMM_WORLD)
+
+
+def _attach(comm: MPI.Comm) -> Channels:
+    with _create_lock:
+        chans = comm.Get_attr(_keyval)
+        if chans is None:
+            chans = Channels(comm)
+            comm.Set_attr(_keyval, chans)
+        return chans  # type: ignore[no-any-return]
+
+
+def channels(comm: MPI.Comm | None) -> Channels:
+    """The private channels of ``comm`` (None: COMM_WORLD).
+
+    For a communicator other than COMM_WORLD the first call is collective
+    over that communicator (it duplicates it twice).
+    """
+    if comm is None or comm is MPI.COMM_WORLD:
+        if _world is None:
+            init_world()
+            if _world is None:
+                raise RuntimeError("MPI is not initialized (or already finalized): call MPI.Init() first")
+        return _world
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"comm must be an mpi4py MPI.Comm or None, got {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm is MPI.COMM_NULL")
+    chans = comm.Get_attr(_keyval)
+    if chans is None:
+        chans = _attach(comm)
+    return chans  # type: ignore[no-any-return]
+
+
+def cuda_aware(comm: MPI.Comm | None = None) -> CudaAwareness:
+    """Is the MPI library CUDA-aware for ``comm``? Detected once per communicator and agreed by all ranks.
+
+    The first call for a communicator other than COMM_WORLD is collective.
+    """
+    return channels(comm).aware

@@ -1,0 +1,88 @@
+"""Environment variables cai_mpi reads: one place, one table (docs/environment.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+__all__ = ["Config", "ENV_VARS", "config", "reload_config"]
+
+#: name -> one-line meaning; docs/environment.md holds the full table.
+ENV_VARS: dict[str, str] = {
+    "CAI_MPI_SYNC": "0 turns off stream synchronization globally (the CAI v3 consumer opt-out); default 1",
+    "CAI_MPI_RUNTIME": "force the device runtime: cuda, host or simulated; default: cuda if usable, else host",
+    "CAI_MPI_CUDA_AWARE": "1/0 overrides CUDA-awareness detection of the MPI library",
+    "CAI_MPI_DEVICE": "force the GPU ordinal this rank uses (default: local rank modulo visible GPUs)",
+    "CAI_MPI_LOCAL_RANK": "override the node-local rank used to pick a GPU",
+    "CAI_MPI_CHUNK_BYTES": "staging chunk size for device buffers through host memory; default 4 MiB",
+    "CAI_MPI_MAX_MESSAGE_BYTES": "largest single MPI message; bigger payloads are split; default 1 GiB",
+    "CAI_MPI_INLINE_BYTES": "payloads up to this size travel inside the header message; default 4096",
+    "CAI_MPI_MAX_PAYLOAD_BYTES": "receiver refuses headers announcing more; default 1 TiB",
+    "CAI_MPI_DEVICE_DATATYPES": "1: strided device arrays use MPI derived datatypes when CUDA-aware (else packed)",
+}
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip().replace("_", ""), 0)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected an integer number of bytes, e.g. {name}={default}") from None
+    if value < minimum:
+        raise ValueError(f"{name}={raw!r}: must be at least {minimum}")
+    return value
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={raw!r}: expected 1 or 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    sync: bool
+    runtime: str | None
+    chunk_bytes: int
+    max_message_bytes: int
+    inline_bytes: int
+    max_payload_bytes: int
+    device_datatypes: bool
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Config:
+        runtime = env.get("CAI_MPI_RUNTIME", "").strip().lower() or None
+        if runtime not in (None, "cuda", "host", "simulated"):
+            raise ValueError(f"CAI_MPI_RUNTIME={runtime!r}: expected cuda, host or simulated")
+        return cls(
+            sync=_bool(env, "CAI_MPI_SYNC", True),
+            runtime=runtime,
+            chunk_bytes=_int(env, "CAI_MPI_CHUNK_BYTES", 4 << 20, minimum=1),
+            max_message_bytes=min(_int(env, "CAI_MPI_MAX_MESSAGE_BYTES", 1 << 30, minimum=1), 2**31 - 1),
+            inline_bytes=min(_int(env, "CAI_MPI_INLINE_BYTES", 4096), 1 << 16),
+            max_payload_bytes=_int(env, "CAI_MPI_MAX_PAYLOAD_BYTES", 1 << 40),
+            device_datatypes=_bool(env, "CAI_MPI_DEVICE_DATATYPES", False),
+        )
+
+
+_config = Config.from_env(os.environ)
+
+
+def config() -> Config:
+    return _config
+
+
+def reload_config(env: Mapping[str, str] | None = None) -> Config:
+    """Re-read the environment (tests, or after changing os.environ)."""
+    global _config
+    _config = Config.from_env(os.environ if env is None else env)
+    return _config

@@ -1,0 +1,47 @@
+"""The exception hierarchy: every error cai_mpi raises on purpose derives from CaiMpiError."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CaiMpiError",
+    "CAIError",
+    "ProtocolError",
+    "RecvMismatchError",
+    "RuntimeUnavailableError",
+    "StreamError",
+]
+
+CAI_PREFIX = "__cuda_array_interface__: "
+
+
+class CaiMpiError(Exception):
+    """Base class of every error raised by cai_mpi."""
+
+
+class CAIError(CaiMpiError, BufferError):
+    """A ``__cuda_array_interface__`` dict (or host buffer) that cai_mpi cannot use.
+
+    The message starts with ``__cuda_array_interface__:`` and names the key,
+    what was expected and what came.
+    """
+
+    def __init__(self, message: str) -> None:
+        if not message.startswith(CAI_PREFIX):
+            message = CAI_PREFIX + message
+        super().__init__(message)
+
+
+class ProtocolError(CaiMpiError):
+    """A cai_mpi header that cannot be decoded (wrong magic, version, truncated, absurd sizes)."""
+
+
+class RecvMismatchError(CaiMpiError, ValueError):
+    """The incoming message does not fit the ``out=`` buffer; the payload was discarded."""
+
+
+class StreamError(CaiMpiError):
+    """A CAI stream handle that cannot be synchronized on this rank."""
+
+
+class RuntimeUnavailableError(CaiMpiError):
+    """The requested device runtime (CUDA, simulated) cannot be used here."""

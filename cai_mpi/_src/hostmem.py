@@ -1,0 +1,104 @@
+"""Numpy views of raw host memory described by a CAIDescriptor, and a pool of reusable receive buffers."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+import numpy as np
+
+from .descriptor import CAIDescriptor
+
+__all__ = ["HostBufferPool", "host_view", "host_pool"]
+
+
+def host_view(desc: CAIDescriptor, *, readonly: bool | None = None) -> np.ndarray[Any, Any]:
+    """A numpy array viewing the host memory ``desc`` describes (no copy, no ownership)."""
+    if desc.size == 0 or desc.ptr == 0:
+        return np.empty(desc.shape, desc.dtype)
+    low, high = desc.byte_extent
+    raw = (ctypes.c_char * (high - low)).from_address(desc.ptr + low)
+    arr: np.ndarray[Any, Any] = np.ndarray(
+        desc.shape, desc.dtype, buffer=raw, offset=-low, strides=desc.byte_strides
+    )
+    if desc.readonly if readonly is None else readonly:
+        arr.flags.writeable = False
+    return arr
+
+
+class HostBufferPool:
+    """Recycles host receive buffers by size class, so steady-state receives do not page-fault.
+
+    Buffers are numpy uint8 arrays; a buffer returns to the pool when the
+    last reference to it (an Array, a numpy view) is dropped. Only sizes
+    from ``min_bytes`` to ``max_bytes`` are pooled; ``max_cached`` bounds the
+    bytes held idle.
+    """
+
+    def __init__(self, min_bytes: int = 1 << 16, max_bytes: int = 1 << 30, max_cached: int = 1 << 30) -> None:
+        self.min_bytes = min_bytes
+        self.max_bytes = max_bytes
+        self.max_cached = max_cached
+        self._free: dict[int, list[np.ndarray[Any, Any]]] = {}
+        self._cached = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _size_class(nbytes: int) -> int:
+        return 1 << (nbytes - 1).bit_length()
+
+    def take(self, nbytes: int) -> np.ndarray[Any, Any]:
+        """A writable uint8 array of at least ``nbytes`` (exactly ``nbytes`` long)."""
+        if nbytes < self.min_bytes or nbytes > self.max_bytes:
+            return np.empty(nbytes, np.uint8)
+        cls = self._size_class(nbytes)
+        with self._lock:
+            bucket = self._free.get(cls)
+            block = bucket.pop() if bucket else None
+            if block is not None:
+                self._cached -= cls
+        if block is None:
+            block = np.empty(cls, np.uint8)
+        view = _PooledView(block, self)
+        return view[:nbytes].view(np.ndarray)
+
+    def _give_back(self, block: np.ndarray[Any, Any]) -> None:
+        cls = block.nbytes
+        with self._lock:
+            if self._cached + cls <= self.max_cached:
+                self._free.setdefault(cls, []).append(block)
+                self._cached += cls
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+            self._cached = 0
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._cached
+
+
+class _PooledView(np.ndarray):  # type: ignore[type-arg]
+    """The view handed out by the pool: when it (and every view of it) dies, the block goes back."""
+
+    def __new__(cls, block: np.ndarray[Any, Any], pool: HostBufferPool) -> _PooledView:
+        self = block.view(cls)
+        self._pool_ref = (block, pool)
+        return self
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self._pool_ref = None
+
+    def __del__(self) -> None:
+        ref = self._pool_ref
+        if ref is not None:
+            ref[1]._give_back(ref[0])
+
+
+_pool = HostBufferPool()
+
+
+def host_pool() -> HostBufferPool:
+    return _pool

@@ -1,0 +1,427 @@
+"""Point-to-point transfer: send_array / recv_array and their nonblocking forms."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Generator
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .array import Array
+from .buffers import Outgoing, Target, resolve_outgoing, resolve_target
+from .comms import Channels, channels
+from .config import Config, config
+from .datatypes import strided_type
+from .errors import ProtocolError, RecvMismatchError
+from .hostmem import host_pool, host_view
+from .runtime import get_runtime
+from .runtime.base import DeviceBuffer, MemoryKind, Runtime
+from .staging import internal_stream, staged_recv, staged_send
+from .waitables import EventWait, MPIWait, Request, Waitable
+from .wire import HEADER_BUFFER_BYTES, Header, decode_header, encode_header, encode_meta
+
+__all__ = ["irecv_array", "isend_array", "recv_array", "send_array"]
+
+ANY_SOURCE: int = MPI.ANY_SOURCE
+ANY_TAG: int = MPI.ANY_TAG
+
+_tls = threading.local()
+_header_buffers: list[bytearray] = []  # free list for nonblocking receives
+
+
+def _take_header_buffer() -> bytearray:
+    try:
+        return _header_buffers.pop()
+    except IndexError:
+        return bytearray(HEADER_BUFFER_BYTES)
+
+
+def _check_rank(name: str, value: Any, comm: MPI.Comm, *, wildcard: bool) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int rank, got {type(value).__name__}")
+    value = int(value)
+    if wildcard and value == MPI.ANY_SOURCE:
+        return value
+    size = comm.Get_remote_size() if comm.Is_inter() else comm.Get_size()
+    if value == MPI.PROC_NULL:
+        return value
+    if not 0 <= value < size:
+        raise ValueError(f"{name}={value} is not a rank of this communicator (size {size})")
+    return value
+
+
+def _check_tag(value: Any, chans: Channels, *, wildcard: bool) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise TypeError(f"tag must be an int, got {type(value).__name__}")
+    value = int(value)
+    if wildcard and value == MPI.ANY_TAG:
+        return value
+    if not 0 <= value <= chans.tag_ub:
+        raise ValueError(f"tag={value} is outside 0..{chans.tag_ub} (MPI.TAG_UB)")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sending
+
+
+def _payload_chunks(nbytes: int, chunk: int) -> list[tuple[int, int]]:
+    return [(off, min(chunk, nbytes - off)) for off in range(0, nbytes, chunk)]
+
+
+def _send_gen(
+    out: Outgoing, chans: Channels, dest: int, tag: int, meta_bytes: bytes, cfg: Config, rt: Runtime
+) -> Generator[Waitable, None, None]:
+    nbytes = out.nbytes
+    hcomm, pcomm = chans.header, chans.payload
+    host = out.host
+    if host is not None and nbytes <= cfg.inline_bytes:
+        # Small host payload rides inside the header: one message, no payload tag needed.
+        header = encode_header(
+            out.dtype, out.shape, fortran=out.fortran, payload_tag=0, meta_bytes=meta_bytes,
+            inline=memoryview(out.wire_bytes()),
+        )
+        yield MPIWait([hcomm.Isend([header, MPI.BYTE], dest, tag)])
+        return
+
+    ptag = chans.next_payload_tag()
+    reqs: list[MPI.Request] = []
+    if host is not None or (out.location.kind is MemoryKind.DEVICE and chans.aware.aware):
+        # MPI reads the memory directly: host, managed, or device through a CUDA-aware MPI.
+        if out.contiguous or out.fortran:
+            chunk = cfg.max_message_bytes if nbytes > cfg.max_message_bytes else 0
+            header = encode_header(
+                out.dtype, out.shape, fortran=out.fortran, payload_tag=ptag, chunk_bytes=chunk,
+                meta_bytes=meta_bytes,
+            )
+            reqs.append(hcomm.Isend([header, MPI.BYTE], dest, tag))
+            for off, n in _payload_chunks(nbytes, chunk or nbytes):
+                buf = MPI.buffer.fromaddress(out.ptr + off, n, readonly=True)
+                reqs.append(pcomm.Isend([buf, n, MPI.BYTE], dest, ptag))
+            yield MPIWait(reqs)
+            return
+        if host is not None and nbytes <= cfg.max_message_bytes:
+            # Strided host data: MPI gathers it in place through a derived datatype (no copy).
+            dtype_mpi, low = strided_type(host.shape, host.strides, host.itemsize)
+            extent = dtype_mpi.Get_extent()[1]
+            header = encode_header(out.dtype, out.shape, fortran=False, payload_tag=ptag, meta_bytes=meta_bytes)
+            reqs.append(hcomm.Isend([header, MPI.BYTE], dest, tag))
+            buf = MPI.buffer.fromaddress(out.ptr + low, extent, readonly=True)
+            reqs.append(pcomm.Isend([buf, 1, dtype_mpi], dest, ptag))
+            yield MPIWait(reqs)
+            return
+        if host is not None:
+            # Strided and larger than one MPI message: pack to a contiguous copy, then send it in chunks.
+            packed = np.ascontiguousarray(host)
+            yield from _send_gen(
+                Outgoing.from_host(packed, out.keep), chans, dest, tag, meta_bytes, cfg, rt
+            )
+            return
+
+    # Device memory: pack strided data on the device, then send directly (CUDA-aware) or staged.
+    assert out.desc is not None and out.location.ordinal is not None
+    ordinal = out.location.ordinal
+    src_ptr = out.ptr
+    packed_buf: DeviceBuffer | None = None
+    fortran = out.fortran
+    if not (out.contiguous or out.fortran):
+        stream = internal_stream(rt, ordinal)
+        packed_buf = rt.pack(out.desc, ordinal, stream)
+        ev = rt.record_event(stream)
+        if out.desc.stream is not None:
+            # CAI v3: the producer's stream must not run ahead into the data before the pack is done.
+            rt.stream_wait_event(out.desc.stream, ev, ordinal)
+        yield EventWait(ev)
+        src_ptr, fortran = packed_buf.ptr, False
+    if chans.aware.aware:
+        chunk = cfg.max_message_bytes if nbytes > cfg.max_message_bytes else 0
+    else:
+        chunk = min(cfg.chunk_bytes, nbytes)
+    header = encode_header(
+        out.dtype, out.shape, fortran=fortran, payload_tag=ptag, chunk_bytes=chunk, meta_bytes=meta_bytes
+    )
+    hreq = hcomm.Isend([header, MPI.BYTE], dest, tag)
+    if chans.aware.aware:
+        for off, n in _payload_chunks(nbytes, chunk or nbytes):
+            buf = MPI.buffer.fromaddress(src_ptr + off, n, readonly=True)
+            reqs.append(pcomm.Isend([buf, n, MPI.BYTE], dest, ptag))
+    else:
+        yield from staged_send(rt, pcomm, dest, ptag, src_ptr, nbytes, chunk, ordinal)
+    yield MPIWait([hreq, *reqs])
+    del packed_buf
+
+
+def isend_array(
+    obj: Any,
+    dest: int,
+    tag: int = 0,
+    comm: MPI.Comm | None = None,
+    *,
+    sync: bool | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Request[None]:
+    """Start sending ``obj`` to ``dest``; returns a Request (``wait()`` -> None, ``test()`` -> bool).
+
+    The producer's stream is synchronized before this returns (see
+    ``send_array``), so work you enqueue afterwards cannot race with the
+    data MPI reads; modifying the buffer before ``wait()`` is an error.
+    The request keeps ``obj`` alive until it completes.
+    """
+    chans = channels(comm)
+    dest = _check_rank("dest", dest, chans.header, wildcard=False)
+    tag = _check_tag(tag, chans, wildcard=False)
+    meta_bytes = encode_meta(meta)
+    rt = get_runtime()
+    out = resolve_outgoing(obj, sync, rt)
+    if dest == MPI.PROC_NULL:
+        return Request(iter(()), None)  # type: ignore[arg-type]
+    cfg = config()
+    return Request(_send_gen(out, chans, dest, tag, meta_bytes, cfg, rt), keep=(obj, out))
+
+
+def send_array(
+    obj: Any,
+    dest: int,
+    tag: int = 0,
+    comm: MPI.Comm | None = None,
+    *,
+    sync: bool | None = None,
+    meta: dict[str, Any] | None = None,
+) -> None:
+    """Send any CAI object (or host array, or Array) to rank ``dest``; the message describes itself.
+
+    Before MPI reads the data, the exporter's stream is synchronized
+    (CAI v3 rules; ``sync=False`` skips it, ``CAI_MPI_SYNC=0`` changes the
+    default). ``meta`` is a small JSON dict delivered as ``Array.meta``.
+    ``comm=None`` means COMM_WORLD; the first use of any other communicator
+    is collective over it (cai_mpi duplicates it).
+
+    Example:
+        >>> send_array(cupy.arange(10), dest=1, meta={"step": 3})  # doctest: +SKIP
+    """
+    isend_array(obj, dest, tag, comm, sync=sync, meta=meta).wait()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# receiving
+
+
+def _mismatch(h: Header, target: Target) -> str | None:
+    if tuple(h.shape) != target.shape:
+        return "shapes differ"
+    if h.dtype != target.dtype:
+        return "dtypes differ"
+    if target.readonly:
+        return "out= is read-only"
+    if target.self_overlapping:
+        return "out= has overlapping strides (elements share memory)"
+    return None
+
+
+def _discard(pcomm: MPI.Comm, h: Header, source: int) -> Generator[Waitable, None, None]:
+    """Receive and drop a payload so nothing stays unmatched on the communicator."""
+    if h.nchunks == 0:
+        return
+    chunk = h.chunk_bytes or h.payload_nbytes
+    scratch = np.empty(min(chunk, h.payload_nbytes), np.uint8)
+    for _off, n in _payload_chunks(h.payload_nbytes, chunk):
+        yield MPIWait([pcomm.Irecv([scratch, n, MPI.BYTE], source, h.payload_tag)])
+
+
+def _recv_into_host(
+    pcomm: MPI.Comm, h: Header, source: int, dst: np.ndarray[Any, Any]
+) -> Generator[Waitable, None, None]:
+    """Receive the payload into host array ``dst`` viewed in wire order (C-contiguous or strided)."""
+    nbytes = h.payload_nbytes
+    if h.inline is not None:
+        if dst.flags.c_contiguous:
+            dst.reshape(-1).view(np.uint8)[:] = np.frombuffer(h.inline, np.uint8)
+        else:
+            np.copyto(dst, np.frombuffer(h.inline, h.dtype).reshape(dst.shape), casting="no")
+        return
+    if nbytes == 0:
+        return
+    if dst.flags.c_contiguous:
+        chunk = h.chunk_bytes or nbytes
+        base = dst.ctypes.data
+        reqs = [
+            pcomm.Irecv([MPI.buffer.fromaddress(base + off, n), n, MPI.BYTE], source, h.payload_tag)
+            for off, n in _payload_chunks(nbytes, chunk)
+        ]
+        yield MPIWait(reqs)
+    elif h.nchunks == 1:
+        dtype_mpi, low = strided_type(dst.shape, dst.strides, dst.itemsize)
+        buf = MPI.buffer.fromaddress(dst.ctypes.data + low, dtype_mpi.Get_extent()[1])
+        yield MPIWait([pcomm.Irecv([buf, 1, dtype_mpi], source, h.payload_tag)])
+    else:
+        tmp = np.empty(dst.shape, dst.dtype)
+        yield from _recv_into_host(pcomm, h, source, tmp)
+        np.copyto(dst, tmp, casting="no")
+
+
+def _recv_into_device(
+    chans: Channels, rt: Runtime, h: Header, source: int, ptr: int, ordinal: int
+) -> Generator[Waitable, None, None]:
+    """Receive the payload into contiguous device memory at ``ptr`` (directly or staged)."""
+    nbytes = h.payload_nbytes
+    if nbytes == 0:
+        return
+    if h.inline is not None:
+        stream = internal_stream(rt, ordinal)
+        staging = np.frombuffer(h.inline, np.uint8).copy()  # the header buffer is reused after we return
+        rt.copy_async(ptr, staging.ctypes.data, nbytes, stream)
+        yield EventWait(rt.record_event(stream))
+        return
+    chunk = h.chunk_bytes or nbytes
+    if chans.aware.aware:
+        reqs = [
+            chans.payload.Irecv([MPI.buffer.fromaddress(ptr + off, n), n, MPI.BYTE], source, h.payload_tag)
+            for off, n in _payload_chunks(nbytes, chunk)
+        ]
+        yield MPIWait(reqs)
+    else:
+        yield from staged_recv(rt, chans.payload, source, h.payload_tag, ptr, nbytes, chunk, ordinal)
+
+
+def _pick_device(device: Any, rt: Runtime) -> int | None:
+    """The GPU ordinal to receive into, or None for host memory."""
+    if device is None:
+        return rt.current_device() if rt.device_count() > 0 else None
+    if device == "host":
+        return None
+    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+        count = rt.device_count()
+        if not 0 <= int(device) < count:
+            raise ValueError(
+                f"device={device}: this rank has {count} usable GPU(s) (runtime {rt.name!r}); "
+                "use device='host' or an ordinal below the count"
+            )
+        return int(device)
+    raise ValueError(f"device must be None, 'host' or a GPU ordinal, got {device!r}")
+
+
+def _recv_gen(
+    chans: Channels,
+    hbuf: bytearray,
+    status: MPI.Status,
+    header_wait: Waitable | None,
+    target: Target | None,
+    device: Any,
+    rt: Runtime,
+    cfg: Config,
+) -> Generator[Waitable, None, Array]:
+    if header_wait is not None:
+        yield header_wait
+    source, tag = status.Get_source(), status.Get_tag()
+    h = decode_header(hbuf, status.Get_count(MPI.BYTE), max_payload_bytes=cfg.max_payload_bytes)
+    if target is not None:
+        problem = _mismatch(h, target)
+        if problem is not None:
+            yield from _discard(chans.payload, h, source)
+            raise RecvMismatchError(
+                f"recv_array: the message from rank {source} (tag {tag}: {h.describe()}) does not fit "
+                f"out= ({target.describe()}): {problem}; the payload was received and discarded"
+            )
+        # The receive buffer may still be in use by its producer: wait before MPI writes (CAI v3).
+        target.sync_before_write(rt)
+        if target.host is not None:
+            dst = target.host.T if h.fortran else target.host
+            yield from _recv_into_host(chans.payload, h, source, dst)
+            return Array.from_host(target.host, owner=target.owner, source=source, tag=tag, meta=h.meta)
+        assert target.desc is not None and target.ordinal is not None
+        wire_desc = target.desc.transposed() if h.fortran else target.desc
+        if wire_desc.is_c_contiguous:
+            yield from _recv_into_device(chans, rt, h, source, target.desc.ptr, target.ordinal)
+        else:
+            tmp = rt.alloc_device(h.payload_nbytes, target.ordinal)
+            yield from _recv_into_device(chans, rt, h, source, tmp.ptr, target.ordinal)
+            stream = internal_stream(rt, target.ordinal)
+            rt.unpack(tmp.ptr, wire_desc, target.ordinal, stream)
+            yield EventWait(rt.record_event(stream))
+            del tmp
+        return Array(
+            target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=source, tag=tag,
+            meta=h.meta,
+        )
+
+    ordinal = _pick_device(device, rt)
+    if ordinal is None:
+        block = host_pool().take(h.payload_nbytes)
+        arr = np.ndarray(h.shape, h.dtype, buffer=block, order="F" if h.fortran else "C")
+        yield from _recv_into_host(chans.payload, h, source, arr.T if h.fortran else arr)
+        return Array.from_host(arr, source=source, tag=tag, meta=h.meta)
+    dbuf = rt.alloc_device(h.payload_nbytes, ordinal)
+    yield from _recv_into_device(chans, rt, h, source, dbuf.ptr, ordinal)
+    return Array.from_device(dbuf, h.shape, h.dtype, fortran=h.fortran, source=source, tag=tag, meta=h.meta)
+
+
+def irecv_array(
+    source: int = ANY_SOURCE,
+    tag: int = ANY_TAG,
+    comm: MPI.Comm | None = None,
+    *,
+    out: Any = None,
+    device: str | int | None = None,
+) -> Request[Array]:
+    """Start receiving an array; ``wait()`` returns the Array. See ``recv_array``."""
+    chans = channels(comm)
+    source = _check_rank("source", source, chans.header, wildcard=True)
+    tag = _check_tag(tag, chans, wildcard=True)
+    rt = get_runtime()
+    target = resolve_target(out, rt) if out is not None else None  # a bad out= fails before matching
+    hbuf = _take_header_buffer()
+    status = MPI.Status()
+    hreq = chans.header.Irecv([hbuf, MPI.BYTE], source, tag)
+    gen = _recv_gen(chans, hbuf, status, MPIWait([hreq], status), target, device, rt, config())
+    return Request(_returning_buffer(gen, hbuf), keep=(out, hbuf))
+
+
+def _returning_buffer(gen: Generator[Waitable, None, Array], hbuf: bytearray) -> Generator[Waitable, None, Array]:
+    try:
+        return (yield from gen)
+    finally:
+        _header_buffers.append(hbuf)
+
+
+def recv_array(
+    source: int = ANY_SOURCE,
+    tag: int = ANY_TAG,
+    comm: MPI.Comm | None = None,
+    *,
+    out: Any = None,
+    device: str | int | None = None,
+) -> Array:
+    """Receive an array sent with ``send_array``; no shape or dtype needed.
+
+    Args:
+        source, tag: as in mpi4py (ANY_SOURCE / ANY_TAG allowed).
+        comm: None for COMM_WORLD; the first use of another communicator is collective.
+        out: a writable CAI object or host array to receive into. The header
+            is checked against it first; on mismatch RecvMismatchError is
+            raised after the payload was received and discarded.
+        device: None (a GPU when this rank has one, else host), "host", or a GPU ordinal.
+
+    Returns:
+        An Array carrying the data, its descriptor, ``source``, ``tag`` and ``meta``.
+    """
+    chans = channels(comm)
+    source = _check_rank("source", source, chans.header, wildcard=True)
+    tag = _check_tag(tag, chans, wildcard=True)
+    try:
+        hbuf, status = _tls.hbuf, _tls.status
+    except AttributeError:
+        hbuf, status = _tls.hbuf, _tls.status = bytearray(HEADER_BUFFER_BYTES), MPI.Status()
+    rt = get_runtime()
+    target = resolve_target(out, rt) if out is not None else None  # a bad out= fails before matching
+    chans.header.Recv([hbuf, MPI.BYTE], source, tag, status)
+    gen = _recv_gen(chans, hbuf, status, None, target, device, rt, config())
+    try:
+        while True:
+            next(gen).wait()
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+__all__ += ["ANY_SOURCE", "ANY_TAG", "ProtocolError"]

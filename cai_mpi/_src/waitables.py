@@ -1,0 +1,125 @@
+"""What a transfer step waits on (MPI requests, device events), and the Request that drives the steps."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any, Generic, TypeVar
+
+from mpi4py import MPI
+
+from .runtime.base import Event
+
+__all__ = ["EventWait", "MPIWait", "Request", "Waitable"]
+
+T = TypeVar("T")
+
+
+class Waitable:
+    __slots__ = ()
+
+    def wait(self) -> None:
+        raise NotImplementedError
+
+    def test(self) -> bool:
+        raise NotImplementedError
+
+
+class MPIWait(Waitable):
+    """Completion of MPI requests; with ``status``, the (single) request's status is filled in."""
+
+    __slots__ = ("reqs", "status")
+
+    def __init__(self, reqs: list[MPI.Request], status: MPI.Status | None = None) -> None:
+        self.reqs = reqs
+        self.status = status
+
+    def wait(self) -> None:
+        if self.status is not None:
+            self.reqs[0].Wait(self.status)
+        else:
+            MPI.Request.Waitall(self.reqs)
+
+    def test(self) -> bool:
+        if self.status is not None:
+            return bool(self.reqs[0].Test(self.status))
+        return bool(MPI.Request.Testall(self.reqs))
+
+
+class EventWait(Waitable):
+    __slots__ = ("event",)
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
+
+    def wait(self) -> None:
+        self.event.synchronize()
+
+    def test(self) -> bool:
+        return self.event.query()
+
+
+_DONE = object()
+
+
+class Request(Generic[T]):
+    """A nonblocking cai_mpi operation: ``wait()`` returns its result, ``test()`` says if it completed.
+
+    The request holds every object whose memory the transfer uses (the
+    source object, temporaries, the receive buffer) until it completes, so
+    dropping your own references right after ``isend_array`` is safe.
+    Modifying a send buffer, or reading a receive buffer, before ``wait()``
+    returns is an error, as with any MPI nonblocking call.
+    """
+
+    __slots__ = ("_error", "_gen", "_keep", "_pending", "_result")
+
+    def __init__(self, gen: Generator[Waitable, None, T], keep: Any = None) -> None:
+        self._gen: Generator[Waitable, None, T] | None = gen
+        self._keep = keep
+        self._result: Any = _DONE
+        self._error: BaseException | None = None
+        self._pending: Waitable | None = None
+        self._advance()
+
+    def _advance(self) -> None:
+        assert self._gen is not None
+        try:
+            self._pending = next(self._gen)
+        except StopIteration as stop:
+            self._finish(stop.value, None)
+        except BaseException as exc:
+            self._finish(None, exc)
+            raise
+
+    def _finish(self, result: Any, error: BaseException | None) -> None:
+        self._result = result
+        self._error = error
+        self._gen = None
+        self._pending = None
+        self._keep = None
+
+    @property
+    def done(self) -> bool:
+        return self._gen is None
+
+    def wait(self) -> T:
+        """Block until the operation completes; return its result (the Array for receives, else None)."""
+        while self._gen is not None:
+            assert self._pending is not None
+            self._pending.wait()
+            self._advance()
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[no-any-return]
+
+    def test(self) -> bool:
+        """Make progress without blocking; True once the operation has completed (then ``wait()`` returns)."""
+        while self._gen is not None:
+            assert self._pending is not None
+            if not self._pending.test():
+                return False
+            self._advance()
+        return True
+
+    def __repr__(self) -> str:
+        return f"<cai_mpi.Request {'done' if self.done else 'pending'}>"

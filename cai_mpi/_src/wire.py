@@ -1,0 +1,231 @@
+"""The cai_mpi header: a versioned, self-describing binary record, decoded strictly (docs/protocol.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import struct
+from typing import Any
+
+import numpy as np
+
+from .errors import CAIError, ProtocolError
+
+__all__ = [
+    "FLAG_FORTRAN",
+    "FLAG_INLINE",
+    "HEADER_BUFFER_BYTES",
+    "Header",
+    "MAGIC",
+    "MAX_DTYPE_BYTES",
+    "MAX_INLINE_BYTES",
+    "MAX_META_BYTES",
+    "MAX_NDIM",
+    "PROTOCOL_VERSION",
+    "decode_header",
+    "encode_header",
+    "encode_meta",
+]
+
+MAGIC = b"CAIM"
+PROTOCOL_VERSION = 1
+
+# magic, version, flags, ndim, reserved, payload_nbytes, chunk_bytes, payload_tag, dtype_len, reserved,
+# meta_len, reserved
+_PREFIX = struct.Struct("<4sBBBBQQiHHII")
+PREFIX_BYTES = _PREFIX.size  # 40
+
+FLAG_INLINE = 0x01  # the payload follows the header in the same message
+FLAG_STRUCTURED = 0x02  # the dtype field is a JSON numpy descr, not a typestr
+FLAG_META = 0x04  # a JSON meta dict follows the dtype field
+FLAG_FORTRAN = 0x08  # payload bytes are in Fortran (column-major) order
+_KNOWN_FLAGS = FLAG_INLINE | FLAG_STRUCTURED | FLAG_META | FLAG_FORTRAN
+
+MAX_NDIM = 64
+MAX_DTYPE_BYTES = 16 << 10
+MAX_META_BYTES = 16 << 10
+MAX_INLINE_BYTES = 64 << 10
+#: Every header fits in this many bytes: receivers post buffers of this size.
+HEADER_BUFFER_BYTES = PREFIX_BYTES + 8 * MAX_NDIM + MAX_DTYPE_BYTES + MAX_META_BYTES + MAX_INLINE_BYTES
+
+
+@dataclasses.dataclass(frozen=True)
+class Header:
+    """A decoded header. ``inline`` is a memoryview of the payload when it travelled inside the header."""
+
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    fortran: bool
+    payload_nbytes: int
+    chunk_bytes: int
+    payload_tag: int
+    meta: dict[str, Any] | None
+    inline: memoryview | None
+
+    @property
+    def nchunks(self) -> int:
+        """How many MPI messages carry the payload (0 when inline or empty)."""
+        if self.inline is not None or self.payload_nbytes == 0:
+            return 0
+        if self.chunk_bytes == 0:
+            return 1
+        return -(-self.payload_nbytes // self.chunk_bytes)
+
+    def describe(self) -> str:
+        order = "F" if self.fortran else "C"
+        return f"shape={self.shape} dtype={self.dtype.str if self.dtype.names is None else self.dtype} order={order}"
+
+
+@functools.lru_cache(maxsize=256)
+def _dtype_field(dtype: np.dtype[Any]) -> tuple[bytes, int]:
+    if dtype.names is not None:
+        return json.dumps(dtype.descr, separators=(",", ":")).encode(), FLAG_STRUCTURED
+    return dtype.str.encode(), 0
+
+
+@functools.lru_cache(maxsize=256)
+def _dtype_from_field(field: bytes, structured: bool) -> np.dtype[Any]:
+    if structured:
+        descr = json.loads(field)
+        return np.dtype(_tuplify_descr(descr))
+    return np.dtype(field.decode("ascii"))
+
+
+def _tuplify_descr(descr: Any) -> Any:
+    # JSON turns the (name, type[, shape]) tuples into lists; numpy wants tuples.
+    out = []
+    for field in descr:
+        name, typ, *rest = field
+        if isinstance(typ, list):
+            typ = _tuplify_descr(typ)
+        out.append((name, typ, *(tuple(r) for r in rest)))
+    return out
+
+
+def encode_meta(meta: Any) -> bytes:
+    """Serialise ``meta`` for the header, refusing anything that would not come back identical."""
+    if meta is None:
+        return b""
+    if not isinstance(meta, dict):
+        raise TypeError(f"meta must be a dict of JSON values, got {type(meta).__name__}")
+    try:
+        raw = json.dumps(meta, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"meta must hold only JSON values (str keys; str, int, float, bool, None, list, dict): {exc}")\
+            from None
+    if len(raw) > MAX_META_BYTES:
+        raise ValueError(f"meta is {len(raw)} bytes as JSON; the limit is {MAX_META_BYTES} bytes")
+    if json.loads(raw) != meta:
+        raise TypeError(
+            "meta would not survive JSON unchanged (non-str dict keys or tuples?): "
+            f"{meta!r} would arrive as {json.loads(raw)!r}"
+        )
+    return raw
+
+
+def encode_header(
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...],
+    *,
+    fortran: bool,
+    payload_tag: int,
+    chunk_bytes: int = 0,
+    meta_bytes: bytes = b"",
+    inline: memoryview | bytes | None = None,
+) -> bytes:
+    """Build the header message (with the payload appended when ``inline`` is given)."""
+    ndim = len(shape)
+    if ndim > MAX_NDIM:
+        raise CAIError(f"'shape' has {ndim} dimensions; cai_mpi sends at most {MAX_NDIM}")
+    dfield, flags = _dtype_field(dtype)
+    if len(dfield) > MAX_DTYPE_BYTES:
+        raise CAIError(f"'descr' is {len(dfield)} bytes as JSON; the limit is {MAX_DTYPE_BYTES}")
+    if fortran:
+        flags |= FLAG_FORTRAN
+    if meta_bytes:
+        flags |= FLAG_META
+    nbytes = math.prod(shape) * dtype.itemsize
+    parts: list[Any] = [
+        _PREFIX.pack(
+            MAGIC, PROTOCOL_VERSION, flags | (FLAG_INLINE if inline is not None else 0), ndim, 0,
+            nbytes, chunk_bytes, payload_tag, len(dfield), 0, len(meta_bytes), 0,
+        ),
+        struct.pack(f"<{ndim}Q", *shape),
+        dfield,
+        meta_bytes,
+    ]
+    if inline is not None:
+        parts.append(inline)
+    return b"".join(parts)
+
+
+def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> Header:
+    """Decode the first ``nbytes`` of ``buf``; raise ProtocolError on anything malformed.
+
+    Sizes are checked before the caller allocates anything: a header
+    announcing more than ``max_payload_bytes`` is refused.
+    """
+    mv = memoryview(buf)[:nbytes]
+    if nbytes < PREFIX_BYTES:
+        raise ProtocolError(
+            f"truncated cai_mpi header: {nbytes} bytes, need at least {PREFIX_BYTES} "
+            "(is another library sending on cai_mpi's private communicator?)"
+        )
+    (magic, version, flags, ndim, _r0, payload_nbytes, chunk_bytes, payload_tag, dlen, _r1, mlen, _r2) = (
+        _PREFIX.unpack_from(mv)
+    )
+    if magic != MAGIC:
+        raise ProtocolError(f"not a cai_mpi header: magic {bytes(magic)!r}, expected {MAGIC!r}")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"cai_mpi protocol version {version} is not supported (this is version {PROTOCOL_VERSION}): "
+            "run the same cai_mpi version on every rank"
+        )
+    if flags & ~_KNOWN_FLAGS:
+        raise ProtocolError(f"unknown header flags {flags & ~_KNOWN_FLAGS:#x}")
+    if ndim > MAX_NDIM or dlen > MAX_DTYPE_BYTES or mlen > MAX_META_BYTES or dlen == 0:
+        raise ProtocolError(f"header field sizes out of range: ndim={ndim} dtype={dlen}B meta={mlen}B")
+    inline = bool(flags & FLAG_INLINE)
+    fixed = PREFIX_BYTES + 8 * ndim + dlen + mlen
+    expected = fixed + (payload_nbytes if inline else 0)
+    if nbytes != expected:
+        raise ProtocolError(f"truncated or padded cai_mpi header: {nbytes} bytes, the fields say {expected}")
+    shape = struct.unpack_from(f"<{ndim}Q", mv, PREFIX_BYTES)
+    off = PREFIX_BYTES + 8 * ndim
+    try:
+        dtype = _dtype_from_field(bytes(mv[off : off + dlen]), bool(flags & FLAG_STRUCTURED))
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"header dtype field is not a numpy dtype: {exc}") from None
+    off += dlen
+    meta = None
+    if flags & FLAG_META:
+        try:
+            meta = json.loads(bytes(mv[off : off + mlen]))
+        except ValueError as exc:
+            raise ProtocolError(f"header meta is not JSON: {exc}") from None
+    off += mlen
+    count = math.prod(shape)
+    if count * dtype.itemsize != payload_nbytes:
+        raise ProtocolError(
+            f"header says {payload_nbytes} payload bytes but shape {shape} x itemsize {dtype.itemsize} "
+            f"is {count * dtype.itemsize}"
+        )
+    if payload_nbytes > max_payload_bytes:
+        raise ProtocolError(
+            f"header announces {payload_nbytes} payload bytes, over the limit of {max_payload_bytes} "
+            "(raise CAI_MPI_MAX_PAYLOAD_BYTES if this is intended)"
+        )
+    if payload_tag < 0:
+        raise ProtocolError(f"negative payload tag {payload_tag}")
+    return Header(
+        dtype=dtype,
+        shape=shape,
+        fortran=bool(flags & FLAG_FORTRAN),
+        payload_nbytes=payload_nbytes,
+        chunk_bytes=chunk_bytes,
+        payload_tag=payload_tag,
+        meta=meta,
+        inline=mv[off : off + payload_nbytes] if inline else None,
+    )
