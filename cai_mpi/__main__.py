@@ -1,0 +1,37 @@
+"""Command line: `python -m cai_mpi {info,demo,bench}` (also installed as `cai-mpi`)."""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["main"]
+
+_USAGE = """usage: python -m cai_mpi COMMAND [options]   (run under mpiexec for several ranks)
+
+commands:
+  info    what this MPI/GPU setup looks like to cai_mpi (CUDA-aware?, GPUs, versions, settings)
+  demo    send arrays of many layouts around a ring of ranks and check them exactly
+  bench   latency / bandwidth / pipeline benchmarks, side by side with raw mpi4py
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(_USAGE)
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "info":
+        from ._src.info import main as run
+    elif command == "demo":
+        from ._src.demo import main as run
+    elif command == "bench":
+        from ._src.bench import main as run
+    else:
+        print(f"unknown command {command!r}\n\n{_USAGE}", file=sys.stderr)
+        return 2
+    return run(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

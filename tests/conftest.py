@@ -1,0 +1,30 @@
+"""Shared pytest setup: the MPI identity in the header, and the runtime reset between tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from mpi4py import MPI
+
+import cai_mpi  # noqa: F401  (initializes MPI and cai_mpi's private communicator)
+from cai_mpi._src.config import reload_config
+from cai_mpi._src.runtime import set_runtime
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    comm = MPI.COMM_WORLD
+    return [
+        f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}",
+        f"MPI rank {comm.Get_rank()} of {comm.Get_size()}, thread level {MPI.Query_thread()}",
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runtime_and_config() -> Iterator[None]:
+    """Each test starts from the environment's configuration and the automatically chosen runtime."""
+    previous = set_runtime(None)
+    reload_config()
+    yield
+    set_runtime(previous)
+    reload_config()
