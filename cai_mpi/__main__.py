@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 __all__ = ["main"]
@@ -15,22 +16,20 @@ commands:
 """
 
 
+_COMMANDS = {"info": "._src.info", "demo": "._src.demo", "bench": "._src.bench"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
         print(_USAGE)
         return 0 if args else 2
     command, rest = args[0], args[1:]
-    if command == "info":
-        from ._src.info import main as run
-    elif command == "demo":
-        from ._src.demo import main as run
-    elif command == "bench":
-        from ._src.bench import main as run
-    else:
+    if command not in _COMMANDS:
         print(f"unknown command {command!r}\n\n{_USAGE}", file=sys.stderr)
         return 2
-    return run(rest)
+    module = importlib.import_module(_COMMANDS[command], __package__)
+    return int(module.main(rest))
 
 
 if __name__ == "__main__":

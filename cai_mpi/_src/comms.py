@@ -22,7 +22,7 @@ class Channels:
     in another thread) can ever match a payload.
     """
 
-    __slots__ = ("aware", "header", "payload", "tag_ub", "_tags", "__weakref__")
+    __slots__ = ("__weakref__", "_tags", "aware", "header", "payload", "tag_ub")
 
     def __init__(self, comm: MPI.Comm) -> None:
         self.header: MPI.Comm = comm.Dup()
@@ -67,10 +67,10 @@ def init_world() -> None:
 def _attach(comm: MPI.Comm) -> Channels:
     with _create_lock:
         chans = comm.Get_attr(_keyval)
-        if chans is None:
+        if not isinstance(chans, Channels):
             chans = Channels(comm)
             comm.Set_attr(_keyval, chans)
-        return chans  # type: ignore[no-any-return]
+        return chans
 
 
 def channels(comm: MPI.Comm | None) -> Channels:
@@ -90,9 +90,9 @@ def channels(comm: MPI.Comm | None) -> Channels:
     if comm == MPI.COMM_NULL:
         raise ValueError("comm is MPI.COMM_NULL")
     chans = comm.Get_attr(_keyval)
-    if chans is None:
+    if not isinstance(chans, Channels):
         chans = _attach(comm)
-    return chans  # type: ignore[no-any-return]
+    return chans
 
 
 def cuda_aware(comm: MPI.Comm | None = None) -> CudaAwareness:

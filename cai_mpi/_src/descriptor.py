@@ -13,8 +13,15 @@ import numpy as np
 
 from .errors import CAIError
 
-__all__ = ["CAIDescriptor", "describe", "descriptor_from_dict", "descriptor_from_numpy", "dtype_from_typestr", "dtype_to_cai",
-           "may_self_overlap"]
+__all__ = [
+    "CAIDescriptor",
+    "describe",
+    "descriptor_from_dict",
+    "descriptor_from_numpy",
+    "dtype_from_typestr",
+    "dtype_to_cai",
+    "may_self_overlap",
+]
 
 #: Highest CAI version we know; higher ones are accepted with a warning.
 KNOWN_CAI_VERSION = 3
@@ -23,9 +30,8 @@ _REQUIRED_KEYS = ("shape", "typestr", "data", "version")
 
 @functools.lru_cache(maxsize=512)
 def _dtype_cached(typestr: str, descr: Any) -> np.dtype[Any]:
-    if descr is not None:
-        return np.dtype(_descr_from_hashable(descr))
-    return np.dtype(typestr)
+    dt: np.dtype[Any] = np.dtype(_descr_from_hashable(descr)) if descr is not None else np.dtype(typestr)
+    return dt
 
 
 def _descr_to_hashable(descr: Any) -> Any:
@@ -320,7 +326,11 @@ def descriptor_from_dict(cai: Mapping[str, Any]) -> CAIDescriptor:
     descr = _descr_to_hashable(dtype.descr) if dtype.names is not None else None
     if dtype.names is not None and typestr != dtype.str:
         # typestr of a structured type is |V<n>; keep numpy's spelling for to_dict().
-        if not (typestr[1:2] == "V" and np.dtype(typestr).itemsize == dtype.itemsize):
+        try:
+            matches = typestr[1:2] == "V" and np.dtype(typestr).itemsize == dtype.itemsize
+        except (TypeError, ValueError):
+            matches = False
+        if not matches:
             raise CAIError(f"'typestr' {typestr!r} does not match 'descr' itemsize {dtype.itemsize}")
         typestr = dtype.str
 

@@ -20,7 +20,7 @@ def host_view(desc: CAIDescriptor, *, readonly: bool | None = None) -> np.ndarra
     low, high = desc.byte_extent
     raw = (ctypes.c_char * (high - low)).from_address(desc.ptr + low)
     arr: np.ndarray[Any, Any] = np.ndarray(
-        desc.shape, desc.dtype, buffer=raw, offset=-low, strides=desc.byte_strides
+        desc.shape, desc.dtype, buffer=raw, offset=-low, strides=desc.byte_strides  # type: ignore[arg-type]
     )
     if desc.readonly if readonly is None else readonly:
         arr.flags.writeable = False
@@ -82,6 +82,8 @@ class HostBufferPool:
 
 class _PooledView(np.ndarray):  # type: ignore[type-arg]
     """The view handed out by the pool: when it (and every view of it) dies, the block goes back."""
+
+    _pool_ref: tuple[np.ndarray[Any, Any], HostBufferPool] | None
 
     def __new__(cls, block: np.ndarray[Any, Any], pool: HostBufferPool) -> _PooledView:
         self = block.view(cls)

@@ -15,11 +15,11 @@ from .comms import Channels, channels
 from .config import Config, config
 from .datatypes import strided_type
 from .errors import ProtocolError, RecvMismatchError
-from .hostmem import host_pool, host_view
+from .hostmem import host_pool
 from .runtime import get_runtime
 from .runtime.base import DeviceBuffer, MemoryKind, Runtime
 from .staging import internal_stream, staged_recv, staged_send
-from .waitables import EventWait, MPIWait, Request, Waitable
+from .waitables import EventWait, MPIWait, Request, Waitable, complete, others_pending
 from .wire import HEADER_BUFFER_BYTES, Header, decode_header, encode_header, encode_meta
 
 __all__ = ["irecv_array", "isend_array", "recv_array", "send_array"]
@@ -41,26 +41,32 @@ def _take_header_buffer() -> bytearray:
 def _check_rank(name: str, value: Any, comm: MPI.Comm, *, wildcard: bool) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int rank, got {type(value).__name__}")
-    value = int(value)
-    if wildcard and value == MPI.ANY_SOURCE:
-        return value
-    size = comm.Get_remote_size() if comm.Is_inter() else comm.Get_size()
-    if value == MPI.PROC_NULL:
-        return value
-    if not 0 <= value < size:
-        raise ValueError(f"{name}={value} is not a rank of this communicator (size {size})")
-    return value
+    rank = int(value)
+    if (wildcard and rank == MPI.ANY_SOURCE) or rank == MPI.PROC_NULL:
+        return rank
+    size = comm.Get_remote_size() if isinstance(comm, MPI.Intercomm) else comm.Get_size()
+    if not 0 <= rank < size:
+        raise ValueError(f"{name}={rank} is not a rank of this communicator (size {size})")
+    return rank
 
 
 def _check_tag(value: Any, chans: Channels, *, wildcard: bool) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
         raise TypeError(f"tag must be an int, got {type(value).__name__}")
-    value = int(value)
-    if wildcard and value == MPI.ANY_TAG:
-        return value
-    if not 0 <= value <= chans.tag_ub:
-        raise ValueError(f"tag={value} is outside 0..{chans.tag_ub} (MPI.TAG_UB)")
-    return value
+    tag = int(value)
+    if wildcard and tag == MPI.ANY_TAG:
+        return tag
+    if not 0 <= tag <= chans.tag_ub:
+        raise ValueError(f"tag={tag} is outside 0..{chans.tag_ub} (MPI.TAG_UB)")
+    return tag
+
+
+def _raw(ptr: int, nbytes: int, chans: Channels, rt: Runtime, *, readonly: bool = False) -> MPI.buffer:
+    """An MPI view of raw memory. Under the simulated runtime, also prove device memory never reaches
+    an MPI library that is not CUDA-aware (it would crash on a real GPU)."""
+    if rt.name == "simulated" and not chans.aware.aware and rt.locate(ptr).kind is MemoryKind.DEVICE:
+        raise AssertionError(f"cai_mpi bug: device pointer {ptr:#x} handed to a non-CUDA-aware MPI")
+    return MPI.buffer.fromaddress(ptr, nbytes, readonly=readonly)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -81,7 +87,7 @@ def _send_gen(
         # Small host payload rides inside the header: one message, no payload tag needed.
         header = encode_header(
             out.dtype, out.shape, fortran=out.fortran, payload_tag=0, meta_bytes=meta_bytes,
-            inline=memoryview(out.wire_bytes()),
+            inline=out.wire_bytes(),
         )
         yield MPIWait([hcomm.Isend([header, MPI.BYTE], dest, tag)])
         return
@@ -98,7 +104,7 @@ def _send_gen(
             )
             reqs.append(hcomm.Isend([header, MPI.BYTE], dest, tag))
             for off, n in _payload_chunks(nbytes, chunk or nbytes):
-                buf = MPI.buffer.fromaddress(out.ptr + off, n, readonly=True)
+                buf = _raw(out.ptr + off, n, chans, rt, readonly=True)
                 reqs.append(pcomm.Isend([buf, n, MPI.BYTE], dest, ptag))
             yield MPIWait(reqs)
             return
@@ -108,7 +114,7 @@ def _send_gen(
             extent = dtype_mpi.Get_extent()[1]
             header = encode_header(out.dtype, out.shape, fortran=False, payload_tag=ptag, meta_bytes=meta_bytes)
             reqs.append(hcomm.Isend([header, MPI.BYTE], dest, tag))
-            buf = MPI.buffer.fromaddress(out.ptr + low, extent, readonly=True)
+            buf = _raw(out.ptr + low, extent, chans, rt, readonly=True)
             reqs.append(pcomm.Isend([buf, 1, dtype_mpi], dest, ptag))
             yield MPIWait(reqs)
             return
@@ -145,7 +151,7 @@ def _send_gen(
     hreq = hcomm.Isend([header, MPI.BYTE], dest, tag)
     if chans.aware.aware:
         for off, n in _payload_chunks(nbytes, chunk or nbytes):
-            buf = MPI.buffer.fromaddress(src_ptr + off, n, readonly=True)
+            buf = _raw(src_ptr + off, n, chans, rt, readonly=True)
             reqs.append(pcomm.Isend([buf, n, MPI.BYTE], dest, ptag))
     else:
         yield from staged_send(rt, pcomm, dest, ptag, src_ptr, nbytes, chunk, ordinal)
@@ -277,7 +283,7 @@ def _recv_into_device(
     chunk = h.chunk_bytes or nbytes
     if chans.aware.aware:
         reqs = [
-            chans.payload.Irecv([MPI.buffer.fromaddress(ptr + off, n), n, MPI.BYTE], source, h.payload_tag)
+            chans.payload.Irecv([_raw(ptr + off, n, chans, rt), n, MPI.BYTE], source, h.payload_tag)
             for off, n in _payload_chunks(nbytes, chunk)
         ]
         yield MPIWait(reqs)
@@ -415,11 +421,15 @@ def recv_array(
         hbuf, status = _tls.hbuf, _tls.status = bytearray(HEADER_BUFFER_BYTES), MPI.Status()
     rt = get_runtime()
     target = resolve_target(out, rt) if out is not None else None  # a bad out= fails before matching
-    chans.header.Recv([hbuf, MPI.BYTE], source, tag, status)
+    if others_pending():
+        # Other requests of ours need driving while we wait for the header.
+        complete(MPIWait([chans.header.Irecv([hbuf, MPI.BYTE], source, tag)], status))
+    else:
+        chans.header.Recv([hbuf, MPI.BYTE], source, tag, status)
     gen = _recv_gen(chans, hbuf, status, None, target, device, rt, config())
     try:
         while True:
-            next(gen).wait()
+            complete(next(gen))
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 

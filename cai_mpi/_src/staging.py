@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Generator
-from typing import Any
 
 from mpi4py import MPI
 
@@ -137,12 +136,3 @@ def staged_recv(
     finally:
         for s in slots:
             _pinned_pool.give(s)
-
-
-def run_to_completion(gen: Generator[Waitable, None, Any]) -> Any:
-    """Drive a transfer generator, blocking on each step."""
-    try:
-        while True:
-            next(gen).wait()
-    except StopIteration as stop:
-        return stop.value

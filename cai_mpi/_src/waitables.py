@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Generator
 from typing import Any, Generic, TypeVar
 
@@ -9,7 +11,7 @@ from mpi4py import MPI
 
 from .runtime.base import Event
 
-__all__ = ["EventWait", "MPIWait", "Request", "Waitable"]
+__all__ = ["EventWait", "MPIWait", "Request", "Waitable", "complete", "others_pending"]
 
 T = TypeVar("T")
 
@@ -60,6 +62,34 @@ class EventWait(Waitable):
 
 _DONE = object()
 
+# Requests that still need the library to act (post the payload receive once the header is in, stage the
+# next chunk...). Any cai_mpi wait drives all of them, so "irecv_array then send_array" on two ranks, or a
+# staged isend_array followed by a blocking recv_array, cannot deadlock.
+_active: set[Request[Any]] = set()
+
+
+def others_pending(me: object = None) -> bool:
+    return bool(_active) and (len(_active) > 1 or me not in _active)
+
+
+def _progress_others(me: object) -> None:
+    for req in list(_active):
+        if req is not me:
+            req._poke()
+
+
+def complete(waitable: Waitable, me: object = None) -> None:
+    """Block until ``waitable`` completes, driving every other pending cai_mpi request meanwhile."""
+    if not others_pending(me):
+        waitable.wait()
+        return
+    while not waitable.test():
+        _progress_others(me)
+        if not others_pending(me):
+            waitable.wait()
+            return
+        time.sleep(0)  # let other Python threads (and simulated streams) run
+
 
 class Request(Generic[T]):
     """A nonblocking cai_mpi operation: ``wait()`` returns its result, ``test()`` says if it completed.
@@ -68,10 +98,12 @@ class Request(Generic[T]):
     source object, temporaries, the receive buffer) until it completes, so
     dropping your own references right after ``isend_array`` is safe.
     Modifying a send buffer, or reading a receive buffer, before ``wait()``
-    returns is an error, as with any MPI nonblocking call.
+    returns is an error, as with any MPI nonblocking call. Progress happens
+    inside cai_mpi calls (any wait, test, send or receive drives every
+    pending request of the process).
     """
 
-    __slots__ = ("_error", "_gen", "_keep", "_pending", "_result")
+    __slots__ = ("__weakref__", "_error", "_gen", "_keep", "_lock", "_pending", "_result")
 
     def __init__(self, gen: Generator[Waitable, None, T], keep: Any = None) -> None:
         self._gen: Generator[Waitable, None, T] | None = gen
@@ -79,7 +111,10 @@ class Request(Generic[T]):
         self._result: Any = _DONE
         self._error: BaseException | None = None
         self._pending: Waitable | None = None
+        self._lock = threading.Lock()
         self._advance()
+        if self._gen is not None:
+            _active.add(self)
 
     def _advance(self) -> None:
         assert self._gen is not None
@@ -97,6 +132,22 @@ class Request(Generic[T]):
         self._gen = None
         self._pending = None
         self._keep = None
+        _active.discard(self)
+
+    def _poke(self) -> None:
+        """Advance without blocking; errors are kept for this request's own wait()."""
+        if not self._lock.acquire(blocking=False):
+            return  # another thread is driving it
+        try:
+            while self._gen is not None:
+                assert self._pending is not None
+                if not self._pending.test():
+                    return
+                self._advance()
+        except BaseException:
+            pass  # recorded by _finish; raised by wait()
+        finally:
+            self._lock.release()
 
     @property
     def done(self) -> bool:
@@ -104,21 +155,24 @@ class Request(Generic[T]):
 
     def wait(self) -> T:
         """Block until the operation completes; return its result (the Array for receives, else None)."""
-        while self._gen is not None:
-            assert self._pending is not None
-            self._pending.wait()
-            self._advance()
+        with self._lock:
+            while self._gen is not None:
+                assert self._pending is not None
+                complete(self._pending, self)
+                self._advance()
         if self._error is not None:
             raise self._error
         return self._result  # type: ignore[no-any-return]
 
     def test(self) -> bool:
         """Make progress without blocking; True once the operation has completed (then ``wait()`` returns)."""
-        while self._gen is not None:
-            assert self._pending is not None
-            if not self._pending.test():
-                return False
-            self._advance()
+        _progress_others(self)
+        with self._lock:
+            while self._gen is not None:
+                assert self._pending is not None
+                if not self._pending.test():
+                    return False
+                self._advance()
         return True
 
     def __repr__(self) -> str:

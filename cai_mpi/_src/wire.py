@@ -7,6 +7,7 @@ import functools
 import json
 import math
 import struct
+import warnings
 from typing import Any
 
 import numpy as np
@@ -78,30 +79,69 @@ class Header:
         return f"shape={self.shape} dtype={self.dtype.str if self.dtype.names is None else self.dtype} order={order}"
 
 
+def _dtype_to_json(dt: np.dtype[Any]) -> Any:
+    """An exact JSON form of any non-object dtype: names, formats, offsets, itemsize (padding kept)."""
+    if dt.subdtype is not None:
+        base, shape = dt.subdtype
+        return {"base": _dtype_to_json(base), "shape": list(shape)}
+    if dt.names is None:
+        return dt.str
+    fields = dt.fields
+    assert fields is not None
+    out: dict[str, Any] = {
+        "names": list(dt.names),
+        "formats": [_dtype_to_json(fields[n][0]) for n in dt.names],
+        "offsets": [fields[n][1] for n in dt.names],
+        "itemsize": dt.itemsize,
+    }
+    titles = [f[2] if len(f) > 2 else None for f in (tuple(fields[n]) for n in dt.names)]
+    if any(t is not None for t in titles):
+        out["titles"] = titles
+    if dt.isalignedstruct:
+        out["aligned"] = True
+    return out
+
+
+def _dtype_from_json(x: Any) -> np.dtype[Any]:
+    if isinstance(x, str):
+        return np.dtype(x)
+    if not isinstance(x, dict):
+        raise ValueError(f"not a dtype description: {x!r}")
+    if "base" in x:
+        return np.dtype((_dtype_from_json(x["base"]), tuple(x["shape"])))
+    spec = {
+        "names": x["names"],
+        "formats": [_dtype_from_json(f) for f in x["formats"]],
+        "offsets": x["offsets"],
+        "itemsize": x["itemsize"],
+    }
+    if "titles" in x:
+        spec["titles"] = x["titles"]
+    dt: np.dtype[Any] = np.dtype(spec, align=bool(x.get("aligned", False)))  # type: ignore[call-overload]
+    return dt
+
+
 @functools.lru_cache(maxsize=256)
 def _dtype_field(dtype: np.dtype[Any]) -> tuple[bytes, int]:
-    if dtype.names is not None:
-        return json.dumps(dtype.descr, separators=(",", ":")).encode(), FLAG_STRUCTURED
+    if dtype.names is not None or dtype.subdtype is not None:
+        return json.dumps(_dtype_to_json(dtype), separators=(",", ":")).encode(), FLAG_STRUCTURED
     return dtype.str.encode(), 0
 
 
 @functools.lru_cache(maxsize=256)
 def _dtype_from_field(field: bytes, structured: bool) -> np.dtype[Any]:
     if structured:
-        descr = json.loads(field)
-        return np.dtype(_tuplify_descr(descr))
-    return np.dtype(field.decode("ascii"))
-
-
-def _tuplify_descr(descr: Any) -> Any:
-    # JSON turns the (name, type[, shape]) tuples into lists; numpy wants tuples.
-    out = []
-    for field in descr:
-        name, typ, *rest = field
-        if isinstance(typ, list):
-            typ = _tuplify_descr(typ)
-        out.append((name, typ, *(tuple(r) for r in rest)))
-    return out
+        desc = json.loads(field)
+        if not isinstance(desc, dict):
+            raise ValueError(f"a structured dtype must be a JSON object, got {desc!r}")
+        dtype = _dtype_from_json(desc)
+    else:
+        dtype = np.dtype(field.decode("ascii"))
+    if dtype.hasobject:
+        raise ValueError("object dtypes cannot travel between processes")
+    if dtype.itemsize == 0:
+        raise ValueError("zero-itemsize dtype")
+    return dtype
 
 
 def encode_meta(meta: Any) -> bytes:
@@ -133,12 +173,14 @@ def encode_header(
     payload_tag: int,
     chunk_bytes: int = 0,
     meta_bytes: bytes = b"",
-    inline: memoryview | bytes | None = None,
+    inline: Any = None,
 ) -> bytes:
     """Build the header message (with the payload appended when ``inline`` is given)."""
     ndim = len(shape)
     if ndim > MAX_NDIM:
         raise CAIError(f"'shape' has {ndim} dimensions; cai_mpi sends at most {MAX_NDIM}")
+    if dtype.itemsize == 0 or dtype.hasobject:
+        raise CAIError(f"dtype {dtype} cannot be sent (itemsize 0 or Python objects)")
     dfield, flags = _dtype_field(dtype)
     if len(dfield) > MAX_DTYPE_BYTES:
         raise CAIError(f"'descr' is {len(dfield)} bytes as JSON; the limit is {MAX_DTYPE_BYTES}")
@@ -195,16 +237,20 @@ def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> Header:
     shape = struct.unpack_from(f"<{ndim}Q", mv, PREFIX_BYTES)
     off = PREFIX_BYTES + 8 * ndim
     try:
-        dtype = _dtype_from_field(bytes(mv[off : off + dlen]), bool(flags & FLAG_STRUCTURED))
-    except (ValueError, TypeError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"header dtype field is not a numpy dtype: {exc}") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy deprecations for odd typestrs must not escape
+            dtype = _dtype_from_field(bytes(mv[off : off + dlen]), bool(flags & FLAG_STRUCTURED))
+    except Exception as exc:  # numpy raises ValueError, TypeError, SyntaxError, RecursionError, ...
+        raise ProtocolError(f"header dtype field is not a numpy dtype (or not one we can receive): {exc!r}") from None
     off += dlen
     meta = None
     if flags & FLAG_META:
         try:
             meta = json.loads(bytes(mv[off : off + mlen]))
-        except ValueError as exc:
-            raise ProtocolError(f"header meta is not JSON: {exc}") from None
+        except (ValueError, RecursionError) as exc:
+            raise ProtocolError(f"header meta is not JSON: {exc!r}") from None
+        if not isinstance(meta, dict):
+            raise ProtocolError(f"header meta must be a JSON object, got {type(meta).__name__}")
     off += mlen
     count = math.prod(shape)
     if count * dtype.itemsize != payload_nbytes:

@@ -33,7 +33,7 @@ def _make(name: str | None) -> Runtime:
         from .simulated import SimulatedRuntime
 
         return SimulatedRuntime()
-    from .cuda import CudaRuntime, probe
+    from .cuda import CudaRuntime, probe, visible_device_count
 
     usable, reason = probe()
     if not usable:
@@ -42,7 +42,7 @@ def _make(name: str | None) -> Runtime:
         return HostRuntime()
     from ..device import choose_device
 
-    choice = choose_device()
+    choice = choose_device(visible_count=visible_device_count())
     return CudaRuntime(choice.ordinal or 0)
 
 

@@ -57,31 +57,19 @@ class SimulatedStream:
         self.name = name or f"simulated-stream-{self.handle:#x}"
         self.ordinal = 0
         self._queue: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], float] | None] = queue.Queue()
-        self._error: BaseException | None = None
+        self._errors: list[BaseException] = []
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        # The worker holds the queue and the error list, never the stream, so an unclosed stream
+        # can still be collected (its finalizer then stops the worker).
+        self._thread = threading.Thread(
+            target=_work, args=(self._queue, self._errors), name=self.name, daemon=True
+        )
         self._thread.start()
         if handle is None:
             with _registry_lock:
                 _registry[self.handle] = self
         # The worker thread must not keep the stream alive: close it when collected.
         weakref.finalize(self, self._queue.put, None)
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                fn, args, delay = item
-                if delay:
-                    time.sleep(delay)
-                try:
-                    fn(*args)
-                except BaseException as exc:  # surfaced at the next synchronize()
-                    self._error = exc
-            finally:
-                self._queue.task_done()
 
     def enqueue(self, fn: Callable[..., Any], *args: Any, delay: float = 0.0) -> None:
         """Run ``fn(*args)`` on the stream after everything enqueued before it (after ``delay`` s)."""
@@ -92,8 +80,9 @@ class SimulatedStream:
     def synchronize(self) -> None:
         """Block until all enqueued work has run; re-raise the first error it raised."""
         self._queue.join()
-        if self._error is not None:
-            err, self._error = self._error, None
+        if self._errors:
+            err = self._errors[0]
+            self._errors.clear()
             raise StreamError(f"work on {self.name} failed: {err!r}") from err
 
     def query(self) -> bool:
@@ -144,6 +133,26 @@ class SimulatedStream:
             s = SimulatedStream(f"simulated-per-thread-{threading.get_ident()}", handle=PER_THREAD_STREAM)
             _per_thread.stream = s
         return s
+
+
+def _work(
+    q: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], float] | None], errors: list[BaseException]
+) -> None:
+    while True:
+        item = q.get()
+        try:
+            if item is None:
+                return
+            fn, args, delay = item
+            if delay:
+                time.sleep(delay)
+            try:
+                fn(*args)
+            except BaseException as exc:  # surfaced at the next synchronize()
+                errors.append(exc)
+        finally:
+            q.task_done()
+            del item
 
 
 def resolve_stream(handle: int) -> SimulatedStream | None:

@@ -1,0 +1,613 @@
+"""The cai_mpi header: encode/decode round trips, strict decoding, and encode_meta's refusals."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import struct
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from cai_mpi._src import wire
+from cai_mpi._src.errors import CAIError, CaiMpiError, ProtocolError
+from cai_mpi._src.wire import (
+    FLAG_FORTRAN,
+    FLAG_INLINE,
+    MAGIC,
+    MAX_META_BYTES,
+    MAX_NDIM,
+    PROTOCOL_VERSION,
+    decode_header,
+    encode_header,
+    encode_meta,
+)
+
+BIG = 1 << 62
+PREFIX = struct.Struct("<4sBBBBQQiHHII")  # the documented layout, restated to catch silent changes
+FLAG_STRUCTURED = 0x02
+FLAG_META = 0x04
+
+
+def decode(buf: bytes, nbytes: int | None = None, max_payload_bytes: int = BIG) -> wire.Header:
+    return decode_header(buf, len(buf) if nbytes is None else nbytes, max_payload_bytes=max_payload_bytes)
+
+
+def craft(
+    dfield: bytes,
+    shape: tuple[int, ...] = (1,),
+    *,
+    payload_nbytes: int = 0,
+    flags: int = 0,
+    meta: bytes = b"",
+    ndim: int | None = None,
+    payload_tag: int = 0,
+    chunk_bytes: int = 0,
+    magic: bytes = MAGIC,
+    version: int = PROTOCOL_VERSION,
+    tail: bytes = b"",
+) -> bytes:
+    """A header assembled by hand, field by field (consistent lengths unless told otherwise)."""
+    n = len(shape) if ndim is None else ndim
+    return (
+        PREFIX.pack(
+            magic,
+            version,
+            flags | (FLAG_META if meta else 0),
+            n,
+            0,
+            payload_nbytes,
+            chunk_bytes,
+            payload_tag,
+            len(dfield),
+            0,
+            len(meta),
+            0,
+        )
+        + struct.pack(f"<{len(shape)}Q", *shape)
+        + dfield
+        + meta
+        + tail
+    )
+
+
+def valid_header(inline: bool = False, meta: dict[str, Any] | None = None) -> bytes:
+    dtype = np.dtype([("a", ">f4"), ("b", "<i2", (2,))])
+    payload = bytes(range(3 * 2 * dtype.itemsize)) if inline else None
+    return encode_header(
+        dtype,
+        (3, 2),
+        fortran=True,
+        payload_tag=77,
+        chunk_bytes=4096,
+        meta_bytes=encode_meta(meta if meta is not None else {"k": [1, 2.5, None, "s"]}),
+        inline=payload,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# layout and simple round trips
+
+
+def test_prefix_layout_is_40_bytes_and_starts_with_magic() -> None:
+    assert wire.PREFIX_BYTES == PREFIX.size == 40
+    hdr = encode_header(np.dtype("<f8"), (2, 3), fortran=False, payload_tag=9, chunk_bytes=1024)
+    assert hdr == PREFIX.pack(MAGIC, 1, 0, 2, 0, 48, 1024, 9, 3, 0, 0, 0) + struct.pack("<2Q", 2, 3) + b"<f8"
+
+
+def test_plain_round_trip() -> None:
+    hdr = encode_header(np.dtype(">c8"), (4, 0, 2), fortran=False, payload_tag=3)
+    h = decode(hdr)
+    assert (
+        h.dtype,
+        h.shape,
+        h.fortran,
+        h.payload_nbytes,
+        h.chunk_bytes,
+        h.payload_tag,
+        h.meta,
+        h.inline,
+    ) == (
+        np.dtype(">c8"),
+        (4, 0, 2),
+        False,
+        0,
+        0,
+        3,
+        None,
+        None,
+    )
+    assert h.nchunks == 0
+
+
+def test_inline_round_trip_and_flags() -> None:
+    payload = np.arange(6, dtype="<i4").tobytes()
+    hdr = encode_header(np.dtype("<i4"), (2, 3), fortran=True, payload_tag=0, inline=memoryview(payload))
+    assert hdr[5] == FLAG_INLINE | FLAG_FORTRAN
+    h = decode(hdr)
+    assert h.fortran is True
+    assert h.inline is not None
+    assert bytes(h.inline) == payload
+    assert h.payload_nbytes == 24
+    assert h.nchunks == 0
+
+
+def test_nchunks() -> None:
+    def h(chunk: int, shape: tuple[int, ...]) -> wire.Header:
+        return decode(encode_header(np.dtype("u1"), shape, fortran=False, payload_tag=1, chunk_bytes=chunk))
+
+    assert h(0, (1000,)).nchunks == 1
+    assert h(100, (1000,)).nchunks == 10
+    assert h(101, (1000,)).nchunks == 10
+    assert h(99, (1000,)).nchunks == 11
+    assert h(100, (0,)).nchunks == 0
+
+
+def test_decode_reads_only_the_first_nbytes_of_a_bigger_buffer() -> None:
+    hdr = valid_header(inline=True)
+    buf = bytearray(wire.HEADER_BUFFER_BYTES)
+    buf[: len(hdr)] = hdr
+    h = decode_header(buf, len(hdr), max_payload_bytes=BIG)
+    assert h.inline is not None
+    assert bytes(h.inline) == bytes(range(48))
+    assert h.meta == {"k": [1, 2.5, None, "s"]}
+
+
+def test_max_ndim_round_trips_and_more_is_refused_at_encode() -> None:
+    shape = (1,) * MAX_NDIM
+    h = decode(encode_header(np.dtype("<f4"), shape, fortran=False, payload_tag=0))
+    assert h.shape == shape
+    with pytest.raises(CAIError, match="'shape' has 65 dimensions; cai_mpi sends at most 64"):
+        encode_header(np.dtype("<f4"), (1,) * (MAX_NDIM + 1), fortran=False, payload_tag=0)
+
+
+def test_huge_descr_is_refused_at_encode() -> None:
+    dtype = np.dtype([(f"field_number_{i:05d}", "<f8") for i in range(600)])
+    with pytest.raises(CAIError, match=r"'descr' is \d+ bytes as JSON; the limit is 16384"):
+        encode_header(dtype, (1,), fortran=False, payload_tag=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# hypothesis round trip
+
+SCALARS = (
+    hnp.integer_dtypes(endianness="?")
+    | hnp.unsigned_integer_dtypes(endianness="?")
+    | hnp.floating_dtypes(endianness="?")
+    | hnp.complex_number_dtypes(endianness="?")
+    | hnp.boolean_dtypes()
+    | hnp.datetime64_dtypes(endianness="?")
+    | hnp.timedelta64_dtypes(endianness="?")
+    | hnp.byte_string_dtypes(endianness="?", min_len=1, max_len=8)
+    | hnp.unicode_string_dtypes(endianness="?", min_len=1, max_len=4)
+)
+FIELD_NAMES = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=6)
+SUBSHAPES = st.none() | st.lists(st.integers(0, 3), min_size=1, max_size=2).map(tuple)
+
+
+def structured(inner: st.SearchStrategy[np.dtype[Any]]) -> st.SearchStrategy[np.dtype[Any]]:
+    # hnp.array_dtypes would also draw titled fields, which have their own (xfail) test below
+    field = st.tuples(inner, SUBSHAPES)
+    return st.lists(st.tuples(FIELD_NAMES, field), min_size=1, max_size=3, unique_by=lambda f: f[0]).map(
+        lambda fields: np.dtype([(name, t) if sub is None else (name, t, sub) for name, (t, sub) in fields])
+    )
+
+
+# Zero-itemsize dtypes cannot be sent (encode_header refuses them; see test_zero_itemsize_refused).
+DTYPES = st.recursive(SCALARS, structured, max_leaves=6).filter(lambda d: d.itemsize > 0)
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12,
+)
+METAS = st.none() | st.dictionaries(st.text(max_size=8), JSON, max_size=5)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    dtype=DTYPES,
+    shape=st.lists(st.integers(0, 4), min_size=0, max_size=6).map(tuple),
+    fortran=st.booleans(),
+    meta=METAS,
+    inline=st.booleans(),
+    chunk_bytes=st.integers(0, 2**64 - 1),
+    payload_tag=st.integers(0, 2**31 - 1),
+    data=st.data(),
+)
+def test_round_trip(
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...],
+    fortran: bool,
+    meta: dict[str, Any] | None,
+    inline: bool,
+    chunk_bytes: int,
+    payload_tag: int,
+    data: st.DataObject,
+) -> None:
+    nbytes = math.prod(shape) * dtype.itemsize
+    payload = data.draw(st.binary(min_size=nbytes, max_size=nbytes)) if inline and nbytes <= 1 << 16 else None
+    meta_bytes = encode_meta(meta)
+    hdr = encode_header(
+        dtype,
+        shape,
+        fortran=fortran,
+        payload_tag=payload_tag,
+        chunk_bytes=chunk_bytes,
+        meta_bytes=meta_bytes,
+        inline=payload,
+    )
+    h = decode(hdr, max_payload_bytes=nbytes)
+    assert h.dtype == dtype
+    assert h.dtype.str == dtype.str
+    assert h.dtype.descr == dtype.descr
+    assert h.shape == shape
+    assert h.fortran is fortran
+    assert h.payload_nbytes == nbytes
+    assert h.chunk_bytes == chunk_bytes
+    assert h.payload_tag == payload_tag
+    if meta is None:
+        assert h.meta is None
+    else:
+        assert json.dumps(h.meta) == json.dumps(meta)  # exact: True stays True, 1.0 stays 1.0
+    if payload is None:
+        assert h.inline is None
+    else:
+        assert h.inline is not None
+        assert bytes(h.inline) == payload
+    # one byte less or more is never accepted
+    for n in (len(hdr) - 1, len(hdr) + 1):
+        with pytest.raises(ProtocolError):
+            decode_header(hdr + b"\0", n, max_payload_bytes=BIG)
+
+
+def test_round_trip_of_titled_structured_dtype_does_not_crash_encode() -> None:
+    dtype = np.dtype([(("a title", "t"), "<f4"), ("u", "<i4")])
+    encode_header(dtype, (2,), fortran=False, payload_tag=0)
+
+
+def test_round_trip_of_titled_structured_dtype() -> None:
+    dtype = np.dtype([(("a title", "t"), "<f4"), ("u", "<i4")])
+    h = decode(encode_header(dtype, (2,), fortran=False, payload_tag=0))
+    assert h.dtype == dtype
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        np.dtype([("a", "u1"), ("b", "<f8")], align=True),
+        np.dtype({"names": ["a", "b"], "formats": ["<i2", "<f4"], "offsets": [4, 8], "itemsize": 16}),
+    ],
+    ids=["aligned", "offsets"],
+)
+def test_round_trip_of_padded_structured_dtype(dtype: np.dtype[Any]) -> None:
+    h = decode(encode_header(dtype, (2,), fortran=False, payload_tag=0))
+    assert h.dtype.names == dtype.names
+    assert h.dtype == dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# strict decoding
+
+
+def test_valid_headers_decode() -> None:
+    for inline in (False, True):
+        h = decode(valid_header(inline=inline))
+        assert (h.shape, h.fortran, h.payload_tag, h.chunk_bytes) == ((3, 2), True, 77, 4096)
+
+
+def test_wrong_magic() -> None:
+    hdr = valid_header()
+    for bad in (b"CAIN", b"\0\0\0\0", b"MIAC"):
+        msg = re.escape(f"not a cai_mpi header: magic {bad!r}, expected b'CAIM'")
+        with pytest.raises(ProtocolError, match=msg):
+            decode(bad + hdr[4:])
+
+
+@pytest.mark.parametrize("version", [0, 2, 255])
+def test_unknown_protocol_version(version: int) -> None:
+    hdr = bytearray(valid_header())
+    hdr[4] = version
+    with pytest.raises(ProtocolError, match=f"cai_mpi protocol version {version} is not supported"):
+        decode(bytes(hdr))
+
+
+@pytest.mark.parametrize("flag", [0x10, 0x20, 0x40, 0x80, 0xF0])
+def test_unknown_flags(flag: int) -> None:
+    hdr = bytearray(valid_header())
+    hdr[5] |= flag
+    with pytest.raises(ProtocolError, match=f"unknown header flags {flag:#x}"):
+        decode(bytes(hdr))
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_every_truncation_is_a_protocol_error(inline: bool) -> None:
+    hdr = valid_header(inline=inline)
+    for k in range(len(hdr)):
+        with pytest.raises(ProtocolError):
+            decode(hdr[:k])
+        with pytest.raises(ProtocolError):
+            decode(hdr, k)
+
+
+def test_short_header_message() -> None:
+    with pytest.raises(ProtocolError, match="truncated cai_mpi header: 39 bytes, need at least 40"):
+        decode(valid_header()[:39])
+
+
+@pytest.mark.parametrize("extra", [b"\0", b"garbage", bytes(1000)])
+def test_trailing_garbage(extra: bytes) -> None:
+    hdr = valid_header()
+    with pytest.raises(
+        ProtocolError, match=f"truncated or padded cai_mpi header: {len(hdr) + len(extra)} bytes"
+    ):
+        decode(hdr + extra)
+
+
+@pytest.mark.parametrize("delta", [-4, -1, 1, 4, 1 << 40])
+def test_payload_nbytes_inconsistent_with_shape(delta: int) -> None:
+    hdr = craft(b"<f4", (2, 3), payload_nbytes=24 + delta)
+    with pytest.raises(
+        ProtocolError, match=rf"header says {24 + delta} payload bytes but shape \(2, 3\) x itemsize 4"
+    ):
+        decode(hdr)
+
+
+def test_inline_payload_of_the_wrong_length_is_refused() -> None:
+    for payload in (bytes(23), bytes(25)):
+        hdr = encode_header(np.dtype("<f4"), (2, 3), fortran=False, payload_tag=0, inline=payload)
+        with pytest.raises(ProtocolError):
+            decode(hdr)
+
+
+def test_payload_over_max_payload_bytes() -> None:
+    hdr = encode_header(np.dtype("<f8"), (1000, 1000), fortran=False, payload_tag=1)
+    assert decode(hdr, max_payload_bytes=8_000_000).payload_nbytes == 8_000_000
+    with pytest.raises(
+        ProtocolError, match="header announces 8000000 payload bytes, over the limit of 7999999"
+    ):
+        decode(hdr, max_payload_bytes=7_999_999)
+    with pytest.raises(ProtocolError, match="over the limit of 0"):
+        decode(hdr, max_payload_bytes=0)
+
+
+def test_negative_payload_tag() -> None:
+    with pytest.raises(ProtocolError, match="negative payload tag -5"):
+        decode(craft(b"<f4", (1,), payload_nbytes=4, payload_tag=-5))
+
+
+@pytest.mark.parametrize(
+    "hdr",
+    [
+        craft(b"<f4", (1,) * 65, payload_nbytes=4),  # ndim over 64
+        craft(b"", (1,), payload_nbytes=0),  # no dtype
+        craft(b"<f4" + b" " * (16 << 10), (1,), payload_nbytes=4),  # dtype field over the limit
+        craft(b"<f4", (1,), payload_nbytes=4, meta=b"{}" + b" " * (16 << 10)),  # meta over the limit
+    ],
+    ids=["ndim", "empty-dtype", "big-dtype", "big-meta"],
+)
+def test_field_sizes_out_of_range(hdr: bytes) -> None:
+    with pytest.raises(ProtocolError, match="header field sizes out of range"):
+        decode(hdr)
+
+
+@pytest.mark.parametrize(
+    ("dfield", "flags"),
+    [
+        (b"<x4", 0),
+        (b"\xff\xfe", 0),
+        (b"f4[3]", 0),
+        (b"not json", FLAG_STRUCTURED),
+        (b'"f4"', FLAG_STRUCTURED),
+        (b"[[1,2]]", FLAG_STRUCTURED),
+        (b'[["a"]]', FLAG_STRUCTURED),
+        (b'[["a","<f4",5]]', FLAG_STRUCTURED),
+        (b"5", FLAG_STRUCTURED),
+        (b'[["a","nonsense"]]', FLAG_STRUCTURED),
+        (b"\xff", FLAG_STRUCTURED),
+    ],
+)
+def test_bad_dtype_field(dfield: bytes, flags: int) -> None:
+    with pytest.raises(ProtocolError, match="header dtype field is not a numpy dtype"):
+        decode(craft(dfield, (1,), payload_nbytes=4, flags=flags))
+
+
+@pytest.mark.parametrize("meta", [b"{", b"nope", b"\xff\xfe\x00", b"{'a': 1}"])
+def test_bad_meta(meta: bytes) -> None:
+    with pytest.raises(ProtocolError, match="header meta is not JSON"):
+        decode(craft(b"<f4", (1,), payload_nbytes=4, meta=meta))
+
+
+@pytest.mark.parametrize("dfield", [b",", b"f4,,", b"i4,,f8"])
+def test_dtype_field_syntax_error_is_a_protocol_error(dfield: bytes) -> None:
+    hdr = craft(dfield, (1,), payload_nbytes=4)
+    with pytest.raises(ProtocolError):
+        decode(hdr)
+
+
+@pytest.mark.parametrize("where", ["dtype", "meta"])
+def test_deeply_nested_json_is_a_protocol_error(where: str) -> None:
+    deep = b"[" * 5000 + b"]" * 5000
+    if where == "dtype":
+        hdr = craft(deep, (1,), payload_nbytes=4, flags=FLAG_STRUCTURED)
+    else:
+        hdr = craft(b"<f4", (1,), payload_nbytes=4, meta=deep)
+    with pytest.raises(ProtocolError):
+        decode(hdr)
+
+
+@pytest.mark.parametrize(
+    ("dfield", "flags", "nbytes"),
+    [(b"|O", 0, 16), (b"O", 0, 16), (b'[["a","<f8"],["o","|O"]]', FLAG_STRUCTURED, 32)],
+)
+def test_object_dtype_from_the_wire_is_refused(dfield: bytes, flags: int, nbytes: int) -> None:
+    hdr = craft(dfield, (2,), payload_nbytes=nbytes, flags=flags)
+    with pytest.raises(ProtocolError):
+        decode(hdr)
+
+
+@pytest.mark.parametrize("meta", [b"5", b"[1,2]", b'"s"', b"null"])
+def test_non_dict_meta_is_refused(meta: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode(craft(b"<f4", (1,), payload_nbytes=4, meta=meta))
+
+
+# ---------------------------------------------------------------------------------------------
+# fuzz: decode_header raises ProtocolError and nothing else
+
+
+def decode_only_protocol_errors(buf: bytes) -> None:
+    with warnings.catch_warnings():
+        # numpy deprecation warnings for odd typestrs ('a5') are not what this test is about
+        warnings.simplefilter("ignore")
+        with contextlib.suppress(ProtocolError):
+            decode(buf)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_fuzz_random_bytes(buf: bytes) -> None:
+    decode_only_protocol_errors(buf)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_fuzz_random_bytes_after_the_magic(tail: bytes) -> None:
+    decode_only_protocol_errors(MAGIC + bytes([PROTOCOL_VERSION]) + tail)
+
+
+def numpy_raises_syntax_error(field: bytes) -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            np.dtype(field.decode("ascii"))
+    except SyntaxError:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+DTYPE_TEXT = st.text(alphabet="<>|=bBhHiIlLqQfdFDuUSVMm8421[](),: \"'xyz0", max_size=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    dfield=DTYPE_TEXT.map(str.encode) | st.binary(min_size=1, max_size=20),
+    flags=st.integers(0, 0x0F),
+    shape=st.lists(st.integers(0, 2**64 - 1) | st.integers(0, 5), max_size=4).map(tuple),
+    payload_nbytes=st.integers(0, 2**64 - 1) | st.integers(0, 64),
+    meta=st.binary(max_size=20) | JSON.map(lambda v: json.dumps(v).encode()),
+    payload_tag=st.integers(-(2**31), 2**31 - 1),
+)
+def test_fuzz_consistent_lengths_random_fields(
+    dfield: bytes, flags: int, shape: tuple[int, ...], payload_nbytes: int, meta: bytes, payload_tag: int
+) -> None:
+    if not dfield:
+        dfield = b"?"
+    if not flags & FLAG_STRUCTURED:
+        assume(not numpy_raises_syntax_error(dfield))  # that bug has its own xfail test
+    inline_payload = b""
+    if flags & FLAG_INLINE and payload_nbytes <= 64:
+        inline_payload = bytes(payload_nbytes)
+    hdr = craft(
+        dfield,
+        shape,
+        payload_nbytes=payload_nbytes,
+        flags=flags & ~FLAG_META,
+        meta=meta,
+        payload_tag=payload_tag,
+        tail=inline_payload,
+    )
+    decode_only_protocol_errors(hdr)
+
+
+# ---------------------------------------------------------------------------------------------
+# encode_meta
+
+
+def test_encode_meta_none_is_empty() -> None:
+    assert encode_meta(None) == b""
+
+
+def test_encode_meta_is_compact_json() -> None:
+    assert (
+        encode_meta({"a": [1, 2.5, None, True], "b": {"c": "é"}})
+        == b'{"a":[1,2.5,null,true],"b":{"c":"\\u00e9"}}'
+    )
+    assert encode_meta({}) == b"{}"
+
+
+@pytest.mark.parametrize("meta", [[1, 2], "s", 3, (("a", 1),), b"{}"])
+def test_encode_meta_refuses_non_dict(meta: Any) -> None:
+    with pytest.raises(TypeError, match=f"meta must be a dict of JSON values, got {type(meta).__name__}"):
+        encode_meta(meta)
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"a": {1, 2}},
+        {"a": b"bytes"},
+        {"a": float("nan")},
+        {"a": float("inf")},
+        {"a": [float("-inf")]},
+        {"a": np.float64(1.0).astype(np.float32)},
+        {"a": object()},
+        {(1, 2): "tuple key"},
+    ],
+)
+def test_encode_meta_refuses_non_json_values(meta: dict[Any, Any]) -> None:
+    with pytest.raises(TypeError, match="meta must hold only JSON values"):
+        encode_meta(meta)
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {1: "int key"},
+        {True: "bool key"},
+        {None: "none key"},
+        {1.5: "float key"},
+        {"t": (1, 2)},
+        {"t": [1, (2,)]},
+        {"d": {"inner": (3,)}},
+    ],
+)
+def test_encode_meta_refuses_what_would_not_round_trip(meta: dict[Any, Any]) -> None:
+    with pytest.raises(TypeError, match="meta would not survive JSON unchanged"):
+        encode_meta(meta)
+
+
+def test_encode_meta_size_limit_is_exact() -> None:
+    overhead = len(b'{"a":""}')
+    at_limit = {"a": "x" * (MAX_META_BYTES - overhead)}
+    assert len(encode_meta(at_limit)) == MAX_META_BYTES == 16384
+    h = decode(
+        encode_header(np.dtype("u1"), (1,), fortran=False, payload_tag=0, meta_bytes=encode_meta(at_limit))
+    )
+    assert h.meta == at_limit
+    over = {"a": "x" * (MAX_META_BYTES - overhead + 1)}
+    with pytest.raises(ValueError, match="meta is 16385 bytes as JSON; the limit is 16384 bytes"):
+        encode_meta(over)
+
+
+def test_errors_are_caimpi_errors() -> None:
+    assert issubclass(ProtocolError, CaiMpiError)
+    with pytest.raises(CaiMpiError):
+        decode(b"")
+
+
+def test_zero_itemsize_refused() -> None:
+    with pytest.raises(CAIError, match="cannot be sent"):
+        encode_header(np.dtype([("a", "?", (0,))]), (3,), fortran=False, payload_tag=0)
