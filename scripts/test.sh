@@ -11,7 +11,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   for cmd_pkg in slurmctld:slurm-wlm munged:munge shellcheck:shellcheck; do
     command -v "${cmd_pkg%%:*}" >/dev/null || need+=("${cmd_pkg#*:}")
   done
-  dpkg -s libpmix2 >/dev/null 2>&1 || need+=(libpmix2)
+  for pkg in libpmix2 libpmix-dev; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
   if [ ${#need[@]} -gt 0 ]; then
     echo "== apt-get install ${need[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null \

@@ -139,12 +139,18 @@ class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
         from .runtime import get_runtime
 
         rt = get_runtime()
-        out = np.empty(self.shape, self.dtype, order="F" if not self.descriptor.is_c_contiguous else "C")
+        desc = self.descriptor
+        low, high = desc.byte_extent
+        raw = np.empty(high - low, np.uint8)
         if self.nbytes:
             stream = rt.create_stream(int(self.device))
-            rt.copy_async(out.ctypes.data, self.descriptor.ptr, self.nbytes, stream)
+            rt.copy_async(raw.ctypes.data, desc.ptr + low, high - low, stream)
             stream.synchronize()
-        return out
+        # Same layout as on the device (the copy spans the whole extent), then a compact copy.
+        view: np.ndarray[Any, Any] = np.ndarray(
+            self.shape, self.dtype, buffer=raw, offset=-low, strides=desc.byte_strides
+        )
+        return np.array(view, order="K")
 
     def __len__(self) -> int:
         if not self.shape:

@@ -7,35 +7,53 @@ from collections import OrderedDict
 
 from mpi4py import MPI
 
-__all__ = ["strided_type"]
+__all__ = ["describable", "strided_type"]
 
 _CACHE_SIZE = 64
-_cache: OrderedDict[tuple[tuple[int, ...], tuple[int, ...], int], tuple[MPI.Datatype, int]] = OrderedDict()
+# key -> (committed datatype, low offset, every datatype it was built from)
+_Entry = tuple[MPI.Datatype, int, list[MPI.Datatype]]
+_cache: OrderedDict[tuple[tuple[int, ...], tuple[int, ...], int], _Entry] = OrderedDict()
 _lock = threading.Lock()
 
 
-def _build(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[MPI.Datatype, int]:
+def describable(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Can strided_type describe this layout safely?
+
+    Open MPI 5.0 builds a wrong type map for an hvector whose byte stride is exactly -1 (it reads the
+    blocks forwards), so such layouts (1-byte elements walked backwards) are copied instead.
+    """
+    return all(s != -1 for n, s in zip(shape, strides) if n > 1)
+
+
+def _build(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> _Entry:
     dims = [(n, s) for n, s in zip(shape, strides) if n != 1]
-    temps: list[MPI.Datatype] = []
     block = itemsize
     # An innermost run of adjacent elements is one contiguous block.
     if dims and dims[-1][1] == itemsize:
         block = itemsize * dims[-1][0]
         dims = dims[:-1]
-    t = MPI.BYTE.Create_contiguous(block)
-    temps.append(t)
+    parts = [MPI.BYTE.Create_contiguous(block)]
     low = 0
     for n, s in reversed(dims):
-        t = t.Create_hvector(n, 1, s)
-        temps.append(t)
+        parts.append(parts[-1].Create_hvector(n, 1, s))
         if s < 0:
             low += s * (n - 1)
-    # Shift so every displacement is >= 0 relative to the lowest byte the array touches.
-    final = MPI.Datatype.Create_struct([1], [-low], [t])
+    if low:
+        # Shift so every displacement is >= 0 relative to the lowest byte the array touches.
+        parts.append(MPI.Datatype.Create_struct([1], [-low], [parts[-1]]))
+    final = parts.pop()
     final.Commit()
-    for tmp in temps:
-        tmp.Free()
-    return final, low
+    # The building blocks stay alive as long as the final type: some MPI libraries have mishandled
+    # types whose components were freed early, and keeping a handful of handles costs nothing.
+    return final, low, parts
+
+
+def _free(entry: _Entry) -> None:
+    if MPI.Is_finalized():
+        return
+    final, _low, parts = entry
+    for t in (final, *parts):
+        t.Free()
 
 
 def strided_type(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[MPI.Datatype, int]:
@@ -45,17 +63,14 @@ def strided_type(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int
     Its type signature is ``nbytes`` BYTEs, so it matches a contiguous byte
     receive (or send) on the other side. Datatypes are cached (LRU).
     """
-    key = (shape, strides, itemsize)
+    key = (tuple(shape), tuple(strides), itemsize)
     with _lock:
         hit = _cache.get(key)
         if hit is not None:
             _cache.move_to_end(key)
-            return hit
-    built = _build(shape, strides, itemsize)
-    with _lock:
-        _cache[key] = built
+            return hit[0], hit[1]
+        entry = _build(*key)
+        _cache[key] = entry
         while len(_cache) > _CACHE_SIZE:
-            _, (old, _low) = _cache.popitem(last=False)
-            if not MPI.Is_finalized():
-                old.Free()
-    return built
+            _free(_cache.popitem(last=False)[1])
+    return entry[0], entry[1]

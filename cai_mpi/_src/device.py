@@ -20,8 +20,9 @@ LOCAL_RANK_VARS: tuple[str, ...] = (
 )
 
 # An MPI launcher started *inside* a Slurm step (``mpirun`` in an allocation starts its daemons with
-# ``srun``, one per node) hands every rank its daemon's SLURM_LOCALID, which is 0 on every node. Its own
-# variable is then the truth; srun alone never sets these.
+# ``srun``, one per node) hands every rank its daemon's SLURM_LOCALID, which is 0 on every node (seen
+# with Open MPI 5 and MPICH Hydra under Slurm 22.05). The launcher's own variable is then the truth;
+# under srun alone these are unset or agree with SLURM_LOCALID.
 _NESTED_INSIDE_SLURM: tuple[str, ...] = LOCAL_RANK_VARS[2:]
 
 
@@ -158,9 +159,7 @@ def choose_device(env: Mapping[str, str] | None = None, visible_count: int | Non
     elif (slurm_gpus := _slurm_gpus_on_node(env)) is not None:
         # srun --gpu-bind=none unsets CUDA_VISIBLE_DEVICES; the rank then sees the job's GPUs on this node.
         count = slurm_gpus
-        count_from = (
-            f"CUDA_VISIBLE_DEVICES unset, SLURM_GPUS_ON_NODE={slurm_gpus} (the job's GPUs on this node)"
-        )
+        count_from = f"CUDA_VISIBLE_DEVICES unset, SLURM_GPUS_ON_NODE={slurm_gpus} (job's GPUs on the node)"
     else:
         count = None
         count_from = "CUDA_VISIBLE_DEVICES unset"

@@ -13,7 +13,7 @@ from .array import Array
 from .buffers import Outgoing, Target, resolve_outgoing, resolve_target
 from .comms import Channels, channels
 from .config import Config, config
-from .datatypes import strided_type
+from .datatypes import describable, strided_type
 from .errors import ProtocolError, RecvMismatchError
 from .hostmem import host_pool
 from .runtime import get_runtime
@@ -83,6 +83,11 @@ def _send_gen(
     nbytes = out.nbytes
     hcomm, pcomm = chans.header, chans.payload
     host = out.host
+    if nbytes == 0:
+        # Nothing to read, wherever the (possibly NULL) pointer lives: the header is the whole message.
+        header = encode_header(out.dtype, out.shape, fortran=False, payload_tag=0, meta_bytes=meta_bytes)
+        yield MPIWait([hcomm.Isend([header, MPI.BYTE], dest, tag)])
+        return
     if host is not None and nbytes <= cfg.inline_bytes:
         # Small host payload rides inside the header: one message, no payload tag needed.
         header = encode_header(
@@ -108,9 +113,16 @@ def _send_gen(
                 reqs.append(pcomm.Isend([buf, n, MPI.BYTE], dest, ptag))
             yield MPIWait(reqs)
             return
-        if host is not None and nbytes <= cfg.max_message_bytes:
-            # Strided host data: MPI gathers it in place through a derived datatype (no copy).
-            dtype_mpi, low = strided_type(host.shape, host.strides, host.itemsize)
+        strides = host.strides if host is not None else out.desc.byte_strides  # type: ignore[union-attr]
+        if (
+            nbytes <= cfg.max_message_bytes
+            and (host is not None or cfg.device_datatypes)
+            and describable(out.shape, tuple(strides))
+        ):
+            # Strided data MPI may read: it gathers it in place through a derived datatype (no copy).
+            # For device memory only on request (CAI_MPI_DEVICE_DATATYPES=1): CUDA-aware MPIs differ
+            # widely in how fast they handle device datatypes, so packing on the device is the default.
+            dtype_mpi, low = strided_type(out.shape, tuple(strides), out.dtype.itemsize)
             extent = dtype_mpi.Get_extent()[1]
             header = encode_header(out.dtype, out.shape, fortran=False, payload_tag=ptag, meta_bytes=meta_bytes)
             reqs.append(hcomm.Isend([header, MPI.BYTE], dest, tag))
@@ -119,7 +131,7 @@ def _send_gen(
             yield MPIWait(reqs)
             return
         if host is not None:
-            # Strided and larger than one MPI message: pack to a contiguous copy, then send it in chunks.
+            # Too large for one message, or a layout MPI datatypes mishandle: send a contiguous copy.
             packed = np.ascontiguousarray(host)
             yield from _send_gen(
                 Outgoing.from_host(packed, out.keep), chans, dest, tag, meta_bytes, cfg, rt
@@ -257,7 +269,7 @@ def _recv_into_host(
             for off, n in _payload_chunks(nbytes, chunk)
         ]
         yield MPIWait(reqs)
-    elif h.nchunks == 1:
+    elif h.nchunks == 1 and describable(dst.shape, dst.strides):
         dtype_mpi, low = strided_type(dst.shape, dst.strides, dst.itemsize)
         buf = MPI.buffer.fromaddress(dst.ctypes.data + low, dtype_mpi.Get_extent()[1])
         yield MPIWait([pcomm.Irecv([buf, 1, dtype_mpi], source, h.payload_tag)])

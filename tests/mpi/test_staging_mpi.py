@@ -133,3 +133,21 @@ def test_many_staged_in_flight_any_source(simulated_gpu: SimulatedRuntime) -> No
     for r in reqs:
         r.wait()
     comm.Barrier()
+
+
+def test_device_datatypes_on_request(simulated_gpu: SimulatedRuntime) -> None:
+    """CAI_MPI_DEVICE_DATATYPES=1 on a CUDA-aware MPI: strided device data goes out through a datatype."""
+    os.environ["CAI_MPI_CUDA_AWARE"] = "1"
+    try:
+        aware_comm = comm.Dup()
+        cai_mpi.cuda_aware(aware_comm)
+    finally:
+        del os.environ["CAI_MPI_CUDA_AWARE"]
+    try:
+        reload_config({"CAI_MPI_DEVICE_DATATYPES": "1", "CAI_MPI_INLINE_BYTES": "0"})
+        strided = FakeCudaArray(make((64, 64), rank), device=True, shape=(32, 22), strides=(-1024, 24),
+                                offset=63 * 512)
+        got = ring(strided, aware_comm)
+        assert np.array_equal(got.numpy(), make((64, 64), prv)[::-2, ::3])
+    finally:
+        aware_comm.Free()

@@ -48,9 +48,7 @@ def test_one_device_per_task_always_chooses_zero() -> None:
 
 def test_all_devices_visible_spreads_ranks() -> None:
     # --gpu-bind=none: every rank sees all four GPUs; local ranks go round robin.
-    got = [
-        choose_device({"SLURM_LOCALID": str(r), "CUDA_VISIBLE_DEVICES": "0,1,2,3"}).ordinal for r in range(6)
-    ]
+    got = [choose_device({"SLURM_LOCALID": str(r), "CUDA_VISIBLE_DEVICES": "0,1,2,3"}).ordinal for r in range(6)]
     assert got == [0, 1, 2, 3, 0, 1]
 
 
@@ -135,10 +133,7 @@ def test_cai_mpi_device_forces_the_ordinal() -> None:
     assert "CAI_MPI_DEVICE=2" in choice.reason
     # Forcing works without knowing the device count, and an empty value means "not set".
     assert choose_device({"CAI_MPI_DEVICE": "1"}).ordinal == 1
-    assert (
-        choose_device({"CAI_MPI_DEVICE": "", "SLURM_LOCALID": "1", "CUDA_VISIBLE_DEVICES": "0,1"}).ordinal
-        == 1
-    )
+    assert choose_device({"CAI_MPI_DEVICE": "", "SLURM_LOCALID": "1", "CUDA_VISIBLE_DEVICES": "0,1"}).ordinal == 1
 
 
 def test_cai_mpi_device_beyond_visible_is_an_error() -> None:

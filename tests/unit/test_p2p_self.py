@@ -1,0 +1,116 @@
+"""Property tests of whole transfers, a rank sending to itself through real MPI (no launcher needed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from mpi4py import MPI
+
+import cai_mpi
+from cai_mpi._src.config import reload_config
+from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, use_runtime
+
+me = MPI.COMM_WORLD.Get_rank()
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+dtypes = st.sampled_from(["u1", "<i2", "<f4", "<f8", "<c16", ">i8", "?", "<f2"]).map(np.dtype)
+
+
+@st.composite
+def strided_views(draw: Any) -> np.ndarray[Any, Any]:
+    """A view of a random array with random steps (negative too), offsets and axis order."""
+    dtype = draw(dtypes)
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=7))
+    base = np.arange(int(np.prod(shape)) * dtype.itemsize, dtype=np.uint8).view(dtype).reshape(shape)
+    index = tuple(
+        slice(draw(st.integers(0, max(n - 1, 0))), None, draw(st.sampled_from([1, 2, 3, -1, -2])))
+        for n in shape
+    )
+    view = base[(*index, Ellipsis)]  # Ellipsis keeps 0-d results arrays, not scalars
+    if view.ndim > 1:
+        view = view.transpose(draw(st.permutations(range(view.ndim))))
+    return view
+
+
+def self_round_trip(obj: Any, **kw: Any) -> cai_mpi.Array:
+    req = cai_mpi.isend_array(obj, me, tag=3)
+    got = cai_mpi.recv_array(me, 3, **kw)
+    req.wait()
+    return got
+
+
+@SETTINGS
+@given(view=strided_views(), inline=st.sampled_from(["0", "4096"]))
+def test_any_host_layout_round_trips(view: np.ndarray[Any, Any], inline: str) -> None:
+    reload_config({"CAI_MPI_INLINE_BYTES": inline})
+    got = np.asarray(self_round_trip(view))
+    assert got.shape == view.shape and got.dtype == view.dtype
+    assert got.tobytes() == view.tobytes()
+
+
+@SETTINGS
+@given(src=strided_views(), data=st.data())
+def test_any_layout_into_any_strided_out(src: np.ndarray[Any, Any], data: Any) -> None:
+    reload_config({"CAI_MPI_INLINE_BYTES": "0"})
+    # An out= with its own random layout: a view into a bigger zeroed buffer.
+    steps = [data.draw(st.sampled_from([1, 2, -1, -3])) for _ in src.shape]
+    big = np.zeros(tuple(n * abs(s) + 1 for n, s in zip(src.shape, steps)), src.dtype)
+    walk = [slice(None, n * abs(s), s) if s > 0 else slice(n * abs(s) - 1, None, s) for n, s in zip(src.shape, steps)]
+    out = big[(*walk, Ellipsis)][(*(slice(0, n) for n in src.shape), Ellipsis)]
+    assert out.shape == src.shape
+    self_round_trip(src, out=out)
+    assert out.tobytes() == src.tobytes()
+
+
+@SETTINGS
+@given(view=strided_views(), version=st.integers(0, 3), device=st.booleans())
+def test_cai_exporters_round_trip(view: np.ndarray[Any, Any], version: int, device: bool) -> None:
+    """Host-backed and simulated-device CAI exporters with the same random layouts."""
+    reload_config({"CAI_MPI_CHUNK_BYTES": "64"})
+    with use_runtime(SimulatedRuntime()):
+        base = view.base if view.base is not None else view
+        while base.base is not None:
+            base = base.base
+        flat = np.ascontiguousarray(base).reshape(-1)
+        fake = FakeCudaArray(flat, version=version, device=device)
+        # Re-create the view over the fake's memory: same byte offset and strides.
+        offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0] if view.size else 0
+        fake.shape, fake.strides, fake.dtype = view.shape, view.strides if view.ndim else None, view.dtype
+        fake.ptr = (fake.ptr + offset) if view.size else 0
+        got = self_round_trip(fake, device="host")
+        assert np.asarray(got).tobytes() == view.tobytes()
+
+
+def test_proc_null_is_a_no_op() -> None:
+    cai_mpi.send_array(np.arange(3), MPI.PROC_NULL)
+
+
+def test_array_exports() -> None:
+    got = self_round_trip(np.arange(12, dtype="<i4").reshape(3, 4))
+    assert isinstance(got, cai_mpi.Array)
+    assert not hasattr(got, "__cuda_array_interface__")
+    mv = memoryview(got)
+    assert mv.shape == (3, 4) and mv.format in ("i", "<i") and mv.obj is got
+    assert np.shares_memory(np.asarray(got), np.asarray(got))
+    assert bytes(got) == np.arange(12, dtype="<i4").tobytes()
+    assert repr(got).startswith("cai_mpi.Array(shape=(3, 4)")
+
+
+def test_device_array_exports_cai_v3_without_stream() -> None:
+    with use_runtime(SimulatedRuntime()):
+        got = self_round_trip(np.arange(6.0))
+        cai = got.__cuda_array_interface__
+        assert cai["version"] == 3 and cai["stream"] is None and cai["shape"] == (6,)
+        assert cai_mpi.describe(got).ptr == got.descriptor.ptr
+        with pytest.raises(AttributeError):
+            got.__array_interface__  # noqa: B018
+        with pytest.raises(BufferError):
+            memoryview(got)
+        # Forwarding a device Array: its descriptor travels on.
+        again = self_round_trip(got, device="host")
+        assert np.array_equal(np.asarray(again), np.arange(6.0))
