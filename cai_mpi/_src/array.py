@@ -35,9 +35,12 @@ class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
         device: ``"host"`` or the GPU ordinal holding the data.
     """
 
+    # Slots: a received Array is built on every message, and slot stores are three times cheaper.
+    __slots__ = ("_descriptor", "_host", "_owner", "device", "meta", "source", "tag")
+
     def __init__(
         self,
-        descriptor: CAIDescriptor,
+        descriptor: CAIDescriptor | None,
         *,
         device: str | int,
         owner: Any,
@@ -46,7 +49,7 @@ class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
         tag: int = -1,
         meta: dict[str, Any] | None = None,
     ) -> None:
-        self.descriptor = descriptor
+        self._descriptor = descriptor  # host Arrays build it on first use: the receive path stays short
         self.device = device
         self.source = source
         self.tag = tag
@@ -65,9 +68,28 @@ class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
         meta: dict[str, Any] | None = None,
     ) -> Array:
         """Wrap a host numpy array (no copy); ``owner`` keeps the memory alive if ``host`` does not."""
-        desc = descriptor_from_numpy(host)
-        return cls(desc, device="host", owner=host if owner is None else owner, host=host, source=source,
+        return cls(None, device="host", owner=host if owner is None else owner, host=host, source=source,
                    tag=tag, meta=meta)
+
+    @classmethod
+    def _received_host(cls, host: np.ndarray[Any, Any], source: int, tag: int) -> Array:
+        """The hot-path constructor for a fresh host array (no keyword parsing, no descriptor yet)."""
+        a = cls.__new__(cls)
+        a._descriptor = None
+        a.device = "host"
+        a.source = source
+        a.tag = tag
+        a.meta = None
+        a._owner = a._host = host
+        return a
+
+    @property
+    def descriptor(self) -> CAIDescriptor:
+        d = self._descriptor
+        if d is None:
+            assert self._host is not None
+            d = self._descriptor = descriptor_from_numpy(self._host)
+        return d
 
     @classmethod
     def from_device(
@@ -87,23 +109,23 @@ class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
     # -- array metadata ----------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.descriptor.shape
+        return self._host.shape if self._host is not None else self.descriptor.shape
 
     @property
     def dtype(self) -> np.dtype[Any]:
-        return self.descriptor.dtype
+        return self._host.dtype if self._host is not None else self.descriptor.dtype
 
     @property
     def nbytes(self) -> int:
-        return self.descriptor.nbytes
+        return int(self._host.nbytes) if self._host is not None else self.descriptor.nbytes
 
     @property
     def size(self) -> int:
-        return self.descriptor.size
+        return int(self._host.size) if self._host is not None else self.descriptor.size
 
     @property
     def ndim(self) -> int:
-        return self.descriptor.ndim
+        return len(self.shape)
 
     @property
     def is_host(self) -> bool:

@@ -22,7 +22,7 @@ class Channels:
     in another thread) can ever match a payload.
     """
 
-    __slots__ = ("__weakref__", "_tags", "aware", "header", "payload", "tag_ub")
+    __slots__ = ("__weakref__", "_tags", "aware", "header", "payload", "size", "tag_ub")
 
     def __init__(self, comm: MPI.Comm) -> None:
         self.header: MPI.Comm = comm.Dup()
@@ -32,6 +32,7 @@ class Channels:
         tag_ub = comm.Get_attr(MPI.TAG_UB)
         self.tag_ub: int = int(tag_ub) if tag_ub is not None else 32767
         self._tags = itertools.count()
+        self.size: int = comm.Get_remote_size() if isinstance(comm, MPI.Intercomm) else comm.Get_size()
         # Both sides of a message must pick compatible routes: agree once, here, while collective.
         comm_for_agreement = self.header if not self.header.Is_inter() else None
         local = detect_local()

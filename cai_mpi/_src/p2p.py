@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Generator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -19,14 +19,17 @@ from .hostmem import host_pool
 from .runtime import get_runtime
 from .runtime.base import DeviceBuffer, MemoryKind, Runtime
 from .staging import internal_stream, staged_recv, staged_send
-from .waitables import EventWait, MPIWait, Request, Waitable, complete, others_pending
-from .wire import HEADER_BUFFER_BYTES, Header, decode_header, encode_header, encode_meta
+from .waitables import EventWait, MPIWait, Request, Waitable, _active, complete
+from .wire import HEADER_BUFFER_BYTES, Header, decode_header, decode_inline, encode_header, encode_meta, inline_prefix
 
 __all__ = ["irecv_array", "isend_array", "recv_array", "send_array"]
 
 ANY_SOURCE: int = MPI.ANY_SOURCE
 ANY_TAG: int = MPI.ANY_TAG
+PROC_NULL: int = MPI.PROC_NULL
+_BYTE = MPI.BYTE
 
+T = TypeVar("T")
 _tls = threading.local()
 _header_buffers: list[bytearray] = []  # free list for nonblocking receives
 
@@ -38,27 +41,26 @@ def _take_header_buffer() -> bytearray:
         return bytearray(HEADER_BUFFER_BYTES)
 
 
-def _check_rank(name: str, value: Any, comm: MPI.Comm, *, wildcard: bool) -> int:
+def _as_int(name: str, value: Any) -> int:
+    if type(value) is int:  # the common case, without the slower isinstance checks
+        return value
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int rank, got {type(value).__name__}")
-    rank = int(value)
-    if (wildcard and rank == MPI.ANY_SOURCE) or rank == MPI.PROC_NULL:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return int(value)
+
+
+def _check_rank(name: str, value: Any, chans: Channels, *, wildcard: bool) -> int:
+    rank = _as_int(name, value)
+    if 0 <= rank < chans.size or (wildcard and rank == ANY_SOURCE) or rank == PROC_NULL:
         return rank
-    size = comm.Get_remote_size() if isinstance(comm, MPI.Intercomm) else comm.Get_size()
-    if not 0 <= rank < size:
-        raise ValueError(f"{name}={rank} is not a rank of this communicator (size {size})")
-    return rank
+    raise ValueError(f"{name}={rank} is not a rank of this communicator (size {chans.size})")
 
 
 def _check_tag(value: Any, chans: Channels, *, wildcard: bool) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-        raise TypeError(f"tag must be an int, got {type(value).__name__}")
-    tag = int(value)
-    if wildcard and tag == MPI.ANY_TAG:
+    tag = _as_int("tag", value)
+    if 0 <= tag <= chans.tag_ub or (wildcard and tag == ANY_TAG):
         return tag
-    if not 0 <= tag <= chans.tag_ub:
-        raise ValueError(f"tag={tag} is outside 0..{chans.tag_ub} (MPI.TAG_UB)")
-    return tag
+    raise ValueError(f"tag={tag} is outside 0..{chans.tag_ub} (MPI.TAG_UB)")
 
 
 def _raw(ptr: int, nbytes: int, chans: Channels, rt: Runtime, *, readonly: bool = False) -> MPI.buffer:
@@ -188,7 +190,7 @@ def isend_array(
     The request keeps ``obj`` alive until it completes.
     """
     chans = channels(comm)
-    dest = _check_rank("dest", dest, chans.header, wildcard=False)
+    dest = _check_rank("dest", dest, chans, wildcard=False)
     tag = _check_tag(tag, chans, wildcard=False)
     meta_bytes = encode_meta(meta)
     rt = get_runtime()
@@ -219,7 +221,21 @@ def send_array(
     Example:
         >>> send_array(cupy.arange(10), dest=1, meta={"step": 3})  # doctest: +SKIP
     """
-    isend_array(obj, dest, tag, comm, sync=sync, meta=meta).wait()
+    if comm is None and meta is None and type(obj) is np.ndarray and not _active:
+        # The hot path: a small C-ordered host array to COMM_WORLD, sent as one blocking message.
+        chans = channels(None)
+        if (
+            obj.nbytes <= config().inline_bytes
+            and obj.flags.c_contiguous
+            and obj.nbytes
+            and type(dest) is int
+            and 0 <= dest < chans.size
+            and type(tag) is int
+            and 0 <= tag <= chans.tag_ub
+        ):
+            chans.header.Send([inline_prefix(obj.dtype, obj.shape) + obj.tobytes(), MPI.BYTE], dest, tag)
+            return
+    _drive(isend_array(obj, dest, tag, comm, sync=sync, meta=meta))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -385,7 +401,7 @@ def irecv_array(
 ) -> Request[Array]:
     """Start receiving an array; ``wait()`` returns the Array. See ``recv_array``."""
     chans = channels(comm)
-    source = _check_rank("source", source, chans.header, wildcard=True)
+    source = _check_rank("source", source, chans, wildcard=True)
     tag = _check_tag(tag, chans, wildcard=True)
     rt = get_runtime()
     target = resolve_target(out, rt) if out is not None else None  # a bad out= fails before matching
@@ -425,23 +441,51 @@ def recv_array(
         An Array carrying the data, its descriptor, ``source``, ``tag`` and ``meta``.
     """
     chans = channels(comm)
-    source = _check_rank("source", source, chans.header, wildcard=True)
+    source = _check_rank("source", source, chans, wildcard=True)
     tag = _check_tag(tag, chans, wildcard=True)
     try:
         hbuf, status = _tls.hbuf, _tls.status
     except AttributeError:
         hbuf, status = _tls.hbuf, _tls.status = bytearray(HEADER_BUFFER_BYTES), MPI.Status()
     rt = get_runtime()
-    target = resolve_target(out, rt) if out is not None else None  # a bad out= fails before matching
-    if others_pending():
+    # A plain writable C-ordered ndarray is checked on the fast path; anything else is resolved (and
+    # refused if it cannot be a receive buffer) before a message is matched.
+    plain_out = type(out) is np.ndarray and out.flags.c_contiguous and out.flags.writeable
+    target = resolve_target(out, rt) if out is not None and not plain_out else None
+    if _active:
         # Other requests of ours need driving while we wait for the header.
-        complete(MPIWait([chans.header.Irecv([hbuf, MPI.BYTE], source, tag)], status))
+        complete(MPIWait([chans.header.Irecv([hbuf, _BYTE], source, tag)], status))
     else:
-        chans.header.Recv([hbuf, MPI.BYTE], source, tag, status)
-    gen = _recv_gen(chans, hbuf, status, None, target, device, rt, config())
+        chans.header.Recv([hbuf, _BYTE], source, tag, status)
+        if device == "host" or (device is None and rt.device_count() == 0) or plain_out:
+            fast = decode_inline(hbuf, status.Get_count(_BYTE))
+            if fast is not None:
+                # The hot path: a small payload that came inside the header, into host memory.
+                shape, dtype, offset, nbytes = fast
+                if out is None:
+                    # A private copy of the payload bytes (the header buffer is reused), viewed typed.
+                    arr = np.frombuffer(hbuf[offset : offset + nbytes], dtype)
+                    if arr.shape != shape:
+                        arr = arr.reshape(shape)
+                    return Array._received_host(arr, status.Get_source(), status.Get_tag())
+                if plain_out and out.shape == shape and out.dtype == dtype:
+                    try:
+                        memoryview(out).cast("B")[:] = memoryview(hbuf)[offset : offset + nbytes]
+                    except (TypeError, ValueError, NotImplementedError):  # formats memoryview can't cast
+                        out[...] = np.frombuffer(hbuf, dtype, nbytes // dtype.itemsize, offset).reshape(shape)
+                    return Array._received_host(out, status.Get_source(), status.Get_tag())
+    if plain_out:
+        target = resolve_target(out, rt)
+    return _drive(_recv_gen(chans, hbuf, status, None, target, device, rt, config()))
+
+
+def _drive(op: Request[T] | Generator[Waitable, None, T]) -> T:
+    """Run a transfer to completion in the calling thread (blocking calls need no Request object)."""
+    if isinstance(op, Request):
+        return op.wait()
     try:
         while True:
-            complete(next(gen))
+            complete(next(op))
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 

@@ -26,6 +26,8 @@ __all__ = [
     "MAX_NDIM",
     "PROTOCOL_VERSION",
     "decode_header",
+    "decode_inline",
+    "inline_prefix",
     "encode_header",
     "encode_meta",
 ]
@@ -201,6 +203,54 @@ def encode_header(
     if inline is not None:
         parts.append(inline)
     return b"".join(parts)
+
+
+_inline_prefixes: dict[tuple[np.dtype[Any], tuple[int, ...]], bytes] = {}
+_inline_headers: dict[bytes, tuple[tuple[int, ...], np.dtype[Any], int, int]] = {}
+_FAST_CACHE_LIMIT = 1024
+
+
+def inline_prefix(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
+    """The header of a meta-less, C-ordered inline message: append the payload bytes and send.
+
+    Cached per (dtype, shape): the hot small-message path builds no header at all.
+    """
+    key = (dtype, shape)
+    prefix = _inline_prefixes.get(key)
+    if prefix is None:
+        prefix = encode_header(dtype, shape, fortran=False, payload_tag=0, inline=b"")
+        if len(_inline_prefixes) >= _FAST_CACHE_LIMIT:
+            _inline_prefixes.clear()
+        _inline_prefixes[key] = prefix
+    return prefix
+
+
+def decode_inline(buf: Any, nbytes: int) -> tuple[tuple[int, ...], np.dtype[Any], int, int] | None:
+    """Fast decoding of the commonest header: inline payload, C order, no meta.
+
+    Returns ``(shape, dtype, payload_offset, payload_nbytes)``, or None when the header is anything
+    else (decode_header then does the full, strict work). Every header it accepts was once fully
+    decoded by decode_header: the cache is keyed by all header bytes before the payload.
+    """
+    if nbytes < PREFIX_BYTES:
+        return None
+    end = PREFIX_BYTES + 8 * buf[6] + (buf[28] | buf[29] << 8)
+    key = bytes(buf[:end])
+    hit = _inline_headers.get(key)
+    if hit is None:
+        if buf[5] != FLAG_INLINE or key[:4] != MAGIC:
+            return None
+        try:
+            full = decode_header(buf, nbytes, max_payload_bytes=MAX_INLINE_BYTES)
+        except ProtocolError:
+            return None
+        if full.meta is not None or full.chunk_bytes:
+            return None
+        hit = (full.shape, full.dtype, end, full.payload_nbytes)
+        if len(_inline_headers) >= _FAST_CACHE_LIMIT:
+            _inline_headers.clear()
+        _inline_headers[key] = hit
+    return hit if nbytes == end + hit[3] else None
 
 
 def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> Header:
