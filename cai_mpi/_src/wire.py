@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
 import struct
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -54,8 +53,7 @@ MAX_INLINE_BYTES = 64 << 10
 HEADER_BUFFER_BYTES = PREFIX_BYTES + 8 * MAX_NDIM + MAX_DTYPE_BYTES + MAX_META_BYTES + MAX_INLINE_BYTES
 
 
-@dataclasses.dataclass(frozen=True)
-class Header:
+class Header(NamedTuple):
     """A decoded header. ``inline`` is a memoryview of the payload when it travelled inside the header."""
 
     dtype: np.dtype[Any]
@@ -132,6 +130,12 @@ def _dtype_field(dtype: np.dtype[Any]) -> tuple[bytes, int]:
 
 @functools.lru_cache(maxsize=256)
 def _dtype_from_field(field: bytes, structured: bool) -> np.dtype[Any]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numpy deprecations for odd typestrs must not escape
+        return _parse_dtype_field(field, structured)
+
+
+def _parse_dtype_field(field: bytes, structured: bool) -> np.dtype[Any]:
     if structured:
         desc = json.loads(field)
         if not isinstance(desc, dict):
@@ -287,9 +291,7 @@ def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> Header:
     shape = struct.unpack_from(f"<{ndim}Q", mv, PREFIX_BYTES)
     off = PREFIX_BYTES + 8 * ndim
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # numpy deprecations for odd typestrs must not escape
-            dtype = _dtype_from_field(bytes(mv[off : off + dlen]), bool(flags & FLAG_STRUCTURED))
+        dtype = _dtype_from_field(bytes(mv[off : off + dlen]), bool(flags & FLAG_STRUCTURED))
     except Exception as exc:  # numpy raises ValueError, TypeError, SyntaxError, RecursionError, ...
         raise ProtocolError(f"header dtype field is not a numpy dtype (or not one we can receive): {exc!r}") from None
     off += dlen
