@@ -20,7 +20,17 @@ from .runtime import get_runtime
 from .runtime.base import DeviceBuffer, MemoryKind, Runtime
 from .staging import internal_stream, staged_recv, staged_send
 from .waitables import EventWait, MPIWait, Request, Waitable, _active, complete
-from .wire import HEADER_BUFFER_BYTES, Header, decode_header, decode_inline, encode_header, encode_meta, inline_prefix
+from .wire import (
+    HEADER_BUFFER_BYTES,
+    Header,
+    decode_header,
+    decode_inline,
+    decode_plain,
+    encode_header,
+    encode_meta,
+    inline_prefix,
+    plain_header,
+)
 
 __all__ = ["irecv_array", "isend_array", "recv_array", "send_array"]
 
@@ -222,19 +232,28 @@ def send_array(
         >>> send_array(cupy.arange(10), dest=1, meta={"step": 3})  # doctest: +SKIP
     """
     if comm is None and meta is None and type(obj) is np.ndarray and not _active:
-        # The hot path: a small C-ordered host array to COMM_WORLD, sent as one blocking message.
+        # The hot paths: a contiguous host array to COMM_WORLD, with blocking MPI calls only.
         chans = channels(None)
+        nbytes, flags, cfg = obj.nbytes, obj.flags, config()
         if (
-            obj.nbytes <= config().inline_bytes
-            and obj.flags.c_contiguous
-            and obj.nbytes
+            nbytes
             and type(dest) is int
             and 0 <= dest < chans.size
             and type(tag) is int
             and 0 <= tag <= chans.tag_ub
+            and (flags.c_contiguous or flags.f_contiguous)
         ):
-            chans.header.Send([inline_prefix(obj.dtype, obj.shape) + obj.tobytes(), MPI.BYTE], dest, tag)
-            return
+            if nbytes <= cfg.inline_bytes and flags.c_contiguous:
+                chans.header.Send([inline_prefix(obj.dtype, obj.shape) + obj.tobytes(), _BYTE], dest, tag)
+                return
+            if nbytes <= cfg.max_message_bytes:
+                fortran = not flags.c_contiguous
+                ptag = chans.next_payload_tag()
+                header = plain_header(obj.dtype, obj.shape, fortran, ptag)
+                hreq = chans.header.Isend([header, _BYTE], dest, tag)
+                chans.payload.Send([obj.T if fortran else obj, _BYTE], dest, ptag)
+                hreq.Wait()
+                return
     _drive(isend_array(obj, dest, tag, comm, sync=sync, meta=meta))
 
 
@@ -474,6 +493,21 @@ def recv_array(
                     except (TypeError, ValueError, NotImplementedError):  # formats memoryview can't cast
                         out[...] = np.frombuffer(hbuf, dtype, nbytes // dtype.itemsize, offset).reshape(shape)
                     return Array._received_host(out, status.Get_source(), status.Get_tag())
+            else:
+                plain = decode_plain(hbuf, status.Get_count(_BYTE), config().max_payload_bytes)
+                if plain is not None:
+                    # A payload in one message: receive it at once (every microsecond between header
+                    # and payload receive costs bandwidth), into a recycled buffer or out=.
+                    shape, dtype, fortran, nbytes, ptag = plain
+                    peer = status.Get_source()
+                    if out is None:
+                        block = host_pool().take(nbytes)
+                        chans.payload.Recv([block, _BYTE], peer, ptag)
+                        arr = np.ndarray(shape, dtype, buffer=block, order="F" if fortran else "C")
+                        return Array._received_host(arr, peer, status.Get_tag())
+                    if plain_out and not fortran and out.shape == shape and out.dtype == dtype:
+                        chans.payload.Recv([out, _BYTE], peer, ptag)
+                        return Array._received_host(out, peer, status.Get_tag())
     if plain_out:
         target = resolve_target(out, rt)
     return _drive(_recv_gen(chans, hbuf, status, None, target, device, rt, config()))

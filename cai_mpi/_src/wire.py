@@ -26,6 +26,8 @@ __all__ = [
     "PROTOCOL_VERSION",
     "decode_header",
     "decode_inline",
+    "decode_plain",
+    "plain_header",
     "inline_prefix",
     "encode_header",
     "encode_meta",
@@ -212,6 +214,7 @@ def encode_header(
 _inline_prefixes: dict[tuple[np.dtype[Any], tuple[int, ...]], bytes] = {}
 _inline_headers: dict[bytes, tuple[tuple[int, ...], np.dtype[Any], int, int]] = {}
 _FAST_CACHE_LIMIT = 1024
+_plain_templates: dict[tuple[np.dtype[Any], tuple[int, ...], bool], bytes] = {}
 
 
 def inline_prefix(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
@@ -242,7 +245,7 @@ def decode_inline(buf: Any, nbytes: int) -> tuple[tuple[int, ...], np.dtype[Any]
     key = bytes(buf[:end])
     hit = _inline_headers.get(key)
     if hit is None:
-        if buf[5] != FLAG_INLINE or key[:4] != MAGIC:
+        if buf[5] & ~FLAG_STRUCTURED != FLAG_INLINE or key[:4] != MAGIC:
             return None
         try:
             full = decode_header(buf, nbytes, max_payload_bytes=MAX_INLINE_BYTES)
@@ -255,6 +258,55 @@ def decode_inline(buf: Any, nbytes: int) -> tuple[tuple[int, ...], np.dtype[Any]
             _inline_headers.clear()
         _inline_headers[key] = hit
     return hit if nbytes == end + hit[3] else None
+
+
+_plain_headers: dict[bytes, tuple[tuple[int, ...], np.dtype[Any], bool, int]] = {}
+_PTAG = struct.Struct("<i")
+
+
+def plain_header(dtype: np.dtype[Any], shape: tuple[int, ...], fortran: bool, payload_tag: int) -> bytearray:
+    """The header of a meta-less, one-message payload, from a per-(dtype, shape, order) template."""
+    key = (dtype, shape, fortran)
+    template = _plain_templates.get(key)
+    if template is None:
+        template = encode_header(dtype, shape, fortran=fortran, payload_tag=0)
+        if len(_plain_templates) >= _FAST_CACHE_LIMIT:
+            _plain_templates.clear()
+        _plain_templates[key] = template
+    header = bytearray(template)
+    _PTAG.pack_into(header, 24, payload_tag)
+    return header
+
+
+def decode_plain(
+    buf: Any, nbytes: int, max_payload_bytes: int
+) -> tuple[tuple[int, ...], np.dtype[Any], bool, int, int] | None:
+    """Fast decoding of a meta-less header whose payload follows as one message.
+
+    Returns ``(shape, dtype, fortran, payload_nbytes, payload_tag)`` or None (then use decode_header).
+    Every accepted header matched, byte for byte apart from the payload tag, one that
+    decode_header fully validated.
+    """
+    if nbytes < PREFIX_BYTES:
+        return None
+    end = PREFIX_BYTES + 8 * buf[6] + (buf[28] | buf[29] << 8)
+    if nbytes != end:
+        return None
+    key = bytes(buf[:24]) + bytes(buf[28:end])
+    hit = _plain_headers.get(key)
+    if hit is None:
+        try:
+            full = decode_header(buf, nbytes, max_payload_bytes=1 << 62)
+        except ProtocolError:
+            return None
+        if full.meta is not None or full.chunk_bytes or full.inline is not None or not full.payload_nbytes:
+            return None
+        hit = (full.shape, full.dtype, full.fortran, full.payload_nbytes)
+        if len(_plain_headers) >= _FAST_CACHE_LIMIT:
+            _plain_headers.clear()
+        _plain_headers[key] = hit
+    ptag = _PTAG.unpack_from(buf, 24)[0]
+    return (*hit, ptag) if ptag >= 0 and hit[3] <= max_payload_bytes else None
 
 
 def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> Header:

@@ -1,0 +1,291 @@
+"""The transfer modes compared side by side: raw mpi4py, pickle, cai_mpi with and without ``out=``, ..."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+from mpi4py import MPI
+
+from .buffers import BufferKind
+
+__all__ = ["DEFAULT_MODES", "MODES", "Context", "Mode", "ModeSpec", "TAG"]
+
+TAG = 7  # every mode uses this tag (raw/pickle on the bench's communicator, cai_mpi on its own)
+
+
+@dataclasses.dataclass
+class Context:
+    """What every mode needs: the bench's private communicator, the buffer kind, CUDA-awareness."""
+
+    comm: MPI.Comm
+    kind: BufferKind
+    aware: bool
+
+
+class Mode:
+    """One way of moving an array. Handles returned by ``isend``/``irecv`` complete in ``waitall``.
+
+    ``recv`` returns an object that ``send`` can send on (the echo rank of the ping-pong and the
+    middle ranks of the pipeline forward what they received). ``slot`` (0 or 1) selects one of
+    two receive buffers for modes that own them, so a forward can be in flight while the next
+    item arrives.
+    """
+
+    def __init__(self, ctx: Context, nbytes: int) -> None:
+        self.ctx = ctx
+        self.comm = ctx.comm
+        self.kind = ctx.kind
+        self.nbytes = nbytes
+        self.src: Any = self.kind.alloc(nbytes)
+
+    def enter(self) -> None:
+        """Called before each timed or warm-up block of this mode."""
+
+    def leave(self) -> None:
+        """Called after each block (undo ``enter``)."""
+
+    def send(self, obj: Any, dest: int) -> None:
+        raise NotImplementedError
+
+    def recv(self, source: int, slot: int = 0) -> Any:
+        raise NotImplementedError
+
+    def isend(self, obj: Any, dest: int) -> Any:
+        raise NotImplementedError
+
+    def irecv(self, source: int, slot: int = 0) -> Any:
+        """A receive handle; by default a deferred blocking ``recv`` run by ``waitall`` (see below)."""
+        return _DeferredRecv(source, slot)
+
+    def waitall(self, handles: list[Any]) -> None:
+        """Complete ``handles``: deferred receives one by one, each result dropped before the next."""
+        sends = []
+        for h in handles:
+            if isinstance(h, _DeferredRecv):
+                self.recv(h.source, h.slot)
+            else:
+                sends.append(h)
+        if sends:
+            self.wait_sends(sends)
+
+    def wait_sends(self, handles: list[Any]) -> None:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass
+class _DeferredRecv:
+    """A receive that ``waitall`` performs with a blocking ``recv`` (nothing is posted in advance)."""
+
+    source: int
+    slot: int
+
+
+class RawMode(Mode):
+    """mpi4py ``Send``/``Recv`` on preallocated buffers of known size: the floor.
+
+    Device buffers go to MPI directly when it is CUDA-aware; otherwise (or with ``staged``)
+    they are copied through a host buffer by hand, which is what cai_mpi's staged route competes with.
+    """
+
+    def __init__(self, ctx: Context, nbytes: int, *, staged: bool = False) -> None:
+        super().__init__(ctx, nbytes)
+        self.direct = not staged and (not self.kind.device or ctx.aware)
+        self.dst = [self.kind.alloc(nbytes), self.kind.alloc(nbytes)]
+        if self.direct:
+            self._mpi_src = self.kind.mpi_object(self.src)
+            self._mpi_dst = [self.kind.mpi_object(d) for d in self.dst]
+        else:
+            self.stage_out = self.kind.host_empty(nbytes)
+            self.stage_in = [self.kind.host_empty(nbytes), self.kind.host_empty(nbytes)]
+
+    def _out(self, obj: Any) -> Any:
+        if not self.direct:
+            self.kind.to_host(obj, self.stage_out)
+            return self.stage_out
+        if obj is self.src:
+            return self._mpi_src
+        return self._mpi_dst[0] if obj is self.dst[0] else self._mpi_dst[1]
+
+    def send(self, obj: Any, dest: int) -> None:
+        self.comm.Send(self._out(obj), dest, TAG)
+
+    def recv(self, source: int, slot: int = 0) -> Any:
+        if self.direct:
+            self.comm.Recv(self._mpi_dst[slot], source, TAG)
+        else:
+            self.comm.Recv(self.stage_in[slot], source, TAG)
+            self.kind.from_host(self.stage_in[slot], self.dst[slot])
+        return self.dst[slot]
+
+    def isend(self, obj: Any, dest: int) -> Any:
+        return self.comm.Isend(self._out(obj), dest, TAG)
+
+    def irecv(self, source: int, slot: int = 0) -> Any:
+        if self.direct:
+            return self.comm.Irecv(self._mpi_dst[slot], source, TAG)
+        return _Staged(self.comm.Irecv(self.stage_in[slot], source, TAG), self, slot)
+
+    def waitall(self, handles: list[Any]) -> None:
+        if self.direct or not handles:
+            MPI.Request.Waitall(handles)
+            return
+        MPI.Request.Waitall([h.req if isinstance(h, _Staged) else h for h in handles])
+        for h in handles:
+            if isinstance(h, _Staged):
+                self.kind.from_host(self.stage_in[h.slot], self.dst[h.slot])
+
+
+@dataclasses.dataclass
+class _Staged:
+    req: MPI.Request
+    mode: RawMode
+    slot: int
+
+
+class PickleMode(Mode):
+    """mpi4py's lowercase ``send``/``recv``: what users write when the receiver does not know the shape.
+
+    Device arrays travel as pickled host copies (``cupy.asnumpy`` and back). Receives are
+    blocking ``recv`` calls even in windows: mpi4py's ``irecv()`` without a buffer only fits
+    small messages, so code that does not know sizes receives with ``recv`` (each object
+    dropped before the next).
+    """
+
+    def send(self, obj: Any, dest: int) -> None:
+        self.comm.send(self.kind.host_copy(obj), dest, TAG)
+
+    def recv(self, source: int, slot: int = 0) -> Any:
+        return self.kind.from_host_new(self.comm.recv(source=source, tag=TAG))
+
+    def isend(self, obj: Any, dest: int) -> Any:
+        return self.comm.isend(self.kind.host_copy(obj), dest, TAG)
+
+    def wait_sends(self, handles: list[Any]) -> None:
+        MPI.Request.waitall(handles)
+
+
+class CaiMode(Mode):
+    """``cai_mpi.send_array`` / ``recv_array`` (and ``isend_array`` for windows of sends).
+
+    Windows of receives are blocking ``recv_array`` calls, each Array dropped before the next
+    (the steady state: pooled host memory is reused), unless ``posted``: then the receiver
+    posts a window of ``irecv_array`` like osu_bw posts ``MPI_Irecv``. cai_mpi posts a payload
+    receive only once its header is in, so posting ahead mostly adds progress-engine work.
+
+    ``out``: receive into preallocated buffers. ``sync``: passed to ``send_array``.
+    ``inline_bytes``: CAI_MPI_INLINE_BYTES while this mode runs (None: the environment's).
+    """
+
+    def __init__(
+        self, ctx: Context, nbytes: int, *, out: bool = False, sync: bool | None = None,
+        inline_bytes: int | None = None, posted: bool = False,
+    ) -> None:
+        super().__init__(ctx, nbytes)
+        import cai_mpi
+
+        self.cai = cai_mpi
+        self.sync = sync
+        self.inline_bytes = inline_bytes
+        self.posted = posted
+        self.dst: list[Any] | None = [self.kind.alloc(nbytes), self.kind.alloc(nbytes)] if out else None
+
+    def enter(self) -> None:
+        if self.inline_bytes is not None:
+            from ..config import reload_config
+
+            reload_config({**os.environ, "CAI_MPI_INLINE_BYTES": str(self.inline_bytes)})
+
+    def leave(self) -> None:
+        if self.inline_bytes is not None:
+            from ..config import reload_config
+
+            reload_config()
+
+    def send(self, obj: Any, dest: int) -> None:
+        self.cai.send_array(obj, dest, TAG, sync=self.sync)
+
+    def recv(self, source: int, slot: int = 0) -> Any:
+        return self.cai.recv_array(source, TAG, out=None if self.dst is None else self.dst[slot])
+
+    def isend(self, obj: Any, dest: int) -> Any:
+        return self.cai.isend_array(obj, dest, TAG, sync=self.sync)
+
+    def irecv(self, source: int, slot: int = 0) -> Any:
+        if not self.posted:
+            return super().irecv(source, slot)
+        return self.cai.irecv_array(source, TAG, out=None if self.dst is None else self.dst[slot])
+
+    def waitall(self, handles: list[Any]) -> None:
+        if not self.posted:
+            super().waitall(handles)
+            return
+        for h in handles:
+            h.wait()
+
+    def wait_sends(self, handles: list[Any]) -> None:
+        for h in handles:
+            h.wait()
+
+
+class ChannelMode(Mode):
+    """HOOK for cai_mpi's persistent channel (not in cai_mpi yet).
+
+    When it lands: open the channel for (peer, TAG, shape, dtype) once per size in ``__init__``
+    (collectively on both ranks), implement send/recv/isend/irecv/waitall with it, and make
+    ``_channel_unavailable`` return None. Until then the mode is reported as skipped: no
+    figure is ever produced for it by another code path.
+    """
+
+    def __init__(self, ctx: Context, nbytes: int) -> None:
+        raise NotImplementedError(_channel_unavailable(ctx) or "ChannelMode is not implemented")
+
+
+def _channel_unavailable(ctx: Context) -> str | None:
+    import cai_mpi
+
+    if any(hasattr(cai_mpi, n) for n in ("Channel", "channel", "open_channel")):
+        return ("cai_mpi now has a persistent channel API, but the bench's ChannelMode "
+                "(cai_mpi/_src/bench/modes.py) is still a hook: implement it")
+    return "cai_mpi has no persistent channel yet (the bench keeps a hook: ChannelMode)"
+
+
+def _raw_staged_unavailable(ctx: Context) -> str | None:
+    if ctx.kind.device:
+        return None
+    return "only meaningful for device buffers (--buffer simulated/cupy/torch/numba)"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeSpec:
+    name: str
+    description: str
+    make: Callable[[Context, int], Mode]
+    unavailable: Callable[[Context], str | None] = lambda ctx: None
+
+
+MODES: dict[str, ModeSpec] = {
+    s.name: s
+    for s in (
+        ModeSpec("raw", "mpi4py Send/Recv into preallocated buffers (the floor)", RawMode),
+        ModeSpec("raw-staged", "mpi4py Send/Recv through host copies made by hand (device buffers)",
+                 lambda c, n: RawMode(c, n, staged=True), _raw_staged_unavailable),
+        ModeSpec("pickle", "mpi4py pickle send/recv (shape unknown to the receiver)", PickleMode),
+        ModeSpec("cai", "cai_mpi send_array / recv_array without out=", CaiMode),
+        ModeSpec("cai-out", "cai_mpi recv_array(out=preallocated)", lambda c, n: CaiMode(c, n, out=True)),
+        ModeSpec("cai-irecv", "cai, the bw/bibw receiver posting a window of irecv_array (like osu_bw)",
+                 lambda c, n: CaiMode(c, n, posted=True)),
+        ModeSpec("cai-out-irecv", "cai-out, the bw/bibw receiver posting a window of irecv_array(out=)",
+                 lambda c, n: CaiMode(c, n, out=True, posted=True)),
+        ModeSpec("cai-noinline", "cai, with CAI_MPI_INLINE_BYTES=0 (always header + payload)",
+                 lambda c, n: CaiMode(c, n, inline_bytes=0)),
+        ModeSpec("cai-nosync", "cai, with send_array(sync=False) (no producer-stream synchronization)",
+                 lambda c, n: CaiMode(c, n, sync=False)),
+        ModeSpec("channel", "cai_mpi persistent channel (hook; not in cai_mpi yet)", ChannelMode,
+                 _channel_unavailable),
+    )
+}
+
+DEFAULT_MODES = ("raw", "pickle", "cai", "cai-out")

@@ -1,0 +1,314 @@
+"""Results as OSU-style text, a JSON document, target verdicts, and matplotlib curves."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .kernels import TESTS, SizeResult
+
+__all__ = [
+    "SCHEMA",
+    "Verdict",
+    "check_targets",
+    "plot",
+    "render_targets",
+    "render_text",
+    "results_json",
+]
+
+SCHEMA = "cai_mpi.bench/1"
+Doc = dict[str, Any]
+
+
+def _pct(xs: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs, dtype=float), q))
+
+
+def results_json(test: str, results: dict[str, dict[int, SizeResult]]) -> dict[str, dict[str, Any]]:
+    """Per mode, per size (a string key, as JSON wants): median, p10, p90 (us), bandwidth, iterations."""
+    out: dict[str, dict[str, Any]] = {}
+    for mode, by_size in results.items():
+        rows: dict[str, Any] = {}
+        for size, r in by_size.items():
+            med = _pct(r.samples_us, 50)
+            row: dict[str, Any] = {
+                "size": size,
+                "median_us": med,
+                "p10": _pct(r.samples_us, 10),
+                "p90": _pct(r.samples_us, 90),
+                "bandwidth_MBps": size / med if med > 0 else 0.0,
+                "iterations": r.iterations,
+                "window": r.window,
+                "samples_us": r.samples_us,
+            }
+            if test == "pipeline":
+                row["items_per_s"] = 1e6 / med if med > 0 else 0.0
+            rows[str(size)] = row
+        out[mode] = rows
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# text
+
+
+_COLUMN = {
+    "latency": "Latency (us)",
+    "bw": "Bandwidth (MB/s)",
+    "bibw": "Bandwidth (MB/s)",
+    "pipeline": "Items/s",
+}
+
+
+def _value(test: str, row: dict[str, Any]) -> float:
+    if test == "latency":
+        return float(row["median_us"])
+    if test == "pipeline":
+        return float(row["items_per_s"])
+    return float(row["bandwidth_MBps"])
+
+
+def _fmt_size(n: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def _header_lines(doc: Doc) -> list[str]:
+    b, env = doc["benchmark"], doc["environment"]
+    aware = env.get("cuda_aware", {})
+    vers = env.get("versions", {})
+    sizes = b["sizes"]
+    lines = [
+        f"# cai_mpi bench {b['test']}: {TESTS.get(b['test'], '')}",
+        f"# {b['ranks']} ranks, buffer {b['buffer']}, sizes {_fmt_size(sizes[0])}..{_fmt_size(sizes[-1])} B"
+        if sizes else f"# {b['ranks']} ranks, buffer {b['buffer']}",
+        f"# MPI: {env.get('mpi_library', '?')}; CUDA-aware: {'yes' if aware.get('aware') else 'no'} "
+        f"({aware.get('source', '?')}); mpi4py {vers.get('mpi4py', '?')}, numpy {vers.get('numpy', '?')}, "
+        f"cai_mpi {vers.get('cai_mpi', '?')}, Python {env.get('python', '?')}; host {env.get('host', '?')}",
+        f"# median of {b['samples']} samples per size; {b['iters']} iterations per sample up to "
+        f"{_fmt_size(b['ref_bytes'])}B{' per message' if b['test'] not in ('bw', 'bibw') else ' messages'}, "
+        "fewer above (JSON: iterations); warm-up excluded; modes interleaved",
+    ]
+    if b["test"] in ("bw", "bibw"):
+        lines.append(f"# window {b['window']} messages (fewer when a window would exceed "
+                     f"{_fmt_size(b['window_bytes'])}B)")
+    for mode, why in doc.get("skipped", {}).items():
+        lines.append(f"# skipped mode {mode}: {why}")
+    return lines
+
+
+def render_text(doc: Doc, *, full: bool = False) -> str:
+    """OSU-style: one two-column block per mode, then all modes side by side (and as ratios to raw)."""
+    b = doc["benchmark"]
+    test = b["test"]
+    results: dict[str, dict[str, Any]] = doc["results"]
+    modes = [m for m in b["modes"] if m in results]
+    lines = _header_lines(doc)
+    col = _COLUMN[test]
+    for mode in modes:
+        lines += ["", f"# mode {mode}: {b['mode_descriptions'].get(mode, '')}"]
+        head = f"# Size (B){col:>{max(18, len(col) + 2)}}"
+        if full:
+            head += f"{'P10 (us)':>14}{'P90 (us)':>14}{'Median (us)':>14}{'Iterations':>12}"
+        lines.append(head)
+        for row in results[mode].values():
+            line = f"{row['size']:<10d}{_value(test, row):>{max(18, len(col) + 2) - 2}.2f}"
+            if full:
+                line += f"{row['p10']:>14.2f}{row['p90']:>14.2f}{row['median_us']:>14.2f}"
+                line += f"{row['iterations']:>12d}"
+            lines.append(line)
+    if len(modes) > 1:
+        lines += ["", f"# side by side: {col}, median"]
+        lines.append("# Size (B)" + "".join(f"{m:>14}" for m in modes))
+        sizes = [int(s) for s in results[modes[0]]]
+        for size in sizes:
+            vals = [results[m].get(str(size)) for m in modes]
+            row_text = "".join(f"{_value(test, v):>14.2f}" if v else f"{'-':>14}" for v in vals)
+            lines.append(f"{size:<10d}{row_text}")
+        if "raw" in modes:
+            what = "time" if test == "latency" else "throughput"
+            lines += ["", f"# ratio of each mode's {what} to raw's (median)"]
+            others = [m for m in modes if m != "raw"]
+            lines.append("# Size (B)" + "".join(f"{m:>14}" for m in others))
+            for size in sizes:
+                raw = results["raw"].get(str(size))
+                cells = []
+                for m in others:
+                    v = results[m].get(str(size))
+                    r = _value(test, raw) if raw else 0.0
+                    cells.append(f"{_value(test, v) / r:>13.2f}x" if v and r > 0 else f"{'-':>14}")
+                lines.append(f"{size:<10d}" + "".join(cells))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# targets
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    key: str
+    text: str
+    status: str  # PASS, FAIL or n/a
+    value: float | None
+    limit: float
+    detail: str
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _med(doc: Doc, mode: str, size: int) -> float | None:
+    row = doc["results"].get(mode, {}).get(str(size))
+    return float(row["median_us"]) if row and row["median_us"] > 0 else None
+
+
+def _docs(docs: Sequence[Doc], tests: Sequence[str]) -> list[Doc]:
+    return [d for t in tests for d in docs if d["benchmark"]["test"] == t]
+
+
+def _where(doc: Doc) -> str:
+    b = doc["benchmark"]
+    return f"{b['test']} test, buffer {b['buffer']}"
+
+
+def _latency_ratio(mode: str, base: str, limit: float) -> Callable[[Sequence[Doc]], tuple[float | None, str]]:
+    def ev(docs: Sequence[Doc]) -> tuple[float | None, str]:
+        for d in _docs(docs, ["latency"]):
+            a, r = _med(d, mode, 8), _med(d, base, 8)
+            if a is not None and r is not None:
+                return a / r, f"{mode} {a:.2f} us / {base} {r:.2f} us at 8 B ({_where(d)})"
+        return None, f"needs a latency run with modes {mode},{base} and size 8"
+    return ev
+
+
+def _bw_ratio(mode: str) -> Callable[[Sequence[Doc]], tuple[float | None, str]]:
+    def ev(docs: Sequence[Doc]) -> tuple[float | None, str]:
+        for d in _docs(docs, ["bw"]):
+            sizes = sorted(int(s) for s in d["results"].get(mode, {}) if int(s) >= 1 << 20)
+            ratios = []
+            for s in sizes:
+                a, r = _med(d, mode, s), _med(d, "raw", s)
+                if a is not None and r is not None:
+                    ratios.append((r / a, s))  # bandwidth ratio = inverse time ratio
+            if ratios:
+                worst = min(ratios)
+                each = ", ".join(f"{_fmt_size(s)} {x:.3f}" for x, s in ratios)
+                return worst[0], f"worst at {_fmt_size(worst[1])}iB; per size: {each} ({_where(d)})"
+        return None, f"needs a bw run with modes {mode},raw and sizes >= 1M"
+    return ev
+
+
+def _vs_pickle(docs: Sequence[Doc]) -> tuple[float | None, str]:
+    size = 16 << 20
+    for d in _docs(docs, ["bw", "latency"]):
+        a, p = _med(d, "cai", size), _med(d, "pickle", size)
+        if a is not None and p is not None:
+            return p / a, f"pickle {p:.0f} us / cai {a:.0f} us per 16 MiB message ({_where(d)})"
+    return None, "needs a bw or latency run with modes cai,pickle and size 16M"
+
+
+_TARGETS: list[tuple[str, str, str, float, Callable[[Sequence[Doc]], tuple[float | None, str]]]] = [
+    ("lat8-cai-raw", "8 B latency, recv_array without out= vs raw Send/Recv", "<=", 3.0,
+     _latency_ratio("cai", "raw", 3.0)),
+    ("lat8-cai-pickle", "8 B latency, recv_array without out= vs pickle send/recv", "<=", 0.5,
+     _latency_ratio("cai", "pickle", 0.5)),
+    ("lat8-out-raw", "8 B latency, recv_array(out=) vs raw Send/Recv", "<=", 3.0,
+     _latency_ratio("cai-out", "raw", 3.0)),
+    ("bw1m-out-raw", "bandwidth >= 1 MiB, recv_array(out=) vs raw", ">=", 0.97, _bw_ratio("cai-out")),
+    ("bw1m-cai-raw", "bandwidth >= 1 MiB, recv_array without out= (steady state) vs raw", ">=", 0.9,
+     _bw_ratio("cai")),
+    ("16m-cai-pickle", "16 MiB, recv_array without out= faster than pickle by", ">=", 6.0, _vs_pickle),
+]
+
+
+def check_targets(docs: Sequence[Doc]) -> list[Verdict]:
+    """Evaluate the issue's targets from the figures of ``docs`` (ratios within one run each)."""
+    out = []
+    for key, text, op, limit, ev in _TARGETS:
+        value, detail = ev(docs)
+        if value is None:
+            status = "n/a"
+        else:
+            ok = value <= limit if op == "<=" else value >= limit
+            status = "PASS" if ok else "FAIL"
+        out.append(Verdict(key, f"{text} {op} {limit:g}x", status, value, limit, detail))
+    return out
+
+
+def render_targets(verdicts: Sequence[Verdict]) -> str:
+    lines = ["# targets (each a ratio of two modes within one run)"]
+    for v in verdicts:
+        val = f"{v.value:.3f}x" if v.value is not None else "-"
+        lines.append(f"{v.status:<5} {v.text:<78} {val:>9}   {v.detail}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# plot
+
+
+def plot(docs: Sequence[Doc], path: str) -> None:
+    """Latency (or time per message) and bandwidth against size, every mode of every doc, p10-p90 shaded."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'cai_mpi[plot]'") from None
+    lat_docs = _docs(docs, ["latency", "pipeline"]) or list(docs)
+    bw_docs = _docs(docs, ["bw", "bibw"]) or list(docs)
+    from .modes import MODES
+
+    mode_names = list(MODES)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(13, 5.2))
+    multi = len({d["benchmark"]["test"] for d in docs}) > 1 or len(docs) > 1
+    for ax, group, is_bw in ((ax_t, lat_docs, False), (ax_b, bw_docs, True)):
+        for d in group:
+            test = d["benchmark"]["test"]
+            for mode in d["benchmark"]["modes"]:
+                rows = [r for r in d["results"].get(mode, {}).values() if r["size"] > 0]
+                if not rows:
+                    continue
+                xs = [r["size"] for r in rows]
+                if is_bw:
+                    ys = [r["bandwidth_MBps"] for r in rows]
+                    lo = [r["size"] / r["p90"] if r["p90"] > 0 else math.nan for r in rows]
+                    hi = [r["size"] / r["p10"] if r["p10"] > 0 else math.nan for r in rows]
+                else:
+                    ys = [r["median_us"] for r in rows]
+                    lo = [r["p10"] for r in rows]
+                    hi = [r["p90"] for r in rows]
+                label = f"{mode} ({test})" if multi else mode
+                color = colors[mode_names.index(mode) % len(colors)] if mode in mode_names else None
+                ax.plot(xs, ys, marker="o", markersize=3, label=label, color=color,
+                        linestyle="-" if test in ("latency", "bw") else "--")
+                ax.fill_between(xs, lo, hi, color=color, alpha=0.2, linewidth=0)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    tests = {d["benchmark"]["test"] for d in lat_docs}
+    ax_t.set_ylabel("one-way latency (us)" if tests == {"latency"} else "time per message (us)")
+    ax_t.set_title("latency" if tests == {"latency"} else "time per message")
+    ax_b.set_ylabel("bandwidth (MB/s)")
+    ax_b.set_title("bandwidth" + (" (derived from latency)" if not _docs(docs, ["bw", "bibw"]) else ""))
+    d0 = docs[0]
+    fig.suptitle(
+        f"cai_mpi bench: {d0['environment'].get('mpi_library', '?').split(', package')[0][:60]}, "
+        f"buffer {d0['benchmark']['buffer']}, {d0['benchmark']['ranks']} ranks",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

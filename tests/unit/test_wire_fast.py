@@ -1,0 +1,75 @@
+"""The cached fast decoders accept exactly what decode_header accepts for their message kinds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cai_mpi._src.wire import (
+    HEADER_BUFFER_BYTES,
+    decode_header,
+    decode_inline,
+    decode_plain,
+    encode_header,
+    inline_prefix,
+    plain_header,
+)
+
+
+def buf(msg: bytes) -> bytearray:
+    b = bytearray(HEADER_BUFFER_BYTES)
+    b[: len(msg)] = msg
+    return b
+
+
+@pytest.mark.parametrize("dtype", ["<f8", ">i2", "?", [("a", "<i4"), ("b", "<f8", (2,))]])
+@pytest.mark.parametrize("shape", [(), (1,), (3, 5)])
+def test_inline_prefix_round_trip(dtype: object, shape: tuple[int, ...]) -> None:
+    dt = np.dtype(dtype)  # type: ignore[call-overload]
+    payload = np.arange(int(np.prod(shape)) * dt.itemsize, dtype=np.uint8).tobytes()
+    msg = inline_prefix(dt, shape) + payload
+    assert msg == encode_header(dt, shape, fortran=False, payload_tag=0, inline=payload)
+    for _ in range(2):  # the second call is served from the cache
+        fast = decode_inline(buf(msg), len(msg))
+        assert fast is not None
+        got_shape, got_dtype, offset, nbytes = fast
+        assert (got_shape, got_dtype, nbytes) == (shape, dt, len(payload))
+        assert msg[offset : offset + nbytes] == payload
+
+
+def test_inline_rejects_truncation_and_other_kinds() -> None:
+    msg = inline_prefix(np.dtype("<f8"), (2,)) + bytes(16)
+    assert decode_inline(buf(msg), len(msg) - 1) is None  # truncated payload
+    assert decode_inline(buf(msg), 10) is None
+    with_meta = encode_header(np.dtype("<f8"), (2,), fortran=False, payload_tag=0, meta_bytes=b'{"a":1}',
+                              inline=bytes(16))
+    assert decode_inline(buf(with_meta), len(with_meta)) is None
+    bad = bytearray(msg)
+    bad[:4] = b"XXXX"
+    assert decode_inline(buf(bytes(bad)), len(bad)) is None
+
+
+@pytest.mark.parametrize("fortran", [False, True])
+def test_plain_header_carries_its_payload_tag(fortran: bool) -> None:
+    dt = np.dtype("<c16")
+    for ptag in (0, 7, 2**31 - 1):
+        msg = bytes(plain_header(dt, (4, 6), fortran, ptag))
+        assert msg == encode_header(dt, (4, 6), fortran=fortran, payload_tag=ptag)
+        assert decode_plain(buf(msg), len(msg), 1 << 40) == ((4, 6), dt, fortran, 4 * 6 * 16, ptag)
+        full = decode_header(buf(msg), len(msg), max_payload_bytes=1 << 40)
+        assert full.payload_tag == ptag
+
+
+def test_plain_enforces_the_payload_limit_every_time() -> None:
+    msg = bytes(plain_header(np.dtype("u1"), (1000,), False, 3))
+    assert decode_plain(buf(msg), len(msg), 1 << 40) is not None  # cached now
+    assert decode_plain(buf(msg), len(msg), 999) is None  # the limit is checked on cache hits too
+
+
+def test_plain_rejects_chunked_inline_and_meta_headers() -> None:
+    dt = np.dtype("u1")
+    chunked = encode_header(dt, (1000,), fortran=False, payload_tag=1, chunk_bytes=100)
+    meta = encode_header(dt, (1000,), fortran=False, payload_tag=1, meta_bytes=b"{}")
+    inline = encode_header(dt, (4,), fortran=False, payload_tag=0, inline=bytes(4))
+    for msg in (chunked, meta, inline):
+        assert decode_plain(buf(msg), len(msg), 1 << 40) is None
