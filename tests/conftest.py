@@ -15,7 +15,7 @@ from cai_mpi._src.runtime import set_runtime
 def pytest_report_header(config: pytest.Config) -> list[str]:
     comm = MPI.COMM_WORLD
     return [
-        f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}",
+        f"MPI: {MPI.Get_library_version().splitlines()[0].strip().strip(chr(0))}",
         f"MPI rank {comm.Get_rank()} of {comm.Get_size()}, thread level {MPI.Query_thread()}",
     ]
 

@@ -57,7 +57,7 @@ def collect(comm: MPI.Comm | None = None) -> dict[str, Any]:
         "rank": comm.Get_rank(),
         "size": comm.Get_size(),
         "host": socket.gethostname(),
-        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+        "mpi_library": aware.library,  # first line, stripped (Open MPI ends it with a NUL)
         "mpi_version": "{}.{}".format(*MPI.Get_version()),
         "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
         "cuda_aware": aware.aware,

@@ -165,6 +165,22 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
+def _machine_busy_seconds() -> float | None:
+    """CPU seconds this machine has spent busy since boot (all processes), from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def _source_revision() -> str | None:
     """``git describe`` of the cai_mpi checkout being benchmarked (``-dirty`` when edited), if it is one."""
     import subprocess
@@ -196,7 +212,7 @@ def _environment(ctx: Context, buffer: str) -> dict[str, Any]:
                 pass
     hosts = MPI.COMM_WORLD.gather(socket.gethostname(), root=0)
     return {
-        "mpi_library": info["mpi_library"].strip(),
+        "mpi_library": info["mpi_library"].replace("\x00", "").strip(),
         "mpi_library_version": MPI.Get_library_version().replace("\x00", "").strip(),
         "mpi_version": info["mpi_version"],
         "thread_level": info["thread_level"],
@@ -315,6 +331,8 @@ def _run(args: argparse.Namespace, kind: Any, rank: int, nranks: int, argv: list
     progress = Progress(rank == 0 and not args.no_progress and (args.progress or sys.stderr.isatty()))
     env = _environment(ctx, args.buffer)
     started = datetime.datetime.now(datetime.timezone.utc)
+    world.Barrier()
+    busy0, own0 = _machine_busy_seconds(), _own_cpu_seconds()
     t0 = time.perf_counter()
     try:
         results = run_plan(plan, ctx, progress) if modes else {}
@@ -327,7 +345,13 @@ def _run(args: argparse.Namespace, kind: Any, rank: int, nranks: int, argv: list
         raise
     progress.close()
     duration = time.perf_counter() - t0
+    busy1, own = _machine_busy_seconds(), world.allreduce(_own_cpu_seconds() - own0)
     env["loadavg_end"] = list(os.getloadavg())
+    same_host = len(set(env["rank_hosts"] or [])) == 1
+    env["other_cpu_fraction"] = (
+        max(0.0, (busy1 - busy0 - own) / (duration * (os.cpu_count() or 1)))
+        if same_host and busy0 is not None and busy1 is not None and duration > 0 else None
+    )
     code = 0
     if rank == 0:
         doc = {

@@ -89,7 +89,7 @@ def _header_lines(doc: Doc) -> list[str]:
         f"# cai_mpi bench {b['test']}: {TESTS.get(b['test'], '')}",
         f"# {b['ranks']} ranks, buffer {b['buffer']}, sizes {_fmt_size(sizes[0])}..{_fmt_size(sizes[-1])} B"
         if sizes else f"# {b['ranks']} ranks, buffer {b['buffer']}",
-        f"# MPI: {env.get('mpi_library', '?')}; CUDA-aware: {'yes' if aware.get('aware') else 'no'} "
+        f"# MPI: {env.get('mpi_library', '?').replace(chr(0), '')}; CUDA-aware: {'yes' if aware.get('aware') else 'no'} "
         f"({aware.get('source', '?')}); mpi4py {vers.get('mpi4py', '?')}, numpy {vers.get('numpy', '?')}, "
         f"cai_mpi {vers.get('cai_mpi', '?')}, Python {env.get('python', '?')}; host {env.get('host', '?')}",
         f"# median of {b['samples']} samples per size; {b['iters']} iterations per sample up to "
@@ -99,6 +99,10 @@ def _header_lines(doc: Doc) -> list[str]:
     if b["test"] in ("bw", "bibw"):
         lines.append(f"# window {b['window']} messages (fewer when a window would exceed "
                      f"{_fmt_size(b['window_bytes'])}B)")
+    other = env.get("other_cpu_fraction")
+    if other is not None and other > 0.05:
+        lines.append(f"# warning: other processes used {other * 100:.0f}% of this machine's CPU time "
+                     "during the run: figures may be disturbed")
     for mode, why in doc.get("skipped", {}).items():
         lines.append(f"# skipped mode {mode}: {why}")
     return lines
@@ -306,6 +310,7 @@ def plot(docs: Sequence[Doc], path: str) -> None:
     d0 = docs[0]
     fig.suptitle(
         f"cai_mpi bench: {d0['environment'].get('mpi_library', '?').split(', package')[0][:60]}, "
+        f"cai_mpi {d0['environment'].get('versions', {}).get('cai_mpi', '?')}, "
         f"buffer {d0['benchmark']['buffer']}, {d0['benchmark']['ranks']} ranks",
         fontsize=10,
     )
