@@ -460,12 +460,15 @@ def recv_array(
         An Array carrying the data, its descriptor, ``source``, ``tag`` and ``meta``.
     """
     chans = channels(comm)
-    source = _check_rank("source", source, chans, wildcard=True)
-    tag = _check_tag(tag, chans, wildcard=True)
+    if type(source) is not int or not 0 <= source < chans.size:
+        source = _check_rank("source", source, chans, wildcard=True)
+    if type(tag) is not int or not 0 <= tag <= chans.tag_ub:
+        tag = _check_tag(tag, chans, wildcard=True)
     try:
-        hbuf, status = _tls.hbuf, _tls.status
+        hbuf, hview, status = _tls.rx
     except AttributeError:
-        hbuf, status = _tls.hbuf, _tls.status = bytearray(HEADER_BUFFER_BYTES), MPI.Status()
+        hbuf = bytearray(HEADER_BUFFER_BYTES)
+        hbuf, hview, status = _tls.rx = (hbuf, memoryview(hbuf), MPI.Status())
     rt = get_runtime()
     # A plain writable C-ordered ndarray is checked on the fast path; anything else is resolved (and
     # refused if it cannot be a receive buffer) before a message is matched.
@@ -476,8 +479,8 @@ def recv_array(
         complete(MPIWait([chans.header.Irecv([hbuf, _BYTE], source, tag)], status))
     else:
         chans.header.Recv([hbuf, _BYTE], source, tag, status)
-        if device == "host" or (device is None and rt.device_count() == 0) or plain_out:
-            fast = decode_inline(hbuf, status.Get_count(_BYTE))
+        if (device is None and not rt.device_count()) or device == "host" or plain_out:
+            fast = decode_inline(hview, status.Get_count(_BYTE))
             if fast is not None:
                 # The hot path: a small payload that came inside the header, into host memory.
                 shape, dtype, offset, nbytes = fast

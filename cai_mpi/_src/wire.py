@@ -242,7 +242,7 @@ def decode_inline(buf: Any, nbytes: int) -> tuple[tuple[int, ...], np.dtype[Any]
     if nbytes < PREFIX_BYTES:
         return None
     end = PREFIX_BYTES + 8 * buf[6] + (buf[28] | buf[29] << 8)
-    key = bytes(buf[:end])
+    key = bytes(buf[:end]) if type(buf) is not memoryview else buf[:end].tobytes()
     hit = _inline_headers.get(key)
     if hit is None:
         if buf[5] & ~FLAG_STRUCTURED != FLAG_INLINE or key[:4] != MAGIC:
