@@ -231,6 +231,8 @@ def send_array(
     Example:
         >>> send_array(cupy.arange(10), dest=1, meta={"step": 3})  # doctest: +SKIP
     """
+    if type(obj) is Array and obj._host is not None:
+        obj = obj._host  # forwarding a received host Array: send its data like any host array
     if comm is None and meta is None and type(obj) is np.ndarray and not _active:
         # The hot paths: a contiguous host array to COMM_WORLD, with blocking MPI calls only.
         chans = channels(None)
