@@ -183,6 +183,10 @@ def _send_gen(
     del packed_buf
 
 
+def _await(reqs: list[MPI.Request]) -> Generator[Waitable, None, None]:
+    yield MPIWait(reqs)
+
+
 def isend_array(
     obj: Any,
     dest: int,
@@ -202,6 +206,20 @@ def isend_array(
     chans = channels(comm)
     dest = _check_rank("dest", dest, chans, wildcard=False)
     tag = _check_tag(tag, chans, wildcard=False)
+    if type(obj) is Array and obj._host is not None:
+        obj = obj._host
+    if meta is None and type(obj) is np.ndarray and dest != PROC_NULL:
+        flags, cfg = obj.flags, config()
+        if (flags.c_contiguous or flags.f_contiguous) and cfg.inline_bytes < obj.nbytes <= cfg.max_message_bytes:
+            # Contiguous host data in one message: post header and payload now, nothing to drive later.
+            fortran = not flags.c_contiguous
+            ptag = chans.next_payload_tag()
+            header = plain_header(obj.dtype, obj.shape, fortran, ptag)
+            reqs = [
+                chans.header.Isend([header, _BYTE], dest, tag),
+                chans.payload.Isend([obj.T if fortran else obj, _BYTE], dest, ptag),
+            ]
+            return Request(_await(reqs), keep=(obj, header))
     meta_bytes = encode_meta(meta)
     rt = get_runtime()
     out = resolve_outgoing(obj, sync, rt)
