@@ -89,7 +89,8 @@ def _header_lines(doc: Doc) -> list[str]:
         f"# cai_mpi bench {b['test']}: {TESTS.get(b['test'], '')}",
         f"# {b['ranks']} ranks, buffer {b['buffer']}, sizes {_fmt_size(sizes[0])}..{_fmt_size(sizes[-1])} B"
         if sizes else f"# {b['ranks']} ranks, buffer {b['buffer']}",
-        f"# MPI: {env.get('mpi_library', '?').replace(chr(0), '')}; CUDA-aware: {'yes' if aware.get('aware') else 'no'} "
+        f"# MPI: {env.get('mpi_library', '?').replace(chr(0), '')}; "
+        f"CUDA-aware: {'yes' if aware.get('aware') else 'no'} "
         f"({aware.get('source', '?')}); mpi4py {vers.get('mpi4py', '?')}, numpy {vers.get('numpy', '?')}, "
         f"cai_mpi {vers.get('cai_mpi', '?')}, Python {env.get('python', '?')}; host {env.get('host', '?')}",
         f"# median of {b['samples']} samples per size; {b['iters']} iterations per sample up to "
