@@ -35,8 +35,16 @@ class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
         device: ``"host"`` or the GPU ordinal holding the data.
     """
 
-    # Slots: a received Array is built on every message, and slot stores are three times cheaper.
-    __slots__ = ("_descriptor", "_host", "_owner", "device", "meta", "source", "tag")
+    # The fields (_descriptor, _host, _owner, device, meta, source, tag) live in the base type, which
+    # also provides the one-call constructor _received_host(host, source, tag) used on every receive.
+    __slots__ = ()
+    _descriptor: CAIDescriptor | None
+    _host: np.ndarray[Any, Any] | None
+    _owner: Any
+    device: str | int
+    meta: dict[str, Any] | None
+    source: int
+    tag: int
 
     def __init__(
         self,
@@ -70,18 +78,6 @@ class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
         """Wrap a host numpy array (no copy); ``owner`` keeps the memory alive if ``host`` does not."""
         return cls(None, device="host", owner=host if owner is None else owner, host=host, source=source,
                    tag=tag, meta=meta)
-
-    @classmethod
-    def _received_host(cls, host: np.ndarray[Any, Any], source: int, tag: int) -> Array:
-        """The hot-path constructor for a fresh host array (no keyword parsing, no descriptor yet)."""
-        a = cls.__new__(cls)
-        a._descriptor = None
-        a.device = "host"
-        a.source = source
-        a.tag = tag
-        a.meta = None
-        a._owner = a._host = host
-        return a
 
     @property
     def descriptor(self) -> CAIDescriptor:

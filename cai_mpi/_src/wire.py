@@ -23,6 +23,7 @@ __all__ = [
     "MAX_INLINE_BYTES",
     "MAX_META_BYTES",
     "MAX_NDIM",
+    "PAYLOAD_TAG_FIELD",
     "PROTOCOL_VERSION",
     "decode_header",
     "decode_inline",
@@ -262,6 +263,8 @@ def decode_inline(buf: Any, nbytes: int) -> tuple[tuple[int, ...], np.dtype[Any]
 
 _plain_headers: dict[bytes, tuple[tuple[int, ...], np.dtype[Any], bool, int]] = {}
 _PTAG = struct.Struct("<i")
+#: The payload tag field of the header prefix (int32 at byte 24), for callers that patch or peek at it.
+PAYLOAD_TAG_FIELD = _PTAG
 
 
 def plain_header(dtype: np.dtype[Any], shape: tuple[int, ...], fortran: bool, payload_tag: int) -> bytearray:
