@@ -33,7 +33,7 @@ class HostBufferPool:
     Buffers are numpy uint8 arrays; a buffer returns to the pool when the
     last reference to it (an Array, a numpy view) is dropped. Only sizes
     from ``min_bytes`` to ``max_bytes`` are pooled; ``max_cached`` bounds the
-    bytes held idle.
+    bytes held idle, evicting the size classes returned to least recently.
     """
 
     def __init__(self, min_bytes: int = 1 << 16, max_bytes: int = 1 << 30, max_cached: int = 1 << 30) -> None:
@@ -65,10 +65,23 @@ class HostBufferPool:
 
     def _give_back(self, block: np.ndarray[Any, Any]) -> None:
         cls = block.nbytes
+        if cls > self.max_cached:
+            return
         with self._lock:
-            if self._cached + cls <= self.max_cached:
-                self._free.setdefault(cls, []).append(block)
-                self._cached += cls
+            # The newest size class goes last (dicts keep insertion order); when the cache is full the
+            # size classes used longest ago make room, so a run that moves on to new sizes keeps pooling.
+            bucket = self._free.pop(cls, None) or []
+            bucket.append(block)
+            self._free[cls] = bucket
+            self._cached += cls
+            while self._cached > self.max_cached:
+                oldest = next(iter(self._free))
+                victims = self._free[oldest]
+                if victims:
+                    victims.pop()
+                    self._cached -= oldest
+                if not victims:
+                    del self._free[oldest]
 
     def clear(self) -> None:
         with self._lock:

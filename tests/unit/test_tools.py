@@ -594,8 +594,29 @@ def test_pool_size_classes_and_limits() -> None:
     z = pool.take(2000)  # size class 2048: a different bucket
     assert pool.cached_bytes == 8192
     del z
+    gc.collect()
+    assert pool.cached_bytes == 2048  # the 8192 block, returned longest ago, made room for it
     pool.clear()
     assert pool.cached_bytes == 0
+
+
+def test_pool_evicts_least_recent_size_class() -> None:
+    """A run that moves on to a new size keeps pooling it (no page faults) once the cache is full."""
+    pool = HostBufferPool(min_bytes=1024, max_bytes=1 << 20, max_cached=3 * 4096)
+    old = [pool.take(4096) for _ in range(3)]
+    del old
+    gc.collect()
+    assert pool.cached_bytes == 3 * 4096
+    new = pool.take(8192)
+    addr = new.ctypes.data
+    del new
+    gc.collect()
+    assert pool.cached_bytes == 4096 + 8192  # two 4 KiB blocks evicted, oldest class first
+    again = pool.take(8192)
+    assert again.ctypes.data == addr  # the new size class is served from the pool
+    del again
+    gc.collect()
+    assert pool.cached_bytes <= pool.max_cached
 
 
 # =============================================================================================
