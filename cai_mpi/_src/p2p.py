@@ -22,8 +22,11 @@ from .runtime.base import DeviceBuffer, MemoryKind, Runtime
 from .staging import internal_stream, staged_recv, staged_send
 from .waitables import EventWait, MPIWait, Request, Waitable, _active, complete
 from .wire import (
+    FLAG_INLINE,
+    FLAGS_OFFSET,
     HEADER_BUFFER_BYTES,
     PAYLOAD_TAG_FIELD,
+    PREFIX_BYTES,
     Header,
     decode_header,
     decode_inline,
@@ -102,7 +105,7 @@ def _send_gen(
     if nbytes == 0:
         # Nothing to read, wherever the (possibly NULL) pointer lives: the header is the whole message.
         header = encode_header(out.dtype, out.shape, fortran=False, payload_tag=0, meta_bytes=meta_bytes)
-        yield MPIWait([hcomm.Isend([header, MPI.BYTE], dest, tag)])
+        yield MPIWait([hcomm.Isend([header, MPI.BYTE], dest, tag)], final=True)
         return
     if host is not None and nbytes <= cfg.inline_bytes:
         # Small host payload rides inside the header: one message, no payload tag needed.
@@ -110,7 +113,7 @@ def _send_gen(
             out.dtype, out.shape, fortran=out.fortran, payload_tag=0, meta_bytes=meta_bytes,
             inline=out.wire_bytes(),
         )
-        yield MPIWait([hcomm.Isend([header, MPI.BYTE], dest, tag)])
+        yield MPIWait([hcomm.Isend([header, MPI.BYTE], dest, tag)], final=True)
         return
 
     ptag = chans.next_payload_tag()
@@ -127,7 +130,7 @@ def _send_gen(
             for off, n in _payload_chunks(nbytes, chunk or nbytes):
                 buf = _raw(out.ptr + off, n, chans, rt, readonly=True)
                 reqs.append(pcomm.Isend([buf, n, MPI.BYTE], dest, ptag))
-            yield MPIWait(reqs)
+            yield MPIWait(reqs, final=True)
             return
         strides = host.strides if host is not None else out.desc.byte_strides  # type: ignore[union-attr]
         if (
@@ -144,7 +147,7 @@ def _send_gen(
             reqs.append(hcomm.Isend([header, MPI.BYTE], dest, tag))
             buf = _raw(out.ptr + low, extent, chans, rt, readonly=True)
             reqs.append(pcomm.Isend([buf, 1, dtype_mpi], dest, ptag))
-            yield MPIWait(reqs)
+            yield MPIWait(reqs, final=True)
             return
         if host is not None:
             # Too large for one message, or a layout MPI datatypes mishandle: send a contiguous copy.
@@ -183,12 +186,12 @@ def _send_gen(
             reqs.append(pcomm.Isend([buf, n, MPI.BYTE], dest, ptag))
     else:
         yield from staged_send(rt, pcomm, dest, ptag, src_ptr, nbytes, chunk, ordinal)
-    yield MPIWait([hreq, *reqs])
+    yield MPIWait([hreq, *reqs], final=True)
     del packed_buf
 
 
 def _await(reqs: list[MPI.Request]) -> Generator[Waitable, None, None]:
-    yield MPIWait(reqs)
+    yield MPIWait(reqs, final=True)
 
 
 def isend_array(
@@ -329,11 +332,11 @@ def _recv_into_host(
             pcomm.Irecv([MPI.buffer.fromaddress(base + off, n), n, MPI.BYTE], source, h.payload_tag)
             for off, n in _payload_chunks(nbytes, chunk)
         ]
-        yield MPIWait(reqs)
+        yield MPIWait(reqs, final=True)  # what follows is local work (build the Array, copy out a temporary)
     elif h.nchunks == 1 and describable(dst.shape, dst.strides):
         dtype_mpi, low = strided_type(dst.shape, dst.strides, dst.itemsize)
         buf = MPI.buffer.fromaddress(dst.ctypes.data + low, dtype_mpi.Get_extent()[1])
-        yield MPIWait([pcomm.Irecv([buf, 1, dtype_mpi], source, h.payload_tag)])
+        yield MPIWait([pcomm.Irecv([buf, 1, dtype_mpi], source, h.payload_tag)], final=True)
     else:
         tmp = np.empty(dst.shape, dst.dtype)
         yield from _recv_into_host(pcomm, h, source, tmp)
@@ -507,6 +510,8 @@ def _rx_state() -> _RxState:
 
 def _inline_view(rx: _RxState, n: int) -> np.ndarray[Any, Any] | None:
     """The payload of the inline header in ``rx.hbuf`` (``n`` bytes) as a typed view, or None if not inline."""
+    if n < PREFIX_BYTES or not rx.hbuf[FLAGS_OFFSET] & FLAG_INLINE:
+        return None  # the commonest other header (payload in its own message) costs no lookup
     fast = decode_inline(rx.hview, n)
     if fast is None:
         return None

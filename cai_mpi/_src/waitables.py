@@ -18,6 +18,9 @@ T = TypeVar("T")
 
 class Waitable:
     __slots__ = ()
+    #: True when this is a transfer's last step and nothing is left for cai_mpi to do but let MPI finish
+    #: (the request then needs no driving by other waits: see ``_active``).
+    final = False
 
     def wait(self) -> None:
         raise NotImplementedError
@@ -27,13 +30,17 @@ class Waitable:
 
 
 class MPIWait(Waitable):
-    """Completion of MPI requests; with ``status``, the (single) request's status is filled in."""
+    """Completion of MPI requests; with ``status``, the (single) request's status is filled in.
 
-    __slots__ = ("reqs", "status")
+    ``final``: the transfer has nothing left to do once these complete (see ``Waitable.final``).
+    """
 
-    def __init__(self, reqs: list[MPI.Request], status: MPI.Status | None = None) -> None:
+    __slots__ = ("final", "reqs", "status")
+
+    def __init__(self, reqs: list[MPI.Request], status: MPI.Status | None = None, *, final: bool = False) -> None:
         self.reqs = reqs
         self.status = status
+        self.final = final
 
     def wait(self) -> None:
         if self.status is not None:
@@ -64,7 +71,9 @@ _DONE = object()
 
 # Requests that still need the library to act (post the payload receive once the header is in, stage the
 # next chunk...). Any cai_mpi wait drives all of them, so "irecv_array then send_array" on two ranks, or a
-# staged isend_array followed by a blocking recv_array, cannot deadlock.
+# staged isend_array followed by a blocking recv_array, cannot deadlock. A request whose remaining step is
+# final (all its MPI operations posted) leaves the set: MPI completes it without us, and a window of sends
+# must not make every other wait poll each of them.
 _active: set[Request[Any]] = set()
 
 
@@ -113,13 +122,15 @@ class Request(Generic[T]):
         self._pending: Waitable | None = None
         self._lock = threading.Lock()
         self._advance()
-        if self._gen is not None:
+        if self._gen is not None and not self._pending.final:  # type: ignore[union-attr]
             _active.add(self)
 
     def _advance(self) -> None:
         assert self._gen is not None
         try:
-            self._pending = next(self._gen)
+            self._pending = pending = next(self._gen)
+            if pending.final:
+                _active.discard(self)
         except StopIteration as stop:
             self._finish(stop.value, None)
         except BaseException as exc:

@@ -16,6 +16,7 @@ from .errors import CAIError, ProtocolError
 __all__ = [
     "FLAG_FORTRAN",
     "FLAG_INLINE",
+    "FLAGS_OFFSET",
     "HEADER_BUFFER_BYTES",
     "Header",
     "MAGIC",
@@ -24,6 +25,7 @@ __all__ = [
     "MAX_META_BYTES",
     "MAX_NDIM",
     "PAYLOAD_TAG_FIELD",
+    "PREFIX_BYTES",
     "PROTOCOL_VERSION",
     "decode_header",
     "decode_inline",
@@ -41,6 +43,7 @@ PROTOCOL_VERSION = 1
 # meta_len, reserved
 _PREFIX = struct.Struct("<4sBBBBQQiHHII")
 PREFIX_BYTES = _PREFIX.size  # 40
+FLAGS_OFFSET = 5  # the flags byte of the prefix
 
 FLAG_INLINE = 0x01  # the payload follows the header in the same message
 FLAG_STRUCTURED = 0x02  # the dtype field is a JSON numpy descr, not a typestr
