@@ -11,6 +11,7 @@ for cai_mpi's private traffic, so every rank should import it.
 from __future__ import annotations
 
 from ._src.array import Array
+from ._src.channel import RecvChannel, SendChannel, recv_channel, send_channel
 from ._src.comms import cuda_aware, init_world
 from ._src.config import ENV_VARS
 from ._src.descriptor import CAIDescriptor, describe
@@ -40,9 +41,11 @@ __all__ = [
     "CudaAwareness",
     "DeviceChoice",
     "ProtocolError",
+    "RecvChannel",
     "RecvMismatchError",
     "Request",
     "RuntimeUnavailableError",
+    "SendChannel",
     "StreamError",
     "choose_device",
     "cuda_aware",
@@ -50,7 +53,9 @@ __all__ = [
     "irecv_array",
     "isend_array",
     "recv_array",
+    "recv_channel",
     "send_array",
+    "send_channel",
 ]
 
 # Every rank imports cai_mpi, so duplicating COMM_WORLD here cannot block a rank that never

@@ -308,7 +308,9 @@ def _discard(pcomm: MPI.Comm, h: Header, source: int) -> Generator[Waitable, Non
         return
     chunk = h.chunk_bytes or h.payload_nbytes
     scratch = np.empty(min(chunk, h.payload_nbytes), np.uint8)
-    for _off, n in _payload_chunks(h.payload_nbytes, chunk):
+    # A channel's first payload is one message even when empty.
+    chunks = _payload_chunks(h.payload_nbytes, chunk) if h.payload_nbytes else [(0, 0)]
+    for _off, n in chunks:
         yield MPIWait([pcomm.Irecv([scratch, n, MPI.BYTE], source, h.payload_tag)])
 
 
@@ -398,6 +400,12 @@ def _recv_gen(
         yield header_wait
     source, tag = status.Get_source(), status.Get_tag()
     h = decode_header(hbuf, status.Get_count(MPI.BYTE), max_payload_bytes=cfg.max_payload_bytes)
+    if h.channel:
+        yield from _discard(chans.payload, h, source)
+        raise ProtocolError(
+            f"recv_array: the message from rank {source} (tag {tag}: {h.describe()}) opens a persistent "
+            "channel (send_channel); receive it with cai_mpi.recv_channel. Its payload was discarded"
+        )
     if target is not None:
         problem = _mismatch(h, target)
         if problem is not None:

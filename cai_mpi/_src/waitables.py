@@ -122,7 +122,8 @@ class Request(Generic[T]):
         self._pending: Waitable | None = None
         self._lock = threading.Lock()
         self._advance()
-        if self._gen is not None and not self._pending.final:  # type: ignore[union-attr]
+        pending = self._pending
+        if pending is not None and not pending.final:
             _active.add(self)
 
     def _advance(self) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 from .errors import CAIError, ProtocolError
 
 __all__ = [
+    "FLAG_CHANNEL",
     "FLAG_FORTRAN",
     "FLAG_INLINE",
     "FLAGS_OFFSET",
@@ -49,7 +50,8 @@ FLAG_INLINE = 0x01  # the payload follows the header in the same message
 FLAG_STRUCTURED = 0x02  # the dtype field is a JSON numpy descr, not a typestr
 FLAG_META = 0x04  # a JSON meta dict follows the dtype field
 FLAG_FORTRAN = 0x08  # payload bytes are in Fortran (column-major) order
-_KNOWN_FLAGS = FLAG_INLINE | FLAG_STRUCTURED | FLAG_META | FLAG_FORTRAN
+FLAG_CHANNEL = 0x10  # opens a persistent channel: later payloads follow on the payload tag, headerless
+_KNOWN_FLAGS = FLAG_INLINE | FLAG_STRUCTURED | FLAG_META | FLAG_FORTRAN | FLAG_CHANNEL
 
 MAX_NDIM = 64
 MAX_DTYPE_BYTES = 16 << 10
@@ -70,10 +72,13 @@ class Header(NamedTuple):
     payload_tag: int
     meta: dict[str, Any] | None
     inline: memoryview | None
+    channel: bool = False  # the message opens a persistent channel (recv_channel)
 
     @property
     def nchunks(self) -> int:
-        """How many MPI messages carry the payload (0 when inline or empty)."""
+        """How many MPI messages carry the payload (0 when inline or empty; always 1 opening a channel)."""
+        if self.channel:
+            return 1
         if self.inline is not None or self.payload_nbytes == 0:
             return 0
         if self.chunk_bytes == 0:
@@ -186,6 +191,7 @@ def encode_header(
     chunk_bytes: int = 0,
     meta_bytes: bytes = b"",
     inline: Any = None,
+    channel: bool = False,
 ) -> bytes:
     """Build the header message (with the payload appended when ``inline`` is given)."""
     ndim = len(shape)
@@ -200,6 +206,10 @@ def encode_header(
         flags |= FLAG_FORTRAN
     if meta_bytes:
         flags |= FLAG_META
+    if channel:
+        if inline is not None:
+            raise ValueError("a channel-opening header never carries its payload inline")
+        flags |= FLAG_CHANNEL
     nbytes = math.prod(shape) * dtype.itemsize
     parts: list[Any] = [
         _PREFIX.pack(
@@ -305,7 +315,8 @@ def decode_plain(
             full = decode_header(buf, nbytes, max_payload_bytes=1 << 62)
         except ProtocolError:
             return None
-        if full.meta is not None or full.chunk_bytes or full.inline is not None or not full.payload_nbytes:
+        if full.meta is not None or full.chunk_bytes or full.inline is not None or not full.payload_nbytes \
+                or full.channel:
             return None
         hit = (full.shape, full.dtype, full.fortran, full.payload_nbytes)
         if len(_plain_headers) >= _FAST_CACHE_LIMIT:
@@ -342,6 +353,8 @@ def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> Header:
     if ndim > MAX_NDIM or dlen > MAX_DTYPE_BYTES or mlen > MAX_META_BYTES or dlen == 0:
         raise ProtocolError(f"header field sizes out of range: ndim={ndim} dtype={dlen}B meta={mlen}B")
     inline = bool(flags & FLAG_INLINE)
+    if inline and flags & FLAG_CHANNEL:
+        raise ProtocolError("a channel-opening header cannot carry its payload inline")
     fixed = PREFIX_BYTES + 8 * ndim + dlen + mlen
     expected = fixed + (payload_nbytes if inline else 0)
     if nbytes != expected:
@@ -384,4 +397,5 @@ def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> Header:
         payload_tag=payload_tag,
         meta=meta,
         inline=mv[off : off + payload_nbytes] if inline else None,
+        channel=bool(flags & FLAG_CHANNEL),
     )

@@ -322,11 +322,24 @@ def test_unknown_protocol_version(version: int) -> None:
         decode(bytes(hdr))
 
 
-@pytest.mark.parametrize("flag", [0x10, 0x20, 0x40, 0x80, 0xF0])
+@pytest.mark.parametrize("flag", [0x20, 0x40, 0x80, 0xF0])
 def test_unknown_flags(flag: int) -> None:
     hdr = bytearray(valid_header())
     hdr[5] |= flag
-    with pytest.raises(ProtocolError, match=f"unknown header flags {flag:#x}"):
+    with pytest.raises(ProtocolError, match=f"unknown header flags {flag & ~0x10:#x}"):
+        decode(bytes(hdr))
+
+
+def test_channel_flag_round_trips_and_never_rides_inline() -> None:
+    h = decode(encode_header(np.dtype("<f4"), (2, 3), fortran=True, payload_tag=9, channel=True))
+    assert h.channel and h.fortran and h.payload_tag == 9 and h.nchunks == 1
+    assert decode(encode_header(np.dtype("<f4"), (0,), fortran=False, payload_tag=9, channel=True)).nchunks == 1
+    assert not decode(valid_header()).channel
+    with pytest.raises(ValueError, match="inline"):
+        encode_header(np.dtype("u1"), (1,), fortran=False, payload_tag=0, inline=b"x", channel=True)
+    hdr = bytearray(valid_header(inline=True))
+    hdr[5] |= 0x10
+    with pytest.raises(ProtocolError, match="channel-opening header cannot carry its payload inline"):
         decode(bytes(hdr))
 
 
