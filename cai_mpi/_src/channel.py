@@ -8,6 +8,8 @@ parse, no buffer to look up, nothing allocated per message.
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from collections.abc import Generator
 from typing import Any
 
@@ -33,7 +35,7 @@ from .p2p import (
 from .p2p import _header_buffers as _free_header_buffers
 from .runtime import get_runtime
 from .runtime.base import MemoryKind
-from .waitables import MPIWait, Request, Waitable, _active, complete
+from .waitables import MPIWait, Request, RequestWait, Waitable, _active, complete
 from .wire import decode_header, encode_header, encode_meta
 
 __all__ = ["RecvChannel", "SendChannel", "recv_channel", "send_channel"]
@@ -41,17 +43,21 @@ __all__ = ["RecvChannel", "SendChannel", "recv_channel", "send_channel"]
 _BYTE = MPI.BYTE
 
 
-def _finish(req: MPI.Request, extra: list[MPI.Request] | None = None) -> None:
-    """Wait for ``req`` (and ``extra``), driving other pending cai_mpi requests meanwhile."""
-    if extra or _active:
-        complete(MPIWait([req, *(extra or [])]))
-    else:
-        req.Wait()
+def _free(req: MPI.Request) -> None:
+    if MPI.Is_initialized() and not MPI.Is_finalized() and req != MPI.REQUEST_NULL:
+        req.Free()
 
 
-def _posted(reqs: list[MPI.Request], result: Any = None) -> Generator[Waitable, None, Any]:
-    yield MPIWait(reqs, final=True)
-    return result
+# Channels not closed yet: their persistent requests are freed before MPI finalizes (MPICH reports
+# "freeing inactive persistent request" otherwise), or when a channel is garbage collected.
+_open_channels: weakref.WeakSet[SendChannel | RecvChannel] = weakref.WeakSet()
+
+
+@atexit.register
+def _free_open_channels() -> None:
+    # Registered after mpi4py's own exit hook (mpi4py is imported first), so this runs before MPI_Finalize.
+    for ch in list(_open_channels):
+        ch._release()
 
 
 class SendChannel:
@@ -64,8 +70,10 @@ class SendChannel:
     """
 
     __slots__ = (
+        "__weakref__",
         "_chans",
         "_closed",
+        "_fast",
         "_header",
         "_host_src",
         "_inflight",
@@ -129,14 +137,13 @@ class SendChannel:
         self._sync_each = type(obj) is not np.ndarray and out.desc is not None
         self._opened = self._closed = False
         self._inflight: Request[None] | None = None
+        # Opened, host memory read in place, nothing in flight: send() is one persistent Start + Wait.
+        self._fast = False
+        _open_channels.add(self)
 
-    def _prepare(self) -> list[MPI.Request]:
-        """Everything before MPI reads the memory; returns the header request of the first send."""
+    def _sync_producer(self) -> None:
         if self._closed:
             raise ValueError("send on a closed channel")
-        if self._inflight is not None:
-            self._inflight.wait()
-            self._inflight = None
         if self._sync_each:
             # CAI v3: the exporter's current stream must be synchronized before every read.
             now = resolve_outgoing(self._obj, self._sync, self._rt)
@@ -144,18 +151,24 @@ class SendChannel:
                 raise ValueError(
                     "the channel's array was reallocated or reshaped since send_channel: open a new channel"
                 )
+
+    def _steps(self, previous: Request[None] | None) -> Generator[Waitable, None, None]:
+        """One message: after the previous one (the persistent request is single), stage, start, wait."""
+        if previous is not None and not previous.done:
+            yield RequestWait(previous)
         if self._stage is not None:
             assert self._host_src is not None
             np.copyto(self._stage, self._host_src)
-        if self._opened:
-            return []
-        self._opened = True
-        return [self._chans.header.Isend([self._header, _BYTE], self.dest, self.tag)]
+        reqs: list[MPI.Request] = [self._req]
+        if not self._opened:
+            self._opened = True
+            reqs.append(self._chans.header.Isend([self._header, _BYTE], self.dest, self.tag))
+        self._req.Start()
+        yield MPIWait(reqs, final=True)
 
     def send(self) -> None:
         """Send the array's current contents (the first send also carries the description)."""
-        if self._opened and not self._sync_each and self._stage is None and self._inflight is None \
-                and not self._closed:
+        if self._fast:
             req = self._req  # the hot path: one persistent send, nothing else
             req.Start()
             if _active:
@@ -163,15 +176,23 @@ class SendChannel:
             else:
                 req.Wait()
             return
-        header = self._prepare()
-        self._req.Start()
-        _finish(self._req, header)
+        if self._inflight is not None:
+            self._inflight.wait()
+            self._inflight = None
+        self._sync_producer()
+        _drive(self._steps(None))
+        self._fast = not self._sync_each and self._stage is None
 
     def isend(self) -> Request[None]:
-        """Start sending the array's current contents; modifying it before ``wait()`` is an error."""
-        header = self._prepare()
-        self._req.Start()
-        self._inflight = req = Request(_posted([self._req, *header]), keep=(self, self._obj))
+        """Start sending the array's current contents; modifying it before ``wait()`` is an error.
+
+        While an earlier ``isend`` is in flight the new one queues behind it (it starts when that
+        one completes, driven by any cai_mpi wait), so windows of isends never block.
+        """
+        self._sync_producer()
+        previous = self._inflight
+        self._inflight = req = Request(self._steps(previous), keep=(self, self._obj, previous))
+        self._fast = False
         return req
 
     def close(self) -> None:
@@ -182,8 +203,18 @@ class SendChannel:
             self._inflight.wait()
             self._inflight = None
         self._closed = True
-        if not MPI.Is_finalized():
-            self._req.Free()
+        self._fast = False
+        _free(self._req)
+
+    def _release(self) -> None:
+        """Free the MPI request without waiting (exit, garbage collection): no more messages."""
+        if not getattr(self, "_closed", True):  # (a constructor that raised set nothing)
+            self._closed, self._fast = True, False
+            if self._req is not None:
+                _free(self._req)
+
+    def __del__(self) -> None:
+        self._release()
 
     def __enter__(self) -> SendChannel:
         return self
@@ -205,8 +236,8 @@ class RecvChannel:
     ``Array`` over that buffer, overwritten by each message: copy what you keep.
     """
 
-    __slots__ = ("_array", "_chans", "_closed", "_device", "_pending", "_req", "_rt", "_target", "_target_sync",
-                 "dtype", "meta", "shape", "source", "tag")
+    __slots__ = ("__weakref__", "_array", "_chans", "_closed", "_device", "_fast", "_pending", "_req", "_rt",
+                 "_target", "_target_sync", "dtype", "meta", "shape", "source", "tag")
 
     def __init__(self, source: int, tag: int, comm: MPI.Comm | None, out: Any, device: Any) -> None:
         chans = channels(comm)
@@ -220,6 +251,8 @@ class RecvChannel:
         self._array: Array | None = None
         self._pending: Request[Array] | None = None
         self._closed = False
+        self._fast = False  # opened, nothing in flight, no out= stream to sync: recv() is Start + Wait
+        _open_channels.add(self)
         self.shape: tuple[int, ...] | None = None
         self.dtype: np.dtype[Any] | None = None
         self.meta: dict[str, Any] | None = None
@@ -287,40 +320,49 @@ class RecvChannel:
         yield MPIWait([req], final=True)
         return array
 
-    def _before(self) -> None:
-        if self._closed:
-            raise ValueError("recv on a closed channel")
-        if self._pending is not None:
-            self._pending.wait()
-            self._pending = None
+    def _steps(self, previous: Request[Array] | None) -> Generator[Waitable, None, Array]:
+        """One message: after the previous one (the persistent request is single), start and wait."""
+        if previous is not None and not previous.done:
+            yield RequestWait(previous)
+        if self._req is None:
+            return (yield from self._open())
         if self._target_sync:
             self._target.sync_before_write(self._rt)  # type: ignore[union-attr]
+        self._req.Start()
+        yield MPIWait([self._req], final=True)
+        return self._array  # type: ignore[return-value]
 
     def recv(self) -> Array:
         """Receive the next array of the channel (the same Array object, overwritten, every time)."""
-        req = self._req
-        if req is not None and self._pending is None and not self._target_sync and not self._closed:
+        if self._fast:
+            req: Any = self._req
             req.Start()  # the hot path: one persistent receive, nothing else
             if _active:
                 complete(MPIWait([req]))
             else:
                 req.Wait()
             return self._array  # type: ignore[return-value]
-        self._before()
-        if self._req is None:
-            return _drive(self._open())
-        self._req.Start()
-        _finish(self._req)
-        return self._array  # type: ignore[return-value]
+        if self._closed:
+            raise ValueError("recv on a closed channel")
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+        array = _drive(self._steps(None))
+        self._fast = not self._target_sync
+        return array
 
     def irecv(self) -> Request[Array]:
-        """Start receiving the next array; ``wait()`` returns the channel's Array."""
-        self._before()
-        if self._req is None:
-            self._pending = req = Request(self._open(), keep=self)
-        else:
-            self._req.Start()
-            self._pending = req = Request(_posted([self._req], self._array), keep=self)
+        """Start receiving the next array; ``wait()`` returns the channel's Array.
+
+        While an earlier ``irecv`` is pending the new one queues behind it, so a window of
+        irecvs never blocks; each completes with the buffer holding its own message, until the
+        next one lands there.
+        """
+        if self._closed:
+            raise ValueError("recv on a closed channel")
+        previous = self._pending
+        self._pending = req = Request(self._steps(previous), keep=(self, previous))
+        self._fast = False
         return req
 
     @property
@@ -336,8 +378,19 @@ class RecvChannel:
             self._pending.wait()
             self._pending = None
         self._closed = True
-        if self._req is not None and not MPI.Is_finalized():
-            self._req.Free()
+        self._fast = False
+        if self._req is not None:
+            _free(self._req)
+
+    def _release(self) -> None:
+        """Free the MPI request without waiting (exit, garbage collection): no more messages."""
+        if not getattr(self, "_closed", True):  # (a constructor that raised set nothing)
+            self._closed, self._fast = True, False
+            if self._req is not None:
+                _free(self._req)
+
+    def __del__(self) -> None:
+        self._release()
 
     def __enter__(self) -> RecvChannel:
         return self

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from .runtime.base import Event
 
-__all__ = ["EventWait", "MPIWait", "Request", "Waitable", "complete", "others_pending"]
+__all__ = ["EventWait", "MPIWait", "Request", "RequestWait", "Waitable", "complete", "others_pending"]
 
 T = TypeVar("T")
 
@@ -65,6 +65,22 @@ class EventWait(Waitable):
 
     def test(self) -> bool:
         return self.event.query()
+
+
+class RequestWait(Waitable):
+    """Completion of another cai_mpi Request (a step that must follow it, e.g. on a persistent channel)."""
+
+    __slots__ = ("req",)
+
+    def __init__(self, req: Request[Any]) -> None:
+        self.req = req
+
+    def wait(self) -> None:
+        self.req._wait_quietly()
+
+    def test(self) -> bool:
+        self.req._poke()
+        return self.req.done
 
 
 _DONE = object()
@@ -175,6 +191,17 @@ class Request(Generic[T]):
         if self._error is not None:
             raise self._error
         return self._result  # type: ignore[no-any-return]
+
+    def _wait_quietly(self) -> None:
+        """Block until completed; an error stays for this request's own ``wait()`` to raise."""
+        with self._lock:
+            while self._gen is not None:
+                assert self._pending is not None
+                complete(self._pending, self)
+                try:
+                    self._advance()
+                except BaseException:
+                    return
 
     def test(self) -> bool:
         """Make progress without blocking; True once the operation has completed (then ``wait()`` returns)."""

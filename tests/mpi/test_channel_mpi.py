@@ -214,3 +214,48 @@ def test_device_channel_on_cuda_aware_mpi_syncs_every_send(simulated_gpu: Simula
                 comm.Barrier()
     finally:
         aware.Free()
+
+
+def test_unclosed_channels_free_their_requests() -> None:
+    """Dropping a channel, or leaving it open at exit, frees its MPI request (MPICH warns otherwise)."""
+    import gc
+
+    from cai_mpi._src import channel
+
+    x = np.arange(3.0)
+    tx = cai_mpi.send_channel(x, nxt, tag=12)
+    rx = cai_mpi.recv_channel(prv, 12)
+    req = tx.isend()
+    rx.recv()
+    req.wait()
+    assert tx in channel._open_channels and rx in channel._open_channels
+    preq = tx._req
+    del tx, req
+    gc.collect()
+    assert preq == MPI.REQUEST_NULL  # freed by the garbage-collected channel
+    channel._free_open_channels()  # what the exit hook does before MPI finalizes
+    assert rx._req == MPI.REQUEST_NULL
+    with pytest.raises(ValueError, match="closed"):
+        rx.recv()
+
+
+def test_windows_of_isend_and_irecv_queue_without_blocking() -> None:
+    """Like osu_bibw: both ranks post a window of irecvs and isends on one channel pair, then wait."""
+    x = np.zeros(1000)
+    with cai_mpi.send_channel(x, nxt, 13) as tx, cai_mpi.recv_channel(prv, 13) as rx:
+        for _ in range(3):
+            recvs = [rx.irecv() for _ in range(8)]
+            sends = [tx.isend() for _ in range(8)]  # each queues behind the previous: none blocks
+            for r in recvs:
+                assert r.wait() is rx.array
+            for s in sends:
+                s.wait()
+        # The queue keeps message order. All irecvs share the channel's buffer, so when the k-th
+        # completes the buffer holds message k or a later one, never an earlier one.
+        recvs = [rx.irecv() for _ in range(5)]
+        got = []
+        for k in range(5):
+            x[:] = k + 1
+            tx.send()
+            got.append(float(np.asarray(recvs[k].wait())[0]))
+        assert all(g >= k + 1 for k, g in enumerate(got)) and got == sorted(got) and got[-1] == 5.0

@@ -186,6 +186,8 @@ def run_plan(plan: Plan, ctx: Context, progress: Progress) -> dict[str, dict[int
                 results[name][size].samples_us.append(elapsed / ops * 1e6)
                 label = f"{plan.test} {_fmt_size(size)} {name} sample {s + 1}/{plan.samples}"
                 progress.advance(_cost(plan, size), label)
+        for m in modes.values():
+            m.close()
         del modes
         comm.Barrier()
     return results

@@ -227,6 +227,8 @@ _TARGETS: list[tuple[str, str, str, float, Callable[[Sequence[Doc]], tuple[float
      _latency_ratio("cai", "pickle", 0.5)),
     ("lat8-out-raw", "8 B latency, recv_array(out=) vs raw Send/Recv", "<=", 3.0,
      _latency_ratio("cai-out", "raw", 3.0)),
+    ("lat8-channel-raw", "8 B latency, persistent channel vs raw Send/Recv", "<=", 1.5,
+     _latency_ratio("channel", "raw", 1.5)),
     ("bw1m-out-raw", "bandwidth >= 1 MiB, recv_array(out=) vs raw", ">=", 0.97, _bw_ratio("cai-out")),
     ("bw1m-cai-raw", "bandwidth >= 1 MiB, recv_array without out= (steady state) vs raw", ">=", 0.9,
      _bw_ratio("cai")),
