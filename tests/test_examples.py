@@ -44,6 +44,12 @@ def test_halo_exchange_example() -> None:
     assert out.count(": ok") == 3
 
 
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_ring_channel_example(nprocs: int) -> None:
+    out = run(nprocs, "examples/ring_channel.py", "--steps", "20", "--size", "100")
+    assert out.count(": ok;") == nprocs and "WRONG" not in out
+
+
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_info_text_and_json(nprocs: int) -> None:
     import json
