@@ -16,7 +16,7 @@ from mpi4py import MPI
 from cai_mpi._src.bench.cli import parse_size, size_list
 from cai_mpi._src.bench.kernels import Plan
 from cai_mpi._src.bench.progress import Progress
-from cai_mpi._src.bench.report import check_targets, render_targets
+from cai_mpi._src.bench.report import check_targets, render_markdown, render_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 MPIEXEC = Path(sys.prefix) / "bin" / "mpiexec"
@@ -138,6 +138,29 @@ def test_zero_size_and_report(tmp_path: Path) -> None:
     # `bench report` re-renders saved files without running anything.
     proc = _bench(1, "report", str(out), "--full", "--check-targets")
     assert "# Size (B)" in proc.stdout and "Iterations" in proc.stdout and "# targets" in proc.stdout
+    proc = _bench(1, "report", str(out), "--markdown", "--rows", "0,2")
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("| size | raw (us) | pickle (us) | cai (us)")
+    assert [ln.split(" | ")[0] for ln in lines[2:]] == ["| 0 B", "| 2 B"]  # --rows picks the sizes
+    assert "# Size (B)" not in proc.stdout  # Markdown instead of the OSU text
+
+
+def test_markdown_table_values_and_ratios() -> None:
+    doc = {
+        "benchmark": {"test": "bw", "modes": ["raw", "cai", "pickle"]},
+        "results": {
+            "raw": {"1048576": {"bandwidth_MBps": 12345.6}, "8": {"bandwidth_MBps": 4.0}},
+            "cai": {"1048576": {"bandwidth_MBps": 6172.8}, "8": {"bandwidth_MBps": 2.0}},
+            "pickle": {"1048576": {"bandwidth_MBps": 123.45}},
+        },
+    }
+    assert render_markdown(doc).splitlines() == [
+        "| size | raw (MB/s) | cai (MB/s) | pickle (MB/s) | cai / raw | pickle / raw |",
+        "|---|---|---|---|---|---|",
+        "| 8 B | 4.00 | 2.00 | - | 0.50x | - |",
+        "| 1 MiB | 12,346 | 6,173 | 123.5 | 0.50x | 0.01x |",
+    ]
+    assert len(render_markdown(doc, [8]).splitlines()) == 3
 
 
 def test_world_size_mismatch_is_a_clear_error() -> None:

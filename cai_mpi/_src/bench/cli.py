@@ -22,7 +22,7 @@ from .buffers import BUFFER_KINDS, BufferUnavailable, make_buffer_kind
 from .kernels import TESTS, Plan, run_plan
 from .modes import DEFAULT_MODES, MODES, Context
 from .progress import Progress
-from .report import SCHEMA, check_targets, plot, render_targets, render_text, results_json
+from .report import SCHEMA, check_targets, plot, render_markdown, render_targets, render_text, results_json
 
 __all__ = ["main", "parse_size", "size_list"]
 
@@ -132,6 +132,10 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
     r = sub.add_parser("report", help="re-render saved --json files (tables, --check-targets, --plot)")
     r.add_argument("files", nargs="+", help="JSON files written by --json")
+    r.add_argument("--markdown", action="store_true",
+                   help="print each file's modes side by side as a Markdown table (as in docs/benchmarks.md)")
+    r.add_argument("--rows", type=lambda t: [parse_size(x) for x in t.split(",") if x.strip()],
+                   help="with --markdown: only these sizes, e.g. 8,4K,1M,16M")
     _output_args(r)
     return p
 
@@ -264,6 +268,10 @@ def _report(args: argparse.Namespace) -> int:
             print(f"{path}: not a cai_mpi bench file (schema {doc.get('schema')!r})", file=sys.stderr)
             return 2
         docs.append(doc)
+    if args.markdown:
+        for d in docs:
+            print(render_markdown(d, args.rows), end="\n\n", flush=True)
+        args.quiet = True
     code = _emit(docs, args)
     if args.json:
         with open(args.json, "w") as f:

@@ -16,6 +16,7 @@ __all__ = [
     "Verdict",
     "check_targets",
     "plot",
+    "render_markdown",
     "render_targets",
     "render_text",
     "results_json",
@@ -150,6 +151,46 @@ def render_text(doc: Doc, *, full: bool = False) -> str:
                     r = _value(test, raw) if raw else 0.0
                     cells.append(f"{_value(test, v) / r:>13.2f}x" if v and r > 0 else f"{'-':>14}")
                 lines.append(f"{size:<10d}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def _fmt_figure(x: float) -> str:
+    """Three significant figures for small values, thousands separators for large ones (1,262 / 142.4 / 5.48)."""
+    if x >= 1000:
+        return f"{x:,.0f}"
+    if x >= 100:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def _fmt_size_long(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def render_markdown(doc: Doc, sizes: Sequence[int] | None = None) -> str:
+    """All modes side by side as a Markdown table (the docs' tables), with ratios to raw; rows ``sizes``."""
+    b = doc["benchmark"]
+    test = b["test"]
+    results: dict[str, dict[str, Any]] = doc["results"]
+    modes = [m for m in b["modes"] if m in results]
+    unit = {"latency": "us", "pipeline": "items/s"}.get(test, "MB/s")
+    others = [m for m in modes if m != "raw"] if "raw" in modes else []
+    head = ["size", *(f"{m} ({unit})" for m in modes), *(f"{m} / raw" for m in others)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    all_sizes = sorted({int(s) for m in modes for s in results[m]})
+    for size in all_sizes if sizes is None else [s for s in all_sizes if s in set(sizes)]:
+        rows = [results[m].get(str(size)) for m in modes]
+        cells = [_fmt_size_long(size)]
+        cells += [_fmt_figure(_value(test, r)) if r else "-" for r in rows]
+        raw = results["raw"].get(str(size)) if others else None
+        base = _value(test, raw) if raw else 0.0
+        for m in others:
+            r = results[m].get(str(size))
+            cells.append(f"{_value(test, r) / base:.2f}x" if r and base > 0 else "-")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
