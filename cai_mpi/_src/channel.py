@@ -11,7 +11,7 @@ from __future__ import annotations
 import atexit
 import weakref
 from collections.abc import Generator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -41,6 +41,7 @@ from .wire import decode_header, encode_header, encode_meta
 __all__ = ["RecvChannel", "SendChannel", "recv_channel", "send_channel"]
 
 _BYTE = MPI.BYTE
+T = TypeVar("T")
 
 
 def _free(req: MPI.Request) -> None:
@@ -58,6 +59,12 @@ def _free_open_channels() -> None:
     # Registered after mpi4py's own exit hook (mpi4py is imported first), so this runs before MPI_Finalize.
     for ch in list(_open_channels):
         ch._release()
+
+
+def _started(req: MPI.Request, result: T) -> Generator[Waitable, None, T]:
+    """The rest of a message whose persistent request is started: its completion, then ``result``."""
+    yield MPIWait([req], final=True)
+    return result
 
 
 class SendChannel:
@@ -191,7 +198,13 @@ class SendChannel:
         """
         self._sync_producer()
         previous = self._inflight
-        self._inflight = req = Request(self._steps(previous), keep=(self, self._obj, previous))
+        if self._opened and not self._sync_each and self._stage is None and (previous is None or previous.done):
+            # Nothing to stage or queue behind: start the persistent send now, nothing to drive later.
+            self._req.Start()
+            req: Request[None] = Request(_started(self._req, None), keep=(self, self._obj))
+        else:
+            req = Request(self._steps(previous), keep=(self, self._obj, previous))
+        self._inflight = req
         self._fast = False
         return req
 
@@ -361,7 +374,15 @@ class RecvChannel:
         if self._closed:
             raise ValueError("recv on a closed channel")
         previous = self._pending
-        self._pending = req = Request(self._steps(previous), keep=(self, previous))
+        array = self._array
+        if array is not None and self._req is not None and not self._target_sync and (
+            previous is None or previous.done
+        ):
+            self._req.Start()  # opened, nothing to queue behind: post the persistent receive now
+            req = Request(_started(self._req, array), keep=(self,))
+        else:
+            req = Request(self._steps(previous), keep=(self, previous))
+        self._pending = req
         self._fast = False
         return req
 

@@ -79,8 +79,13 @@ class RequestWait(Waitable):
         self.req._wait_quietly()
 
     def test(self) -> bool:
-        self.req._poke()
-        return self.req.done
+        req = self.req
+        if not req.done and req not in _active:
+            # A request with only final steps left is polled by nobody else. One still in the
+            # progress set is poked there: poking it from here too would walk a queue of W
+            # requests once per member, W^2 tests per round.
+            req._poke()
+        return req.done
 
 
 _DONE = object()

@@ -168,20 +168,22 @@ def run_plan(plan: Plan, ctx: Context, progress: Progress) -> dict[str, dict[int
         iters, warm, window = plan.iters_at(size), plan.warmup_at(size), plan.window_at(size)
         ops = iters * ops_per_iteration(plan.test, window)
         progress.status(f"{plan.test} {_fmt_size(size)}")
-        modes = {name: MODES[name].make(ctx, size) for name in plan.modes}
+        in_flight = window if plan.test in ("bw", "bibw") else 1
+        mctx = dataclasses.replace(ctx, window=in_flight)
+        modes = {name: MODES[name].make(mctx, size) for name in plan.modes}
         comm.Barrier()
         for name, m in modes.items():
             results[name][size] = SizeResult([], iters, window)
             if warm:
                 m.enter()
                 comm.Barrier()
-                loop(m, ctx, warm, window)
+                loop(m, mctx, warm, window)
                 m.leave()
         for s in range(plan.samples):
             for name, m in modes.items():
                 m.enter()
                 comm.Barrier()
-                elapsed = loop(m, ctx, iters, window)
+                elapsed = loop(m, mctx, iters, window)
                 m.leave()
                 results[name][size].samples_us.append(elapsed / ops * 1e6)
                 label = f"{plan.test} {_fmt_size(size)} {name} sample {s + 1}/{plan.samples}"

@@ -18,11 +18,15 @@ TAG = 7  # every mode uses this tag (raw/pickle on the bench's communicator, cai
 
 @dataclasses.dataclass
 class Context:
-    """What every mode needs: the bench's private communicator, the buffer kind, CUDA-awareness."""
+    """What every mode needs: the bench's private communicator, the buffer kind, CUDA-awareness.
+
+    ``window``: how many messages one side keeps in flight (bw/bibw windows; 1 otherwise).
+    """
 
     comm: MPI.Comm
     kind: BufferKind
     aware: bool
+    window: int = 1
 
 
 class Mode:
@@ -236,11 +240,14 @@ class CaiMode(Mode):
 class ChannelMode(Mode):
     """cai_mpi's persistent channels: ``send_channel(x, peer)`` / ``recv_channel(peer, out=buf)``, opened once.
 
-    A channel pairs one sender with one receiver, message for message, so each direction between two
-    ranks uses two channels in turn (double buffering: messages 0, 2, 4... on the first, 1, 3, 5... on
-    the second). The receiving end of channel ``c`` fills ``dst[c]``; the echo and pipeline ranks
-    forward that buffer through their own channel. At most two messages per direction are in flight
-    (windows are two deep). The first message of each channel carries the description, in the warm-up.
+    A channel pairs one sender with one receiver, message for message, and holds one message in
+    flight. So each direction between two ranks uses a ring of channels in turn, as many as the
+    messages a side keeps in flight (``ctx.window``, at least two: double buffering): message k
+    travels on channel k mod ring, like a window of MPI persistent requests. Channel c receives into
+    ``dst[c % 2]``: two buffers, as ``raw`` (and osu_bw) receive a window into the same memory, so
+    both modes touch the same amount of it. The echo and pipeline ranks forward the buffer they
+    received through their own channel. The first message of each channel carries the description,
+    in the warm-up.
     """
 
     def __init__(self, ctx: Context, nbytes: int) -> None:
@@ -248,18 +255,19 @@ class ChannelMode(Mode):
         import cai_mpi
 
         self.cai = cai_mpi
+        self.ring = max(2, ctx.window)
         self.dst = [self.kind.alloc(nbytes), self.kind.alloc(nbytes)]
         ranks = ctx.comm.Get_size()
-        # Per peer: which of the two channels the next message uses, and the channels themselves
+        # Per peer: which channel of the ring the next message uses, and the channels themselves
         # (send channels by the id of the object they send). Lean on purpose: this is timed too.
         self._tx_turn = [0] * ranks
         self._rx_turn = [0] * ranks
-        self._tx: list[list[dict[int, Any]]] = [[{}, {}] for _ in range(ranks)]
-        self._rx: list[list[Any]] = [[None, None] for _ in range(ranks)]
+        self._tx: list[list[dict[int, Any]]] = [[{} for _ in range(self.ring)] for _ in range(ranks)]
+        self._rx: list[list[Any]] = [[None] * self.ring for _ in range(ranks)]
 
     def _sender(self, obj: Any, dest: int) -> Any:
         turn = self._tx_turn[dest]
-        self._tx_turn[dest] = turn ^ 1
+        self._tx_turn[dest] = (turn + 1) % self.ring
         tx = self._tx[dest][turn].get(id(obj))
         if tx is None:
             tx = self._tx[dest][turn][id(obj)] = self.cai.send_channel(obj, dest, TAG)
@@ -267,19 +275,19 @@ class ChannelMode(Mode):
 
     def _receiver(self, source: int) -> tuple[Any, int]:
         turn = self._rx_turn[source]
-        self._rx_turn[source] = turn ^ 1
+        self._rx_turn[source] = (turn + 1) % self.ring
         rx = self._rx[source][turn]
         if rx is None:
-            rx = self._rx[source][turn] = self.cai.recv_channel(source, TAG, out=self.dst[turn])
-        return rx, turn
+            rx = self._rx[source][turn] = self.cai.recv_channel(source, TAG, out=self.dst[turn & 1])
+        return rx, turn & 1
 
     def send(self, obj: Any, dest: int) -> None:
         self._sender(obj, dest).send()
 
     def recv(self, source: int, slot: int = 0) -> Any:
-        rx, turn = self._receiver(source)
+        rx, buf = self._receiver(source)
         rx.recv()
-        return self.dst[turn]
+        return self.dst[buf]
 
     def isend(self, obj: Any, dest: int) -> Any:
         return self._sender(obj, dest).isend()
@@ -299,8 +307,8 @@ class ChannelMode(Mode):
             for chans in per_peer:
                 for tx in chans.values():
                     tx.close()
-        for pair in self._rx:
-            for rx in pair:
+        for ring in self._rx:
+            for rx in ring:
                 if rx is not None:
                     rx.close()
 
