@@ -17,7 +17,7 @@ ENV_VARS: dict[str, str] = {
     "CAI_MPI_LOCAL_RANK": "override the node-local rank used to pick a GPU",
     "CAI_MPI_CHUNK_BYTES": "staging chunk size for device buffers through host memory; default 4 MiB",
     "CAI_MPI_MAX_MESSAGE_BYTES": "largest single MPI message; bigger payloads are split; default 1 GiB",
-    "CAI_MPI_INLINE_BYTES": "payloads up to this size travel inside the header message; default 16384",
+    "CAI_MPI_INLINE_BYTES": "payloads up to this size travel inside the header message; default 8192",
     "CAI_MPI_MAX_PAYLOAD_BYTES": "receiver refuses headers announcing more; default 1 TiB",
     "CAI_MPI_DEVICE_DATATYPES": "1: strided device arrays use MPI derived datatypes when CUDA-aware (else packed)",
 }
@@ -68,7 +68,7 @@ class Config:
             runtime=runtime,
             chunk_bytes=_int(env, "CAI_MPI_CHUNK_BYTES", 4 << 20, minimum=1),
             max_message_bytes=min(_int(env, "CAI_MPI_MAX_MESSAGE_BYTES", 1 << 30, minimum=1), 2**31 - 1),
-            inline_bytes=min(_int(env, "CAI_MPI_INLINE_BYTES", 16384), 1 << 16),
+            inline_bytes=min(_int(env, "CAI_MPI_INLINE_BYTES", 8192), 1 << 16),
             max_payload_bytes=_int(env, "CAI_MPI_MAX_PAYLOAD_BYTES", 1 << 40),
             device_datatypes=_bool(env, "CAI_MPI_DEVICE_DATATYPES", False),
         )

@@ -37,7 +37,7 @@ DEFAULTS = Config(
     runtime=None,
     chunk_bytes=4 << 20,
     max_message_bytes=1 << 30,
-    inline_bytes=16384,
+    inline_bytes=8192,
     max_payload_bytes=1 << 40,
     device_datatypes=False,
 )
