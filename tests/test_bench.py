@@ -255,3 +255,17 @@ def test_targets_take_the_median_of_repeated_runs() -> None:
     assert verdict["bw1m-out-raw"].status == "FAIL"
     # The targets are stated for host memory: a simulated-device run does not count.
     assert {v.key: v for v in check_targets([bw(100.0, 50.0, "simulated")])}["bw1m-out-raw"].status == "n/a"
+
+    def lat(raw: float, cai: float, pickle: float) -> dict[str, Any]:
+        rows = {"raw": {8: raw}, "cai": {8: cai}, "pickle": {8: pickle, 16 << 20: pickle * 1000},
+                "cai-out": {8: cai}}
+        rows["cai"][16 << 20] = cai * 1000
+        return {"benchmark": {"test": "latency", "buffer": "host"},
+                "results": {m: {str(s): {"median_us": t} for s, t in r.items()} for m, r in rows.items()}}
+
+    # cai / raw per run: 4.0, 2.0, 2.5 -> median 2.5 (PASS at <= 3x although one run alone fails);
+    # pickle / cai at 16 MiB per run: 2.5, 5.0, 8.0 -> median 5.0 (FAIL at >= 6x although one run passes).
+    verdicts = {v.key: v for v in check_targets([lat(1.0, 4.0, 10.0), lat(1.0, 2.0, 10.0), lat(1.0, 2.5, 20.0)])}
+    assert verdicts["lat8-cai-raw"].status == "PASS" and verdicts["lat8-cai-raw"].value == pytest.approx(2.5)
+    assert "cai 2.50 us / raw 1.00 us" in verdicts["lat8-cai-raw"].detail  # the run at the median
+    assert verdicts["16m-cai-pickle"].status == "FAIL" and verdicts["16m-cai-pickle"].value == pytest.approx(5.0)

@@ -67,7 +67,46 @@ def _started(req: MPI.Request, result: T) -> Generator[Waitable, None, T]:
     return result
 
 
-class SendChannel:
+class _Channel:
+    """What both ends share: one MPI persistent request, the message in flight, closing and freeing."""
+
+    __slots__ = ("__weakref__", "_closed", "_fast", "_inflight", "_req")
+
+    _closed: bool
+    _fast: bool
+    _req: MPI.Prequest | None
+    _inflight: Request[Any] | None
+
+    def _settle(self) -> None:
+        """Wait for the message in flight (the persistent request is single)."""
+        if self._inflight is not None:
+            self._inflight.wait()
+            self._inflight = None
+
+    def close(self) -> None:
+        """Wait for a message in flight and free the channel's MPI request (idempotent)."""
+        if self._closed:
+            return
+        self._settle()
+        self._closed, self._fast = True, False
+        if self._req is not None:
+            _free(self._req)
+
+    def _release(self) -> None:
+        """Free the MPI request without waiting (exit, garbage collection): no more messages."""
+        if not getattr(self, "_closed", True):  # (a constructor that raised set nothing)
+            self._closed, self._fast = True, False
+            if self._req is not None:
+                _free(self._req)
+
+    def __del__(self) -> None:
+        self._release()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SendChannel(_Channel):
     """Sends the current contents of one array to one rank, again and again. Made by ``send_channel``.
 
     ``send()`` blocks like ``send_array``; ``isend()`` returns a Request. A send
@@ -77,17 +116,12 @@ class SendChannel:
     """
 
     __slots__ = (
-        "__weakref__",
         "_chans",
-        "_closed",
-        "_fast",
         "_header",
         "_host_src",
-        "_inflight",
         "_obj",
         "_opened",
         "_ptr",
-        "_req",
         "_rt",
         "_stage",
         "_sync",
@@ -143,7 +177,7 @@ class SendChannel:
         # Only CAI exporters have a producer stream to synchronize before every send.
         self._sync_each = type(obj) is not np.ndarray and out.desc is not None
         self._opened = self._closed = False
-        self._inflight: Request[None] | None = None
+        self._inflight = None
         # Opened, host memory read in place, nothing in flight: send() is one persistent Start + Wait.
         self._fast = False
         _open_channels.add(self)
@@ -183,9 +217,7 @@ class SendChannel:
             else:
                 req.Wait()
             return
-        if self._inflight is not None:
-            self._inflight.wait()
-            self._inflight = None
+        self._settle()
         self._sync_producer()
         _drive(self._steps(None))
         self._fast = not self._sync_each and self._stage is None
@@ -208,39 +240,15 @@ class SendChannel:
         self._fast = False
         return req
 
-    def close(self) -> None:
-        """Wait for an ``isend`` in flight and free the channel's MPI request (idempotent)."""
-        if self._closed:
-            return
-        if self._inflight is not None:
-            self._inflight.wait()
-            self._inflight = None
-        self._closed = True
-        self._fast = False
-        _free(self._req)
-
-    def _release(self) -> None:
-        """Free the MPI request without waiting (exit, garbage collection): no more messages."""
-        if not getattr(self, "_closed", True):  # (a constructor that raised set nothing)
-            self._closed, self._fast = True, False
-            if self._req is not None:
-                _free(self._req)
-
-    def __del__(self) -> None:
-        self._release()
-
     def __enter__(self) -> SendChannel:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("open" if self._opened else "not yet sent")
         return f"<cai_mpi.SendChannel to rank {self.dest} tag {self.tag} shape={self.shape} dtype={self.dtype} {state}>"
 
 
-class RecvChannel:
+class RecvChannel(_Channel):
     """Receives the arrays of one ``SendChannel``. Made by ``recv_channel``.
 
     The first ``recv()`` takes the channel's description (from ``source``/``tag``,
@@ -249,8 +257,8 @@ class RecvChannel:
     ``Array`` over that buffer, overwritten by each message: copy what you keep.
     """
 
-    __slots__ = ("__weakref__", "_array", "_chans", "_closed", "_device", "_fast", "_pending", "_req", "_rt",
-                 "_target", "_target_sync", "dtype", "meta", "shape", "source", "tag")
+    __slots__ = ("_array", "_chans", "_device", "_rt", "_target", "_target_sync", "dtype", "meta", "shape",
+                 "source", "tag")
 
     def __init__(self, source: int, tag: int, comm: MPI.Comm | None, out: Any, device: Any) -> None:
         chans = channels(comm)
@@ -262,7 +270,7 @@ class RecvChannel:
         self._chans, self._rt, self._device = chans, rt, device
         self._req: MPI.Prequest | None = None
         self._array: Array | None = None
-        self._pending: Request[Array] | None = None
+        self._inflight = None
         self._closed = False
         self._fast = False  # opened, nothing in flight, no out= stream to sync: recv() is Start + Wait
         _open_channels.add(self)
@@ -357,9 +365,7 @@ class RecvChannel:
             return self._array  # type: ignore[return-value]
         if self._closed:
             raise ValueError("recv on a closed channel")
-        if self._pending is not None:
-            self._pending.wait()
-            self._pending = None
+        self._settle()
         array = _drive(self._steps(None))
         self._fast = not self._target_sync
         return array
@@ -373,7 +379,7 @@ class RecvChannel:
         """
         if self._closed:
             raise ValueError("recv on a closed channel")
-        previous = self._pending
+        previous = self._inflight
         array = self._array
         if array is not None and self._req is not None and not self._target_sync and (
             previous is None or previous.done
@@ -382,7 +388,7 @@ class RecvChannel:
             req = Request(_started(self._req, array), keep=(self,))
         else:
             req = Request(self._steps(previous), keep=(self, previous))
-        self._pending = req
+        self._inflight = req
         self._fast = False
         return req
 
@@ -391,33 +397,8 @@ class RecvChannel:
         """The Array every ``recv`` returns (None before the first message)."""
         return self._array
 
-    def close(self) -> None:
-        """Wait for an ``irecv`` in flight and free the channel's MPI request (idempotent)."""
-        if self._closed:
-            return
-        if self._pending is not None:
-            self._pending.wait()
-            self._pending = None
-        self._closed = True
-        self._fast = False
-        if self._req is not None:
-            _free(self._req)
-
-    def _release(self) -> None:
-        """Free the MPI request without waiting (exit, garbage collection): no more messages."""
-        if not getattr(self, "_closed", True):  # (a constructor that raised set nothing)
-            self._closed, self._fast = True, False
-            if self._req is not None:
-                _free(self._req)
-
-    def __del__(self) -> None:
-        self._release()
-
     def __enter__(self) -> RecvChannel:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         if self._req is None:

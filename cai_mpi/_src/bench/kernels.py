@@ -167,7 +167,7 @@ def run_plan(plan: Plan, ctx: Context, progress: Progress) -> dict[str, dict[int
     for size in plan.sizes:
         iters, warm, window = plan.iters_at(size), plan.warmup_at(size), plan.window_at(size)
         ops = iters * ops_per_iteration(plan.test, window)
-        progress.status(f"{plan.test} {_fmt_size(size)}")
+        progress.status(f"{plan.test} {size_label(size)}")
         in_flight = window if plan.test in ("bw", "bibw") else 1
         mctx = dataclasses.replace(ctx, window=in_flight)
         modes = {name: MODES[name].make(mctx, size) for name in plan.modes}
@@ -186,7 +186,7 @@ def run_plan(plan: Plan, ctx: Context, progress: Progress) -> dict[str, dict[int
                 elapsed = loop(m, mctx, iters, window)
                 m.leave()
                 results[name][size].samples_us.append(elapsed / ops * 1e6)
-                label = f"{plan.test} {_fmt_size(size)} {name} sample {s + 1}/{plan.samples}"
+                label = f"{plan.test} {size_label(size)} {name} sample {s + 1}/{plan.samples}"
                 progress.advance(_cost(plan, size), label)
         for m in modes.values():
             m.close()
@@ -201,7 +201,8 @@ def _cost(plan: Plan, size: int) -> float:
     return plan.iters_at(size) * ops_per_iteration(plan.test, window) * (size + 32768.0)
 
 
-def _fmt_size(n: int) -> str:
+def size_label(n: int) -> str:
+    """``1 MiB``, ``4 KiB``, ``3 B``: sizes as people read them (progress, Markdown tables)."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if n >= 1 << shift and n % (1 << shift) == 0:
             return f"{n >> shift} {unit}"

@@ -299,9 +299,6 @@ class ChannelMode(Mode):
         for h in handles:
             h.wait()
 
-    def wait_sends(self, handles: list[Any]) -> None:
-        self.waitall(handles)
-
     def close(self) -> None:
         for per_peer in self._tx:
             for chans in per_peer:

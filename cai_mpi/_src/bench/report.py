@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import TESTS, SizeResult
+from .kernels import TESTS, SizeResult, size_label
 
 __all__ = [
     "SCHEMA",
@@ -164,13 +164,6 @@ def _fmt_figure(x: float) -> str:
     return f"{x:.2f}"
 
 
-def _fmt_size_long(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
-
-
 def render_markdown(doc: Doc, sizes: Sequence[int] | None = None) -> str:
     """All modes side by side as a Markdown table (the docs' tables), with ratios to raw; rows ``sizes``."""
     b = doc["benchmark"]
@@ -184,7 +177,7 @@ def render_markdown(doc: Doc, sizes: Sequence[int] | None = None) -> str:
     all_sizes = sorted({int(s) for m in modes for s in results[m]})
     for size in all_sizes if sizes is None else [s for s in all_sizes if s in set(sizes)]:
         rows = [results[m].get(str(size)) for m in modes]
-        cells = [_fmt_size_long(size)]
+        cells = [size_label(size)]
         cells += [_fmt_figure(_value(test, r)) if r else "-" for r in rows]
         raw = results["raw"].get(str(size)) if others else None
         base = _value(test, raw) if raw else 0.0
@@ -226,10 +219,8 @@ def _runs(docs: Sequence[Doc], test: str) -> list[Doc]:
     return [d for d in docs if d["benchmark"]["test"] == test and d["benchmark"].get("buffer", "host") == "host"]
 
 
-def _where(runs: Sequence[Doc]) -> str:
-    b = runs[0]["benchmark"]
-    many = f", median of {len(runs)} runs" if len(runs) > 1 else ""
-    return f"{b['test']} test, buffer {b['buffer']}{many}"
+def _where(test: str, runs: int) -> str:
+    return f"{test} test, buffer host" + (f", median of {runs} runs" if runs > 1 else "")
 
 
 def _each(values: Sequence[float]) -> str:
@@ -241,23 +232,32 @@ def _each(values: Sequence[float]) -> str:
 # size in a different MPI protocol or cache state for one mode (docs/benchmarks.md, "Noise").
 
 
+def _median_ratio(
+    runs: Sequence[Doc], top: str, bottom: str, size: int
+) -> tuple[float, tuple[float, float], list[float]] | None:
+    """Median over ``runs`` of each run's ``top / bottom`` figure at ``size``; the run nearest to it; all ratios."""
+    pairs = [(t, b) for d in runs if (t := _med(d, top, size)) is not None and (b := _med(d, bottom, size)) is not None]
+    if not pairs:
+        return None
+    ratios = [t / b for t, b in pairs]
+    mid = statistics.median(ratios)
+    return mid, min(pairs, key=lambda p: abs(p[0] / p[1] - mid)), ratios
+
+
 def _latency_ratio(mode: str, base: str) -> Callable[[Sequence[Doc]], tuple[float | None, str]]:
     def ev(docs: Sequence[Doc]) -> tuple[float | None, str]:
-        runs = [d for d in _runs(docs, "latency") if _med(d, mode, 8) and _med(d, base, 8)]
-        if not runs:
+        found = _median_ratio(_runs(docs, "latency"), mode, base, 8)
+        if found is None:
             return None, f"needs a host-buffer latency run with modes {mode},{base} and size 8"
-        pairs = [(_med(d, mode, 8) or 0.0, _med(d, base, 8) or 0.0) for d in runs]
-        ratios = [a / r for a, r in pairs]
-        mid = statistics.median(ratios)
-        a, r = min(pairs, key=lambda p: abs(p[0] / p[1] - mid))
-        return mid, f"{mode} {a:.2f} us / {base} {r:.2f} us at 8 B ({_where(runs)}){_each(ratios)}"
+        mid, (a, r), ratios = found
+        return mid, f"{mode} {a:.2f} us / {base} {r:.2f} us at 8 B ({_where('latency', len(ratios))}){_each(ratios)}"
     return ev
 
 
 def _bw_ratio(mode: str) -> Callable[[Sequence[Doc]], tuple[float | None, str]]:
     def ev(docs: Sequence[Doc]) -> tuple[float | None, str]:
         per_size: dict[int, list[float]] = {}
-        runs = []
+        runs = 0
         for d in _runs(docs, "bw"):
             sizes = [int(s) for s in d["results"].get(mode, {}) if int(s) >= 1 << 20]
             used = False
@@ -266,28 +266,24 @@ def _bw_ratio(mode: str) -> Callable[[Sequence[Doc]], tuple[float | None, str]]:
                 if a is not None and r is not None:
                     per_size.setdefault(s, []).append(r / a)  # bandwidth ratio = inverse time ratio
                     used = True
-            if used:
-                runs.append(d)
+            runs += used
         if not per_size:
             return None, f"needs a host-buffer bw run with modes {mode},raw and sizes >= 1M"
         ratios = sorted((statistics.median(v), s) for s, v in per_size.items())
         worst = ratios[0]
         each = ", ".join(f"{_fmt_size(s)} {x:.3f}" for x, s in sorted(ratios, key=lambda r: r[1]))
-        return worst[0], (f"worst at {_fmt_size(worst[1])}iB; per size: {each} ({_where(runs)})"
+        return worst[0], (f"worst at {_fmt_size(worst[1])}iB; per size: {each} ({_where('bw', runs)})"
                           f"{_each(per_size[worst[1]])}")
     return ev
 
 
 def _vs_pickle(docs: Sequence[Doc]) -> tuple[float | None, str]:
-    size = 16 << 20
     for test in ("bw", "latency"):  # bw first: pickle's ping-pong figure swings with the allocator
-        runs = [d for d in _runs(docs, test) if _med(d, "cai", size) and _med(d, "pickle", size)]
-        if runs:
-            pairs = [(_med(d, "pickle", size) or 0.0, _med(d, "cai", size) or 0.0) for d in runs]
-            ratios = [p / a for p, a in pairs]
-            mid = statistics.median(ratios)
-            p, a = min(pairs, key=lambda q: abs(q[0] / q[1] - mid))
-            return mid, f"pickle {p:.0f} us / cai {a:.0f} us per 16 MiB message ({_where(runs)}){_each(ratios)}"
+        found = _median_ratio(_runs(docs, test), "pickle", "cai", 16 << 20)
+        if found is not None:
+            mid, (p, a), ratios = found
+            return mid, (f"pickle {p:.0f} us / cai {a:.0f} us per 16 MiB message ({_where(test, len(ratios))})"
+                         f"{_each(ratios)}")
     return None, "needs a host-buffer bw or latency run with modes cai,pickle and size 16M"
 
 
