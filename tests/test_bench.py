@@ -269,3 +269,42 @@ def test_targets_take_the_median_of_repeated_runs() -> None:
     assert verdicts["lat8-cai-raw"].status == "PASS" and verdicts["lat8-cai-raw"].value == pytest.approx(2.5)
     assert "cai 2.50 us / raw 1.00 us" in verdicts["lat8-cai-raw"].detail  # the run at the median
     assert verdicts["16m-cai-pickle"].status == "FAIL" and verdicts["16m-cai-pickle"].value == pytest.approx(5.0)
+
+
+def test_modes_side_by_side_move_the_same_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """raw and the out= modes of one size share source and receive buffers (see SharedBuffers)."""
+    from cai_mpi._src.bench import kernels
+    from cai_mpi._src.bench.buffers import BufferKind
+    from cai_mpi._src.bench.modes import MODES, Context, Mode, ModeSpec
+
+    ctx = Context(comm=MPI.COMM_SELF, kind=BufferKind(), aware=False)
+    made = {}
+
+    class Spy(Mode):
+        def send(self, obj: Any, dest: int) -> None:
+            pass
+
+        def recv(self, source: int, slot: int = 0) -> Any:
+            return self.buffers.dst[slot]
+
+    def spy(name: str) -> ModeSpec:
+        real = MODES[name]
+
+        def make(c: Context, n: int) -> Mode:
+            made[name, n] = real.make(c, n)
+            return Spy(c, n)
+
+        return ModeSpec(name, real.description, make)
+
+    names = ["raw", "cai-out", "channel", "pickle"]
+    monkeypatch.setattr(kernels, "MODES", {name: spy(name) for name in names})
+    plan = Plan(test="latency", sizes=[64, 4096], modes=names, samples=1, iters=1, warmup=0, window=1)
+    kernels.run_plan(plan, ctx, Progress(False, io.StringIO()))
+    for n in (64, 4096):
+        raw, out, chan, pickled = (made[name, n] for name in names)
+        assert raw.src is out.src is chan.src is pickled.src
+        assert raw.dst is out.dst is chan.dst  # type: ignore[attr-defined]
+        assert len(raw.src) == n
+    assert made["raw", 64].src is not made["raw", 4096].src
+    for m in made.values():
+        m.close()

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .modes import MODES, Context, Mode
+from .modes import MODES, Context, Mode, SharedBuffers
 from .progress import Progress
 
 __all__ = ["TESTS", "Plan", "SizeResult", "run_plan", "ops_per_iteration"]
@@ -169,7 +169,7 @@ def run_plan(plan: Plan, ctx: Context, progress: Progress) -> dict[str, dict[int
         ops = iters * ops_per_iteration(plan.test, window)
         progress.status(f"{plan.test} {size_label(size)}")
         in_flight = window if plan.test in ("bw", "bibw") else 1
-        mctx = dataclasses.replace(ctx, window=in_flight)
+        mctx = dataclasses.replace(ctx, window=in_flight, buffers=SharedBuffers(ctx.kind, size))
         modes = {name: MODES[name].make(mctx, size) for name in plan.modes}
         comm.Barrier()
         for name, m in modes.items():

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from .buffers import BufferKind
 
-__all__ = ["DEFAULT_MODES", "MODES", "Context", "Mode", "ModeSpec", "TAG"]
+__all__ = ["DEFAULT_MODES", "MODES", "Context", "Mode", "ModeSpec", "SharedBuffers", "TAG"]
 
 TAG = 7  # every mode uses this tag (raw/pickle on the bench's communicator, cai_mpi on its own)
 
@@ -21,12 +21,30 @@ class Context:
     """What every mode needs: the bench's private communicator, the buffer kind, CUDA-awareness.
 
     ``window``: how many messages one side keeps in flight (bw/bibw windows; 1 otherwise).
+    ``buffers``: the memory every mode of one message size sends from and receives into (None: each
+    mode allocates its own).
     """
 
     comm: MPI.Comm
     kind: BufferKind
     aware: bool
     window: int = 1
+    buffers: SharedBuffers | None = None
+
+
+class SharedBuffers:
+    """One source and two receive buffers of one size, shared by the modes compared side by side.
+
+    The same code copying between two freshly allocated buffers ran at 13 or at 25 GB/s on the
+    development machine, depending on which physical pages the pair drew, and the draw held for
+    the whole run. With buffers of their own, two modes compared two draws; sharing them makes
+    ``raw`` and every ``out=`` mode move exactly the same memory, so their ratio is the software's.
+    (Receives without ``out=`` land in the memory cai_mpi or pickle allocates: that is theirs.)
+    """
+
+    def __init__(self, kind: BufferKind, nbytes: int) -> None:
+        self.src: Any = kind.alloc(nbytes)
+        self.dst: list[Any] = [kind.alloc(nbytes), kind.alloc(nbytes)]
 
 
 class Mode:
@@ -43,7 +61,8 @@ class Mode:
         self.comm = ctx.comm
         self.kind = ctx.kind
         self.nbytes = nbytes
-        self.src: Any = self.kind.alloc(nbytes)
+        self.buffers = ctx.buffers or SharedBuffers(ctx.kind, nbytes)
+        self.src: Any = self.buffers.src
 
     def enter(self) -> None:
         """Called before each timed or warm-up block of this mode."""
@@ -100,7 +119,7 @@ class RawMode(Mode):
     def __init__(self, ctx: Context, nbytes: int, *, staged: bool = False) -> None:
         super().__init__(ctx, nbytes)
         self.direct = not staged and (not self.kind.device or ctx.aware)
-        self.dst = [self.kind.alloc(nbytes), self.kind.alloc(nbytes)]
+        self.dst = self.buffers.dst
         if self.direct:
             self._mpi_src = self.kind.mpi_object(self.src)
             self._mpi_dst = [self.kind.mpi_object(d) for d in self.dst]
@@ -197,7 +216,7 @@ class CaiMode(Mode):
         self.sync = sync
         self.inline_bytes = inline_bytes
         self.posted = posted
-        self.dst: list[Any] | None = [self.kind.alloc(nbytes), self.kind.alloc(nbytes)] if out else None
+        self.dst: list[Any] | None = self.buffers.dst if out else None
 
     def enter(self) -> None:
         if self.inline_bytes is not None:
@@ -256,7 +275,7 @@ class ChannelMode(Mode):
 
         self.cai = cai_mpi
         self.ring = max(2, ctx.window)
-        self.dst = [self.kind.alloc(nbytes), self.kind.alloc(nbytes)]
+        self.dst = self.buffers.dst
         ranks = ctx.comm.Get_size()
         # Per peer: which channel of the ring the next message uses, and the channels themselves
         # (send channels by the id of the object they send). Lean on purpose: this is timed too.
