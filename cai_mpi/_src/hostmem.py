@@ -12,6 +12,8 @@ from .descriptor import CAIDescriptor
 
 __all__ = ["HostBufferPool", "host_view", "host_pool"]
 
+_UINT8 = np.dtype(np.uint8)
+
 
 def host_view(desc: CAIDescriptor, *, readonly: bool | None = None) -> np.ndarray[Any, Any]:
     """A numpy array viewing the host memory ``desc`` describes (no copy, no ownership)."""
@@ -44,15 +46,11 @@ class HostBufferPool:
         self._cached = 0
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _size_class(nbytes: int) -> int:
-        return 1 << (nbytes - 1).bit_length()
-
     def take(self, nbytes: int) -> np.ndarray[Any, Any]:
         """A writable uint8 array of at least ``nbytes`` (exactly ``nbytes`` long)."""
         if nbytes < self.min_bytes or nbytes > self.max_bytes:
             return np.empty(nbytes, np.uint8)
-        cls = self._size_class(nbytes)
+        cls = 1 << (nbytes - 1).bit_length()
         with self._lock:
             bucket = self._free.get(cls)
             block = bucket.pop() if bucket else None
@@ -60,8 +58,26 @@ class HostBufferPool:
                 self._cached -= cls
         if block is None:
             block = np.empty(cls, np.uint8)
-        view = _PooledView(block, self)
-        return view[:nbytes].view(np.ndarray)
+        # Every receive without out= passes here: three views, and no Python call but the lease's __del__.
+        # The slice is what keeps the lease alive: numpy points a view's base past any view whose own
+        # base has the view's type, so lease.view(np.ndarray) would hold the block, not the lease.
+        lease = block.view(_PooledView)
+        lease._pool_ref = (block, self)
+        return lease[:nbytes].view(np.ndarray)
+
+    def take_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], fortran: bool = False) -> np.ndarray[Any, Any]:
+        """A writable array of ``shape`` and ``dtype``, C or Fortran ordered, in pooled memory."""
+        nbytes = dtype.itemsize
+        for n in shape:
+            nbytes *= n
+        if nbytes < self.min_bytes or nbytes > self.max_bytes:
+            return np.empty(shape, dtype, order="F" if fortran else "C")
+        flat = self.take(nbytes)
+        if dtype is not _UINT8:
+            flat = flat.view(dtype)
+        if len(shape) == 1:
+            return flat
+        return flat.reshape(shape, order="F") if fortran else flat.reshape(shape)
 
     def _give_back(self, block: np.ndarray[Any, Any]) -> None:
         cls = block.nbytes
@@ -96,15 +112,9 @@ class HostBufferPool:
 class _PooledView(np.ndarray):  # type: ignore[type-arg]
     """The view handed out by the pool: when it (and every view of it) dies, the block goes back."""
 
-    _pool_ref: tuple[np.ndarray[Any, Any], HostBufferPool] | None
-
-    def __new__(cls, block: np.ndarray[Any, Any], pool: HostBufferPool) -> _PooledView:
-        self = block.view(cls)
-        self._pool_ref = (block, pool)
-        return self
-
-    def __array_finalize__(self, obj: Any) -> None:
-        self._pool_ref = None
+    # Set on the one view ``take`` makes; views numpy derives from it get the class default (no
+    # __array_finalize__: a Python call per view that the receive path would pay).
+    _pool_ref: tuple[np.ndarray[Any, Any], HostBufferPool] | None = None
 
     def __del__(self) -> None:
         ref = self._pool_ref

@@ -438,8 +438,7 @@ def _recv_gen(
 
     ordinal = _pick_device(device, rt)
     if ordinal is None:
-        block = host_pool().take(h.payload_nbytes)
-        arr = np.ndarray(h.shape, h.dtype, buffer=block, order="F" if h.fortran else "C")
+        arr = host_pool().take_array(h.shape, h.dtype, h.fortran)
         yield from _recv_into_host(chans.payload, h, source, arr.T if h.fortran else arr)
         return Array.from_host(arr, source=source, tag=tag, meta=h.meta)
     dbuf = rt.alloc_device(h.payload_nbytes, ordinal)
@@ -554,13 +553,12 @@ def _recv_plain(rx: _RxState, chans: Channels, n: int, out: np.ndarray[Any, Any]
         return None
     # Receive the payload at once (every microsecond between header and payload receive costs
     # bandwidth), into a recycled buffer or out=.
-    shape, dtype, fortran, nbytes, ptag = plain
+    shape, dtype, fortran, _, ptag = plain
     status = rx.status
     peer = status.Get_source()
     if out is None:
-        block = host_pool().take(nbytes)
-        chans.payload.Recv([block, _BYTE], peer, ptag)
-        arr = np.ndarray(shape, dtype, buffer=block, order="F" if fortran else "C")
+        arr = host_pool().take_array(shape, dtype, fortran)
+        chans.payload.Recv([arr.T if fortran else arr, _BYTE], peer, ptag)
         return Array._received_host(arr, peer, status.Get_tag())
     if not fortran and out.shape == shape and (out.dtype is dtype or out.dtype == dtype):
         chans.payload.Recv([out, _BYTE], peer, ptag)

@@ -579,6 +579,32 @@ def test_pool_does_not_reuse_while_a_view_is_alive() -> None:
     del b
 
 
+@pytest.mark.parametrize(
+    ("shape", "dtype", "fortran"),
+    [((8192,), np.uint8, False), ((64, 32), np.float32, False), ((64, 32), np.float32, True), ((3, 700), "V3", False)],
+)
+def test_pool_take_array_keeps_its_block_until_the_last_view_dies(
+    shape: tuple[int, ...], dtype: Any, fortran: bool
+) -> None:
+    """Exact size classes too: numpy collapses view bases, so the lease must stay in the chain."""
+    pool = HostBufferPool(min_bytes=1024, max_bytes=1 << 20)
+    a = pool.take_array(shape, np.dtype(dtype), fortran)
+    assert (type(a), a.shape, a.dtype, a.flags.writeable) == (np.ndarray, shape, np.dtype(dtype), True)
+    assert a.flags.f_contiguous if fortran else a.flags.c_contiguous
+    gc.collect()
+    assert pool.cached_bytes == 0  # the block is lent out
+    addr = a.ctypes.data
+    row = a[..., 1:]
+    del a
+    gc.collect()
+    assert pool.cached_bytes == 0  # a view still uses it
+    assert pool.take_array(shape, np.dtype(dtype), fortran).ctypes.data != addr
+    del row
+    gc.collect()
+    assert pool.cached_bytes > 0
+    assert pool.take_array(shape, np.dtype(dtype), fortran).ctypes.data == addr
+
+
 def test_pool_size_classes_and_limits() -> None:
     pool = HostBufferPool(min_bytes=1024, max_bytes=8192, max_cached=8192)
     small = pool.take(100)
