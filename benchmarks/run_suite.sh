@@ -19,12 +19,12 @@ run() {  # run NAME TEST ARGS...: one test, its table and target verdicts kept b
   "${bench[@]}" "$@" "${common[@]}" --json "$out/$name.json" | tee "$out/$name.txt"
 }
 
-run latency latency --modes raw,pickle,cai,cai-out,channel,cai-noinline --samples 7
-run bw bw --modes raw,pickle,cai,cai-out,channel,cai-irecv --samples 9
+run latency latency --modes raw,raw-header,pickle,cai,cai-out,channel,cai-noinline --samples 7
+run bw bw --modes raw,raw-header,pickle,cai,cai-out,channel,cai-irecv --samples 9
 # Two more bw runs from 1 MiB up: one run can land a size in a slower MPI protocol or cache state for
 # one mode, so the bandwidth targets take the median over the three runs of each run's own ratio.
 for rep in 2 3; do
-  run "bw-run$rep" bw --min-size 1M --modes raw,pickle,cai,cai-out,channel --samples 9
+  run "bw-run$rep" bw --min-size 1M --modes raw,raw-header,pickle,cai,cai-out,channel --samples 9
 done
 run bibw bibw --max-size 16M --modes raw,pickle,cai,cai-out,channel
 run pipeline pipeline --max-size 16M

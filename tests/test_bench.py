@@ -308,3 +308,17 @@ def test_modes_side_by_side_move_the_same_memory(monkeypatch: pytest.MonkeyPatch
     assert made["raw", 64].src is not made["raw", 4096].src
     for m in made.values():
         m.close()
+
+
+def test_raw_header_mode_runs_every_test_and_needs_host_memory(tmp_path: Path) -> None:
+    modes = ["raw", "raw-header", "cai-out"]
+    for test, ranks in (("latency", 2), ("bw", 2), ("bibw", 2), ("pipeline", 3)):
+        out = tmp_path / f"{test}.json"
+        _bench(ranks, test, "--sizes", "8,64K", "--iters", "3", "--samples", "2", "--window", "4",
+               "--modes", ",".join(modes), "--json", str(out))
+        _check_doc(_load(out), test, modes, [8, 65536], ranks)
+    out = tmp_path / "sim.json"
+    proc = _bench(2, "bw", "--buffer", "simulated", "--sizes", "8", "--iters", "2", "--samples", "1",
+                  "--modes", "raw,raw-header", "--json", str(out))
+    assert "CUDA-aware" in _load(out)["skipped"]["raw-header"]
+    assert "# skipped mode raw-header:" in proc.stdout

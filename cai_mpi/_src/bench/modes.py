@@ -164,6 +164,59 @@ class RawMode(Mode):
                 self.kind.from_host(self.stage_in[h.slot], self.dst[h.slot])
 
 
+class RawHeaderMode(RawMode):
+    """mpi4py, a 64-byte header message before each payload (the payload tag in it, as cai_mpi does).
+
+    The floor of any self-describing protocol that sends header and payload as two messages:
+    what cai_mpi with ``out=`` pays over it is its own Python, what it pays under ``raw`` is the
+    second message. Host buffers (or a CUDA-aware MPI) only.
+    """
+
+    _HEADER = 64
+
+    def __init__(self, ctx: Context, nbytes: int) -> None:
+        super().__init__(ctx, nbytes)
+        self.payload_comm = ctx.comm.Dup()
+        self._next_tag = 0
+        self._out_header = [bytearray(self._HEADER) for _ in range(max(2, ctx.window))]  # pipeline: 2 in flight
+        self._in_header = bytearray(self._HEADER)
+
+    def _header(self) -> tuple[bytearray, int]:
+        """The next header buffer (one per message in flight) carrying the next payload tag."""
+        tag = self._next_tag = (self._next_tag + 1) % 32768
+        header = self._out_header[tag % len(self._out_header)]
+        header[:4] = tag.to_bytes(4, "little")
+        return header, tag
+
+    def send(self, obj: Any, dest: int) -> None:
+        header, ptag = self._header()
+        hreq = self.comm.Isend(header, dest, TAG)
+        self.payload_comm.Send(self._out(obj), dest, ptag)
+        hreq.Wait()
+
+    def recv(self, source: int, slot: int = 0) -> Any:
+        self.comm.Recv(self._in_header, source, TAG)
+        ptag = int.from_bytes(self._in_header[:4], "little")
+        self.payload_comm.Recv(self._mpi_dst[slot], source, ptag)
+        return self.dst[slot]
+
+    def isend(self, obj: Any, dest: int) -> Any:
+        header, ptag = self._header()
+        return [self.comm.Isend(header, dest, TAG), self.payload_comm.Isend(self._out(obj), dest, ptag)]
+
+    def irecv(self, source: int, slot: int = 0) -> Any:
+        return _DeferredRecv(source, slot)  # the payload tag is in the header: nothing to post ahead
+
+    def waitall(self, handles: list[Any]) -> None:
+        Mode.waitall(self, handles)
+
+    def wait_sends(self, handles: list[Any]) -> None:
+        MPI.Request.Waitall([req for pair in handles for req in pair])
+
+    def close(self) -> None:
+        self.payload_comm.Free()
+
+
 @dataclasses.dataclass
 class _Staged:
     req: MPI.Request
@@ -335,6 +388,12 @@ def _channel_unavailable(ctx: Context) -> str | None:
     return None
 
 
+def _raw_header_unavailable(ctx: Context) -> str | None:
+    if ctx.kind.device and not ctx.aware:
+        return "sends device memory to MPI in place: needs a CUDA-aware MPI"
+    return None
+
+
 def _raw_staged_unavailable(ctx: Context) -> str | None:
     if ctx.kind.device:
         return None
@@ -355,6 +414,8 @@ MODES: dict[str, ModeSpec] = {
         ModeSpec("raw", "mpi4py Send/Recv into preallocated buffers (the floor)", RawMode),
         ModeSpec("raw-staged", "mpi4py Send/Recv through host copies made by hand (device buffers)",
                  lambda c, n: RawMode(c, n, staged=True), _raw_staged_unavailable),
+        ModeSpec("raw-header", "mpi4py, a header message (with the payload tag) before each payload: the "
+                 "floor of a header + payload protocol", RawHeaderMode, _raw_header_unavailable),
         ModeSpec("pickle", "mpi4py pickle send/recv (shape unknown to the receiver)", PickleMode),
         ModeSpec("cai", "cai_mpi send_array / recv_array without out=", CaiMode),
         ModeSpec("cai-out", "cai_mpi recv_array(out=preallocated)", lambda c, n: CaiMode(c, n, out=True)),
