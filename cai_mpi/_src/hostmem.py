@@ -65,11 +65,10 @@ class HostBufferPool:
         lease._pool_ref = (block, self)
         return lease[:nbytes].view(np.ndarray)
 
-    def take_array(self, shape: tuple[int, ...], dtype: np.dtype[Any], fortran: bool = False) -> np.ndarray[Any, Any]:
-        """A writable array of ``shape`` and ``dtype``, C or Fortran ordered, in pooled memory."""
-        nbytes = dtype.itemsize
-        for n in shape:
-            nbytes *= n
+    def take_array(
+        self, nbytes: int, shape: tuple[int, ...], dtype: np.dtype[Any], fortran: bool = False
+    ) -> np.ndarray[Any, Any]:
+        """A writable array of ``shape`` and ``dtype`` (``nbytes`` in all), C or Fortran ordered, in pooled memory."""
         if nbytes < self.min_bytes or nbytes > self.max_bytes:
             return np.empty(shape, dtype, order="F" if fortran else "C")
         flat = self.take(nbytes)

@@ -438,7 +438,7 @@ def _recv_gen(
 
     ordinal = _pick_device(device, rt)
     if ordinal is None:
-        arr = host_pool().take_array(h.shape, h.dtype, h.fortran)
+        arr = host_pool().take_array(h.payload_nbytes, h.shape, h.dtype, h.fortran)
         yield from _recv_into_host(chans.payload, h, source, arr.T if h.fortran else arr)
         return Array.from_host(arr, source=source, tag=tag, meta=h.meta)
     dbuf = rt.alloc_device(h.payload_nbytes, ordinal)
@@ -553,11 +553,11 @@ def _recv_plain(rx: _RxState, chans: Channels, n: int, out: np.ndarray[Any, Any]
         return None
     # Receive the payload at once (every microsecond between header and payload receive costs
     # bandwidth), into a recycled buffer or out=.
-    shape, dtype, fortran, _, ptag = plain
+    shape, dtype, fortran, nbytes, ptag = plain
     status = rx.status
     peer = status.Get_source()
     if out is None:
-        arr = host_pool().take_array(shape, dtype, fortran)
+        arr = host_pool().take_array(nbytes, shape, dtype, fortran)
         chans.payload.Recv([arr.T if fortran else arr, _BYTE], peer, ptag)
         return Array._received_host(arr, peer, status.Get_tag())
     if not fortran and out.shape == shape and (out.dtype is dtype or out.dtype == dtype):

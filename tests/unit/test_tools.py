@@ -588,7 +588,8 @@ def test_pool_take_array_keeps_its_block_until_the_last_view_dies(
 ) -> None:
     """Exact size classes too: numpy collapses view bases, so the lease must stay in the chain."""
     pool = HostBufferPool(min_bytes=1024, max_bytes=1 << 20)
-    a = pool.take_array(shape, np.dtype(dtype), fortran)
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    a = pool.take_array(nbytes, shape, np.dtype(dtype), fortran)
     assert (type(a), a.shape, a.dtype, a.flags.writeable) == (np.ndarray, shape, np.dtype(dtype), True)
     assert a.flags.f_contiguous if fortran else a.flags.c_contiguous
     gc.collect()
@@ -598,11 +599,11 @@ def test_pool_take_array_keeps_its_block_until_the_last_view_dies(
     del a
     gc.collect()
     assert pool.cached_bytes == 0  # a view still uses it
-    assert pool.take_array(shape, np.dtype(dtype), fortran).ctypes.data != addr
+    assert pool.take_array(nbytes, shape, np.dtype(dtype), fortran).ctypes.data != addr
     del row
     gc.collect()
     assert pool.cached_bytes > 0
-    assert pool.take_array(shape, np.dtype(dtype), fortran).ctypes.data == addr
+    assert pool.take_array(nbytes, shape, np.dtype(dtype), fortran).ctypes.data == addr
 
 
 def test_pool_size_classes_and_limits() -> None:

@@ -204,11 +204,10 @@ class RawHeaderMode(RawMode):
         header, ptag = self._header()
         return [self.comm.Isend(header, dest, TAG), self.payload_comm.Isend(self._out(obj), dest, ptag)]
 
-    def irecv(self, source: int, slot: int = 0) -> Any:
-        return _DeferredRecv(source, slot)  # the payload tag is in the header: nothing to post ahead
-
-    def waitall(self, handles: list[Any]) -> None:
-        Mode.waitall(self, handles)
+    # The payload tag is in the header: nothing can be posted ahead, so receives in a window are
+    # deferred blocking recv()s, as for the other self-describing modes (not RawMode's Irecv).
+    irecv = Mode.irecv
+    waitall = Mode.waitall
 
     def wait_sends(self, handles: list[Any]) -> None:
         MPI.Request.Waitall([req for pair in handles for req in pair])
