@@ -25,7 +25,6 @@ from .wire import (
     FLAG_INLINE,
     FLAGS_OFFSET,
     HEADER_BUFFER_BYTES,
-    PAYLOAD_TAG_FIELD,
     PREFIX_BYTES,
     Header,
     decode_header,
@@ -35,6 +34,8 @@ from .wire import (
     encode_meta,
     inline_prefix,
     plain_header,
+    plain_payload_tag,
+    plain_template,
 )
 
 __all__ = ["irecv_array", "isend_array", "recv_array", "send_array"]
@@ -479,7 +480,9 @@ class _RxState:
 
     A stream of same-shaped small messages repeats one header byte for byte: when the header just
     received starts with ``inline_key``, ``inline_view`` (a typed view of the payload bytes in
-    ``hbuf``) is the whole decoding, and copying it is the whole receive.
+    ``hbuf``) is the whole decoding, and copying it is the whole receive. Likewise a stream of
+    larger messages repeats one header but for the payload tag: a header equal to
+    ``plain_template`` outside the tag is described by ``plain_hit`` (shape, dtype, fortran, nbytes).
     """
 
     __slots__ = (
@@ -490,8 +493,7 @@ class _RxState:
         "inline_view",
         "msg",
         "plain_hit",
-        "plain_key",
-        "plain_rest",
+        "plain_template",
         "status",
     )
 
@@ -503,8 +505,8 @@ class _RxState:
         self.inline_key = b"\x00"  # no header starts with a NUL: the magic comes first
         self.inline_total = -1
         self.inline_view: np.ndarray[Any, Any] | None = None
-        self.plain_key = self.plain_rest = b"\x00"
-        self.plain_hit: tuple[tuple[int, ...], np.dtype[Any], bool, int] | None = None
+        self.plain_template = b""  # matches no header
+        self.plain_hit: tuple[tuple[int, ...], np.dtype[Any], bool, int] = ((), np.dtype(np.uint8), False, 0)
 
 
 def _rx_state() -> _RxState:
@@ -517,8 +519,8 @@ def _rx_state() -> _RxState:
 
 def _inline_view(rx: _RxState, n: int) -> np.ndarray[Any, Any] | None:
     """The payload of the inline header in ``rx.hbuf`` (``n`` bytes) as a typed view, or None if not inline."""
-    if n < PREFIX_BYTES or not rx.hbuf[FLAGS_OFFSET] & FLAG_INLINE:
-        return None  # the commonest other header (payload in its own message) costs no lookup
+    if n < PREFIX_BYTES:
+        return None
     fast = decode_inline(rx.hview, n)
     if fast is None:
         return None
@@ -528,32 +530,23 @@ def _inline_view(rx: _RxState, n: int) -> np.ndarray[Any, Any] | None:
     return view
 
 
-def _plain(rx: _RxState, n: int) -> tuple[tuple[int, ...], np.dtype[Any], bool, int, int] | None:
-    """``decode_plain`` of the header in ``rx.hbuf``, remembering the last one (only the tag changes)."""
-    hbuf, hit = rx.hbuf, rx.plain_hit
-    if hit is not None and n == 28 + len(rx.plain_rest) and hbuf.startswith(rx.plain_key) \
-            and hbuf.startswith(rx.plain_rest, 28):
-        ptag = PAYLOAD_TAG_FIELD.unpack_from(hbuf, 24)[0]
-        if ptag >= 0:
-            return (*hit, ptag)
-    plain = decode_plain(hbuf, n, config().max_payload_bytes)
-    if plain is not None:
-        rx.plain_hit = plain[:4]
-        rx.plain_key, rx.plain_rest = bytes(hbuf[:24]), bytes(hbuf[28:n])
-    return plain
-
-
 def _recv_plain(rx: _RxState, chans: Channels, n: int, out: np.ndarray[Any, Any] | None) -> Array | None:
     """Finish a receive whose header (``n`` bytes) announced a payload in one message, into host memory.
 
     Returns None when the message needs the general path (which decodes the header again, strictly).
     """
-    plain = _plain(rx, n)
-    if plain is None:
-        return None
+    hbuf = rx.hbuf
+    ptag = plain_payload_tag(hbuf, n, rx.plain_template)  # the last header again but for the tag?
+    if ptag < 0:
+        plain = decode_plain(hbuf, n, config().max_payload_bytes)
+        if plain is None:
+            return None
+        rx.plain_hit, rx.plain_template, ptag = plain[:4], plain_template(hbuf, n), plain[4]
     # Receive the payload at once (every microsecond between header and payload receive costs
     # bandwidth), into a recycled buffer or out=.
-    shape, dtype, fortran, nbytes, ptag = plain
+    shape, dtype, fortran, nbytes = rx.plain_hit
+    if nbytes > config().max_payload_bytes:
+        return None  # the limit was lowered since this header was learnt: the general path refuses it
     status = rx.status
     peer = status.Get_source()
     if out is None:
@@ -617,9 +610,13 @@ def recv_array(
         chans.header.Recv(rx.msg, source, tag, status)
         if host:
             n = status.Get_count(_BYTE)
-            # The same small message as last time (same header bytes) needs no decoding at all.
-            same = n == rx.inline_total and rx.hbuf.startswith(rx.inline_key)
-            view = rx.inline_view if same else _inline_view(rx, n)
+            hbuf = rx.hbuf
+            if n == rx.inline_total and hbuf.startswith(rx.inline_key):
+                view = rx.inline_view  # the same small message as last time: no decoding at all
+            elif hbuf[FLAGS_OFFSET] & FLAG_INLINE:
+                view = _inline_view(rx, n)
+            else:
+                view = None
             if view is None:
                 got = _recv_plain(rx, chans, n, out)
                 if got is not None:

@@ -32,6 +32,8 @@ __all__ = [
     "decode_inline",
     "decode_plain",
     "plain_header",
+    "plain_payload_tag",
+    "plain_template",
     "inline_prefix",
     "encode_header",
     "encode_meta",
@@ -324,6 +326,30 @@ def decode_plain(
         _plain_headers[key] = hit
     ptag = _PTAG.unpack_from(buf, 24)[0]
     return (*hit, ptag) if ptag >= 0 and hit[3] <= max_payload_bytes else None
+
+
+def plain_template(buf: Any, nbytes: int) -> bytes:
+    """The header in ``buf[:nbytes]`` with its payload tag zeroed: what ``plain_payload_tag`` compares to.
+
+    Only build it from a header ``decode_plain`` accepted: every header matching it is then valid.
+    """
+    template = bytearray(buf[:nbytes])
+    template[24:28] = bytes(4)
+    return bytes(template)
+
+
+def _plain_payload_tag(buf: bytearray, nbytes: int, template: bytes) -> int:
+    """The payload tag of ``buf[:nbytes]`` if it equals ``template`` outside the tag field, else -1."""
+    if nbytes != len(template) or nbytes < 28 or buf[:24] != template[:24] or buf[28:nbytes] != template[28:]:
+        return -1
+    tag: int = _PTAG.unpack_from(buf, 24)[0]
+    return tag if tag >= 0 else -1
+
+
+try:  # the same in C: one call instead of half a microsecond of slicing per received message
+    from ._wirefast import plain_payload_tag
+except ImportError:  # pragma: no cover - built wherever a C compiler was present at install time
+    plain_payload_tag = _plain_payload_tag
 
 
 def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> Header:

@@ -114,3 +114,24 @@ def test_device_array_exports_cai_v3_without_stream() -> None:
         # Forwarding a device Array: its descriptor travels on.
         again = self_round_trip(got, device="host")
         assert np.array_equal(np.asarray(again), np.arange(6.0))
+
+
+@pytest.mark.parametrize("out", [False, True])
+def test_a_lowered_payload_limit_refuses_a_header_the_receiver_has_seen_before(out: bool) -> None:
+    reload_config({"CAI_MPI_INLINE_BYTES": "0"})  # header + payload even for this small array
+    x = np.arange(6, dtype=np.float64)
+    dst = np.zeros_like(x) if out else None
+    np.testing.assert_array_equal(np.asarray(self_round_trip(x, out=dst)), x)  # the fast path knows it now
+    if dst is not None:
+        dst[...] = 0
+    reload_config({"CAI_MPI_INLINE_BYTES": "0", "CAI_MPI_MAX_PAYLOAD_BYTES": str(x.nbytes - 1)})
+    req = cai_mpi.isend_array(x, me, tag=3)
+    with pytest.raises(cai_mpi.ProtocolError, match="payload"):
+        cai_mpi.recv_array(me, 3, out=dst)
+    # The refused payload stays unmatched (receiving it would allocate what the limit forbids).
+    leftover = np.zeros_like(x)
+    cai_mpi._src.comms.channels(None).payload.Recv(leftover, me, MPI.ANY_TAG)
+    req.wait()
+    np.testing.assert_array_equal(leftover, x)
+    if dst is not None:
+        assert not dst.any()  # out= untouched

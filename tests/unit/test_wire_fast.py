@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
+from cai_mpi._src import wire
 from cai_mpi._src.wire import (
     HEADER_BUFFER_BYTES,
+    PAYLOAD_TAG_FIELD,
     decode_header,
     decode_inline,
     decode_plain,
     encode_header,
     inline_prefix,
     plain_header,
+    plain_template,
 )
 
 
@@ -73,3 +78,44 @@ def test_plain_rejects_chunked_inline_and_meta_headers() -> None:
     inline = encode_header(dt, (4,), fortran=False, payload_tag=0, inline=bytes(4))
     for msg in (chunked, meta, inline):
         assert decode_plain(buf(msg), len(msg), 1 << 40) is None
+
+
+def _payload_tag_impls() -> list[object]:
+    impls = [pytest.param(wire._plain_payload_tag, id="python")]
+    try:
+        from cai_mpi._src._wirefast import plain_payload_tag as c_impl
+    except ImportError:
+        impls.append(pytest.param(None, id="c", marks=pytest.mark.skip(reason="_wirefast was not built")))
+    else:
+        impls.append(pytest.param(c_impl, id="c"))
+    return impls
+
+
+@pytest.mark.parametrize("match", _payload_tag_impls())
+def test_plain_payload_tag_reads_the_tag_of_the_template_header_only(match: Any) -> None:
+    header = plain_header(np.dtype("<f4"), (3, 7), False, 0)
+    template = plain_template(header, len(header))
+    assert template == bytes(header)  # tag 0: the template is the header itself
+    for ptag in (0, 1, 1234, 2**31 - 1):
+        msg = buf(bytes(plain_header(np.dtype("<f4"), (3, 7), False, ptag)))
+        assert match(msg, len(header), template) == ptag
+        assert match(msg, len(header) - 1, template) == -1  # another length: another header
+        assert match(msg, len(header) + 1, template) == -1
+    negative = buf(bytes(header))
+    PAYLOAD_TAG_FIELD.pack_into(negative, 24, -5)
+    assert match(negative, len(header), template) == -1  # no valid header has a negative tag
+    # Any byte outside the tag field that differs makes it another header.
+    for i in [*range(24), *range(28, len(header))]:
+        other = buf(bytes(header))
+        other[i] ^= 0x01
+        assert match(other, len(header), template) == -1, f"byte {i}"
+    assert match(bytearray(header[:30]), len(header), template) == -1  # n beyond the buffer: no read past it
+    assert match(buf(bytes(header)), len(header), b"") == -1  # the empty template matches nothing
+
+
+def test_plain_payload_tag_is_the_c_one_where_built() -> None:
+    try:
+        from cai_mpi._src import _wirefast
+    except ImportError:
+        pytest.skip("_wirefast was not built")
+    assert wire.plain_payload_tag is _wirefast.plain_payload_tag
