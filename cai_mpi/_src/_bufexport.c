@@ -26,6 +26,12 @@
  * meta, source, tag) as C members, and _received_host() builds a host Array in
  * one C call: recv_array makes one Array per message, and filling seven Python
  * slots one by one cost more than the 8-byte MPI message itself.
+ *
+ * PoolLease and PoolBudget serve hostmem.HostBufferPool: a lease exports one pooled
+ * block's memory (numpy.frombuffer(lease) is what a receive without out= gets), and when
+ * the last view of it dies its dealloc puts the block back on its size class's free list,
+ * within the budget of idle bytes. A numpy subclass with a Python __del__ did the same for
+ * 2 us per receive; this costs a fraction of that. hostmem.py holds the Python fallback.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -311,11 +317,252 @@ static PyTypeObject BufferExporter_Type = {
     .tp_free = PyObject_GC_Del,
 };
 
+
+/* ------------------------------------------------------------------------------------------
+ * PoolBudget: the idle bytes a pool holds (cached) and may hold (max_cached).
+ */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t cached;
+    Py_ssize_t max_cached;
+} PoolBudgetObject;
+
+static PyTypeObject PoolBudget_Type;
+
+static PyObject *
+budget_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"max_cached", NULL};
+    Py_ssize_t max_cached;
+    PoolBudgetObject *self;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n:PoolBudget", kwlist, &max_cached)) {
+        return NULL;
+    }
+    self = (PoolBudgetObject *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->cached = 0;
+        self->max_cached = max_cached;
+    }
+    return (PyObject *)self;
+}
+
+/* Pop one idle block of size class ``cls`` off ``free_list`` and stop counting it; NULL if none. */
+static PyObject *
+budget_pop_block(PoolBudgetObject *budget, PyObject *free_list, Py_ssize_t cls)
+{
+    Py_ssize_t n = PyList_GET_SIZE(free_list);
+    PyObject *block;
+
+    if (n == 0) {
+        return NULL;
+    }
+    block = PyList_GET_ITEM(free_list, n - 1);
+    Py_INCREF(block);
+    if (PyList_SetSlice(free_list, n - 1, n, NULL) < 0) {
+        Py_DECREF(block);
+        return NULL;
+    }
+    budget->cached -= cls;
+    return block;
+}
+
+static PyObject *
+budget_evict(PoolBudgetObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t cls;
+    PyObject *block;
+
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "evict(free_list: list, cls: int)");
+        return NULL;
+    }
+    cls = PyLong_AsSsize_t(args[1]);
+    if (cls == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    block = budget_pop_block(self, args[0], cls);
+    if (block == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_FALSE;
+    }
+    Py_DECREF(block);
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef budget_methods[] = {
+    {"evict", (PyCFunction)(void (*)(void))budget_evict, METH_FASTCALL,
+     "evict(free_list, cls) -> bool: drop one idle block of size class cls, if free_list has one."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef budget_members[] = {
+    {"cached", T_PYSSIZET, offsetof(PoolBudgetObject, cached), 0, "idle bytes held in free lists"},
+    {"max_cached", T_PYSSIZET, offsetof(PoolBudgetObject, max_cached), 0,
+     "cap on idle bytes: a block returned beyond it is freed"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject PoolBudget_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cai_mpi._src._bufexport.PoolBudget",
+    .tp_basicsize = sizeof(PoolBudgetObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "PoolBudget(max_cached): the idle bytes of a host buffer pool and their cap.",
+    .tp_methods = budget_methods,
+    .tp_members = budget_members,
+    .tp_new = budget_new,
+};
+
+/* ------------------------------------------------------------------------------------------
+ * PoolLease: exports one pooled block; returns it to its free list when it dies.
+ */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer block;            /* the block's memory; block.obj holds the block itself */
+    PyObject *free_list;        /* where the block goes back */
+    PoolBudgetObject *budget;
+    Py_ssize_t cls;             /* the block's size class (its length) */
+} PoolLeaseObject;
+
+static PyTypeObject PoolLease_Type;
+
+static int
+lease_getbuffer(PoolLeaseObject *self, Py_buffer *view, int flags)
+{
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->block.buf, self->block.len, 0, flags);
+}
+
+static PyBufferProcs lease_as_buffer = {
+    (getbufferproc)lease_getbuffer,
+    NULL,
+};
+
+static void
+lease_dealloc(PoolLeaseObject *self)
+{
+    PyObject *block = self->block.obj;
+    PoolBudgetObject *budget = self->budget;
+
+    if (block != NULL) {
+        Py_INCREF(block);
+        PyBuffer_Release(&self->block);
+        if (budget->cached + self->cls <= budget->max_cached) {
+#if PY_VERSION_HEX >= 0x030C0000
+            PyObject *exc = PyErr_GetRaisedException();
+#else
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+#endif
+            if (PyList_Append(self->free_list, block) == 0) {
+                budget->cached += self->cls;
+            } else {
+                PyErr_WriteUnraisable((PyObject *)self);
+            }
+#if PY_VERSION_HEX >= 0x030C0000
+            PyErr_SetRaisedException(exc);
+#else
+            PyErr_Restore(type, value, tb);
+#endif
+        }
+        Py_DECREF(block);
+    }
+    Py_XDECREF(self->free_list);
+    Py_XDECREF(budget);
+    PyObject_Free(self);
+}
+
+/* take_lease(free_list, budget, cls, new_block) -> PoolLease | None
+ *
+ * A lease on the last idle block of ``free_list`` (no longer counted as idle), else on
+ * ``new_block`` (a fresh writable block of ``cls`` bytes), else (new_block None) None.
+ */
+static PyObject *
+take_lease(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *free_list, *block;
+    PoolBudgetObject *budget;
+    PoolLeaseObject *lease;
+    Py_ssize_t cls;
+
+    (void)module;
+    if (nargs != 4 || !PyList_Check(args[0]) || !PyObject_TypeCheck(args[1], &PoolBudget_Type)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "take_lease(free_list: list, budget: PoolBudget, cls: int, new_block)");
+        return NULL;
+    }
+    free_list = args[0];
+    budget = (PoolBudgetObject *)args[1];
+    cls = PyLong_AsSsize_t(args[2]);
+    if (cls == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    block = budget_pop_block(budget, free_list, cls);
+    if (block == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        if (args[3] == Py_None) {
+            Py_RETURN_NONE;
+        }
+        block = args[3];
+        Py_INCREF(block);
+    }
+    lease = PyObject_New(PoolLeaseObject, &PoolLease_Type);
+    if (lease == NULL) {
+        Py_DECREF(block);
+        return NULL;
+    }
+    lease->free_list = NULL;
+    lease->budget = NULL;
+    if (PyObject_GetBuffer(block, &lease->block, PyBUF_WRITABLE) < 0) {
+        lease->block.obj = NULL;
+        Py_DECREF(block);
+        PyObject_Free(lease);
+        return NULL;
+    }
+    Py_DECREF(block); /* lease->block.obj holds it now */
+    if (lease->block.len != cls) {
+        Py_ssize_t len = lease->block.len;
+        PyBuffer_Release(&lease->block);
+        PyObject_Free(lease);
+        PyErr_Format(PyExc_ValueError, "take_lease: a block of %zd bytes in size class %zd", len, cls);
+        return NULL;
+    }
+    Py_INCREF(free_list);
+    lease->free_list = free_list;
+    Py_INCREF(budget);
+    lease->budget = budget;
+    lease->cls = cls;
+    return (PyObject *)lease;
+}
+
+static PyTypeObject PoolLease_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cai_mpi._src._bufexport.PoolLease",
+    .tp_basicsize = sizeof(PoolLeaseObject),
+    .tp_dealloc = (destructor)lease_dealloc,
+    .tp_as_buffer = &lease_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A pooled block's memory (buffer protocol); the block goes back to its pool when this dies.",
+};
+
+static PyMethodDef module_methods[] = {
+    {"take_lease", (PyCFunction)(void (*)(void))take_lease, METH_FASTCALL,
+     "take_lease(free_list, budget, cls, new_block) -> a PoolLease on an idle block, else on new_block, "
+     "else None."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef bufexport_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "cai_mpi._src._bufexport",
-    .m_doc = "Buffer-protocol export base type for cai_mpi.Array (Python < 3.12 support).",
+    .m_doc = "Buffer-protocol export base type for cai_mpi.Array (Python < 3.12 support), and the "
+             "leases of the host receive pool.",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC
@@ -335,7 +582,8 @@ PyInit__bufexport(void)
             return NULL;
         }
     }
-    if (PyType_Ready(&BufferExporter_Type) < 0) {
+    if (PyType_Ready(&BufferExporter_Type) < 0 || PyType_Ready(&PoolBudget_Type) < 0 ||
+        PyType_Ready(&PoolLease_Type) < 0) {
         return NULL;
     }
     m = PyModule_Create(&bufexport_module);
@@ -345,6 +593,12 @@ PyInit__bufexport(void)
     Py_INCREF(&BufferExporter_Type);
     if (PyModule_AddObject(m, "BufferExporter", (PyObject *)&BufferExporter_Type) < 0) {
         Py_DECREF(&BufferExporter_Type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&PoolBudget_Type);
+    if (PyModule_AddObject(m, "PoolBudget", (PyObject *)&PoolBudget_Type) < 0) {
+        Py_DECREF(&PoolBudget_Type);
         Py_DECREF(m);
         return NULL;
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,38 +33,38 @@ def host_view(desc: CAIDescriptor, *, readonly: bool | None = None) -> np.ndarra
 class HostBufferPool:
     """Recycles host receive buffers by size class, so steady-state receives do not page-fault.
 
-    Buffers are numpy uint8 arrays; a buffer returns to the pool when the
-    last reference to it (an Array, a numpy view) is dropped. Only sizes
-    from ``min_bytes`` to ``max_bytes`` are pooled; ``max_cached`` bounds the
-    bytes held idle, evicting the size classes returned to least recently.
+    A received array is a numpy view of a pooled block, held through a lease; when the
+    last view dies the lease puts the block back (``_bufexport.PoolLease``, in C, or the
+    pure-Python ``_PooledView``). Only sizes from ``min_bytes`` to ``max_bytes`` are pooled;
+    at most ``max_cached`` bytes are held idle: a block coming back beyond that is freed, and
+    a new size class makes room by evicting the idle blocks of the classes taken longest ago.
     """
 
-    def __init__(self, min_bytes: int = 1 << 16, max_bytes: int = 1 << 30, max_cached: int = 1 << 30) -> None:
+    def __init__(
+        self, min_bytes: int = 1 << 16, max_bytes: int = 1 << 30, max_cached: int = 1 << 30, *,
+        pure_python: bool = False,
+    ) -> None:
         self.min_bytes = min_bytes
         self.max_bytes = max_bytes
-        self.max_cached = max_cached
+        self._budget: Any = (_PyPoolBudget if pure_python else PoolBudget)(max_cached)
+        self._take_lease: Callable[..., Any] = _py_take_lease if pure_python else take_lease
+        # Size class -> its idle blocks. A list lives as long as the pool: leases hold it to return to.
         self._free: dict[int, list[np.ndarray[Any, Any]]] = {}
-        self._cached = 0
-        self._lock = threading.Lock()
+        self._recent: dict[int, None] = {}  # size classes, the one taken longest ago first
+        self._last_class = 0
+        self._lock = threading.Lock()  # eviction and clear(); a take or a return is one C call
+
+    @property
+    def max_cached(self) -> int:
+        return int(self._budget.max_cached)
+
+    @property
+    def cached_bytes(self) -> int:
+        return int(self._budget.cached)
 
     def take(self, nbytes: int) -> np.ndarray[Any, Any]:
-        """A writable uint8 array of at least ``nbytes`` (exactly ``nbytes`` long)."""
-        if nbytes < self.min_bytes or nbytes > self.max_bytes:
-            return np.empty(nbytes, np.uint8)
-        cls = 1 << (nbytes - 1).bit_length()
-        with self._lock:
-            bucket = self._free.get(cls)
-            block = bucket.pop() if bucket else None
-            if block is not None:
-                self._cached -= cls
-        if block is None:
-            block = np.empty(cls, np.uint8)
-        # Every receive without out= passes here: three views, and no Python call but the lease's __del__.
-        # The slice is what keeps the lease alive: numpy points a view's base past any view whose own
-        # base has the view's type, so lease.view(np.ndarray) would hold the block, not the lease.
-        lease = block.view(_PooledView)
-        lease._pool_ref = (block, self)
-        return lease[:nbytes].view(np.ndarray)
+        """A writable uint8 array of ``nbytes`` (in a block of the next power of two, when pooled)."""
+        return self.take_array(nbytes, (nbytes,), _UINT8)
 
     def take_array(
         self, nbytes: int, shape: tuple[int, ...], dtype: np.dtype[Any], fortran: bool = False
@@ -71,54 +72,108 @@ class HostBufferPool:
         """A writable array of ``shape`` and ``dtype`` (``nbytes`` in all), C or Fortran ordered, in pooled memory."""
         if nbytes < self.min_bytes or nbytes > self.max_bytes:
             return np.empty(shape, dtype, order="F" if fortran else "C")
-        flat = self.take(nbytes)
-        if dtype is not _UINT8:
-            flat = flat.view(dtype)
+        cls = 1 << (nbytes - 1).bit_length()
+        free = self._free.get(cls)
+        if free is None:
+            free = self._free.setdefault(cls, [])
+        if cls != self._last_class:
+            self._last_class = cls
+            self._recent.pop(cls, None)
+            self._recent[cls] = None
+        lease = self._take_lease(free, self._budget, cls, None)
+        if lease is None:
+            self._make_room(cls)
+            lease = self._take_lease(free, self._budget, cls, np.empty(cls, np.uint8))
+        # The array's base is a memoryview of the lease: every view of it keeps the block lent.
+        flat: np.ndarray[Any, Any] = np.frombuffer(lease, dtype, nbytes // dtype.itemsize)
         if len(shape) == 1:
             return flat
         return flat.reshape(shape, order="F") if fortran else flat.reshape(shape)
 
-    def _give_back(self, block: np.ndarray[Any, Any]) -> None:
-        cls = block.nbytes
-        if cls > self.max_cached:
-            return
+    def _make_room(self, cls: int) -> None:
+        """Before allocating a block of size class ``cls``: evict idle blocks of the classes taken longest
+        ago until it fits the budget, so a run that moves on to new sizes keeps pooling."""
+        budget = self._budget
+        if cls > budget.max_cached:
+            return  # never kept anyway
         with self._lock:
-            # The newest size class goes last (dicts keep insertion order); when the cache is full the
-            # size classes used longest ago make room, so a run that moves on to new sizes keeps pooling.
-            bucket = self._free.pop(cls, None) or []
-            bucket.append(block)
-            self._free[cls] = bucket
-            self._cached += cls
-            while self._cached > self.max_cached:
-                oldest = next(iter(self._free))
-                victims = self._free[oldest]
-                if victims:
-                    victims.pop()
-                    self._cached -= oldest
-                if not victims:
-                    del self._free[oldest]
+            for other in list(self._recent):
+                if other == cls:
+                    continue
+                free = self._free[other]
+                while budget.cached + cls > budget.max_cached and budget.evict(free, other):
+                    pass
+                if budget.cached + cls <= budget.max_cached:
+                    return
 
     def clear(self) -> None:
+        """Free every idle block."""
         with self._lock:
-            self._free.clear()
-            self._cached = 0
+            for cls, free in self._free.items():
+                while self._budget.evict(free, cls):
+                    pass
 
-    @property
-    def cached_bytes(self) -> int:
-        return self._cached
+
+class _PyPoolBudget:
+    """Pure-Python ``_bufexport.PoolBudget``: the idle bytes a pool holds and may hold."""
+
+    __slots__ = ("cached", "max_cached")
+
+    def __init__(self, max_cached: int) -> None:
+        self.cached = 0
+        self.max_cached = max_cached
+
+    def evict(self, free_list: list[np.ndarray[Any, Any]], cls: int) -> bool:
+        with _fallback_lock:
+            if not free_list:
+                return False
+            free_list.pop()
+            self.cached -= cls
+            return True
+
+
+_fallback_lock = threading.Lock()
+
+
+def _py_take_lease(
+    free_list: list[np.ndarray[Any, Any]], budget: _PyPoolBudget, cls: int, new_block: np.ndarray[Any, Any] | None
+) -> memoryview | None:
+    """Pure-Python ``_bufexport.take_lease``: a lease on an idle block, else on ``new_block``, else None."""
+    with _fallback_lock:
+        if free_list:
+            block = free_list.pop()
+            budget.cached -= cls
+        elif new_block is None:
+            return None
+        else:
+            block = new_block
+    lease = block.view(_PooledView)
+    lease._pool_ref = (block, free_list, budget)
+    # A memoryview holds the lease itself: numpy.frombuffer(lease) would point at the block instead.
+    return memoryview(lease)  # type: ignore[arg-type]
 
 
 class _PooledView(np.ndarray):  # type: ignore[type-arg]
-    """The view handed out by the pool: when it (and every view of it) dies, the block goes back."""
+    """The pure-Python lease: when it (and every view of it) dies, the block goes back."""
 
-    # Set on the one view ``take`` makes; views numpy derives from it get the class default (no
-    # __array_finalize__: a Python call per view that the receive path would pay).
-    _pool_ref: tuple[np.ndarray[Any, Any], HostBufferPool] | None = None
+    # Set on the one view ``_py_take_lease`` makes; views numpy derives from it get the class default.
+    _pool_ref: tuple[np.ndarray[Any, Any], list[np.ndarray[Any, Any]], _PyPoolBudget] | None = None
 
     def __del__(self) -> None:
         ref = self._pool_ref
-        if ref is not None:
-            ref[1]._give_back(ref[0])
+        if ref is None:
+            return
+        block, free_list, budget = ref
+        with _fallback_lock:
+            if budget.cached + block.nbytes <= budget.max_cached:
+                free_list.append(block)
+                budget.cached += block.nbytes
+
+
+try:  # the C lease: returning a block costs no Python call
+    from ._bufexport import PoolBudget, take_lease
+except ImportError:  # pragma: no cover - built wherever a C compiler was present at install time
+    PoolBudget, take_lease = _PyPoolBudget, _py_take_lease  # type: ignore[assignment,misc]
 
 
 _pool = HostBufferPool()
