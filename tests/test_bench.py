@@ -322,3 +322,27 @@ def test_raw_header_mode_runs_every_test_and_needs_host_memory(tmp_path: Path) -
                   "--modes", "raw,raw-header", "--json", str(out))
     assert "CUDA-aware" in _load(out)["skipped"]["raw-header"]
     assert "# skipped mode raw-header:" in proc.stdout
+
+
+def test_plot_draws_every_mode_in_a_color_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib", reason="--plot needs the plot extra (installed by scripts/test.sh)")
+    from matplotlib.figure import Figure
+
+    from cai_mpi._src.bench.modes import MODES
+    from cai_mpi._src.bench.report import plot
+
+    out, png = tmp_path / "lat.json", tmp_path / "lat.png"
+    host_modes = [m for m in MODES if m != "raw-staged"]  # every mode that runs on host buffers
+    _bench(2, "latency", "--sizes", "8,4K", "--iters", "3", "--samples", "2", "--modes", ",".join(host_modes),
+           "--json", str(out), "--quiet")
+    _bench(1, "report", str(out), "--quiet", "--plot", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    drawn: list[Figure] = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: drawn.append(self))
+    plot([_load(out)], str(tmp_path / "unused.png"))
+    (fig,) = drawn
+    for ax in fig.axes:
+        colors = {line.get_label(): line.get_color() for line in ax.get_lines()}
+        assert sorted(colors) == sorted(host_modes)
+        assert len(set(colors.values())) == len(colors), colors

@@ -655,6 +655,33 @@ def test_pool_evicts_least_recent_size_class(pure_python: bool) -> None:
     assert pool.cached_bytes <= pool.max_cached
 
 
+def test_pool_budget_stays_exact_under_threads(pure_python: bool) -> None:
+    """Takes and returns from several threads: the idle bytes counted are the idle bytes held."""
+    pool = HostBufferPool(min_bytes=1024, max_bytes=1 << 16, max_cached=5 * 8192, pure_python=pure_python)
+    sizes = [1500, 3000, 5000, 9000, 20000, 40000]
+
+    def churn(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        held: list[np.ndarray[Any, Any]] = []
+        for _ in range(3000):
+            if held and rng.random() < 0.5:
+                held.pop(int(rng.integers(len(held))))
+            else:
+                a = pool.take(int(rng.choice(sizes)))
+                a[:8] = seed  # the memory is writable and ours
+                held.append(a)
+
+    threads = [threading.Thread(target=churn, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    gc.collect()
+    idle = sum(cls * len(free) for cls, free in pool._free.items())
+    assert pool.cached_bytes == idle
+    assert 0 < idle <= pool.max_cached
+
+
 # =============================================================================================
 # strided_type through MPI.COMM_SELF
 

@@ -329,6 +329,9 @@ def render_targets(verdicts: Sequence[Verdict]) -> str:
 # plot
 
 
+_EXTRA_COLORS = ("black", "gold", "teal", "navy", "magenta", "lime", "maroon", "slategray")
+
+
 def plot(docs: Sequence[Doc], path: str) -> None:
     """Latency (or time per message) and bandwidth against size, every mode of every doc, p10-p90 shaded."""
     try:
@@ -342,8 +345,9 @@ def plot(docs: Sequence[Doc], path: str) -> None:
     bw_docs = _docs(docs, ["bw", "bibw"]) or list(docs)
     from .modes import MODES
 
+    # One color per mode, the same in every plot (more modes than the default cycle's ten colors).
     mode_names = list(MODES)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = [*plt.rcParams["axes.prop_cycle"].by_key()["color"], *_EXTRA_COLORS]
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(13, 5.2))
     multi = len({d["benchmark"]["test"] for d in docs}) > 1 or len(docs) > 1
     for ax, group, is_bw in ((ax_t, lat_docs, False), (ax_b, bw_docs, True)):
