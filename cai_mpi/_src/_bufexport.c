@@ -319,12 +319,16 @@ static PyTypeObject BufferExporter_Type = {
 
 
 /* ------------------------------------------------------------------------------------------
- * PoolBudget: the idle bytes a pool holds (cached) and may hold (max_cached).
+ * PoolBudget: the idle bytes a pool holds (cached) and may hold (max_cached), and on_full: called
+ * as on_full(cls) when a block of size class cls comes back to a full budget, to make room (the
+ * pool evicts idle blocks of the size classes taken longest ago). It must not hold a reference
+ * to the pool (the budget takes no part in cyclic GC): the pool passes a weakref-based closure.
  */
 typedef struct {
     PyObject_HEAD
     Py_ssize_t cached;
     Py_ssize_t max_cached;
+    PyObject *on_full;
 } PoolBudgetObject;
 
 static PyTypeObject PoolBudget_Type;
@@ -343,8 +347,16 @@ budget_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (self != NULL) {
         self->cached = 0;
         self->max_cached = max_cached;
+        self->on_full = NULL;
     }
     return (PyObject *)self;
+}
+
+static void
+budget_dealloc(PoolBudgetObject *self)
+{
+    Py_CLEAR(self->on_full);
+    Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 /* Pop one idle block of size class ``cls`` off ``free_list`` and stop counting it; NULL if none. */
@@ -399,9 +411,11 @@ static PyMethodDef budget_methods[] = {
 };
 
 static PyMemberDef budget_members[] = {
-    {"cached", T_PYSSIZET, offsetof(PoolBudgetObject, cached), 0, "idle bytes held in free lists"},
+    {"cached", T_PYSSIZET, offsetof(PoolBudgetObject, cached), READONLY, "idle bytes held in free lists"},
     {"max_cached", T_PYSSIZET, offsetof(PoolBudgetObject, max_cached), 0,
      "cap on idle bytes: a block returned beyond it is freed"},
+    {"on_full", T_OBJECT, offsetof(PoolBudgetObject, on_full), 0,
+     "on_full(cls), called to make room when a block of size class cls returns to a full budget"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -409,6 +423,7 @@ static PyTypeObject PoolBudget_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "cai_mpi._src._bufexport.PoolBudget",
     .tp_basicsize = sizeof(PoolBudgetObject),
+    .tp_dealloc = (destructor)budget_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "PoolBudget(max_cached): the idle bytes of a host buffer pool and their cap.",
     .tp_methods = budget_methods,
@@ -449,17 +464,32 @@ lease_dealloc(PoolLeaseObject *self)
     if (block != NULL) {
         Py_INCREF(block);
         PyBuffer_Release(&self->block);
-        if (budget->cached + self->cls <= budget->max_cached) {
+        if (budget != NULL && self->cls <= budget->max_cached) {
+            /* Deallocation may run while an exception is being raised: keep it. Failures here
+               only mean the block is freed instead of pooled, so they are cleared, not reported
+               (reporting would pass self, whose reference count is already zero). */
 #if PY_VERSION_HEX >= 0x030C0000
             PyObject *exc = PyErr_GetRaisedException();
 #else
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
 #endif
-            if (PyList_Append(self->free_list, block) == 0) {
-                budget->cached += self->cls;
-            } else {
-                PyErr_WriteUnraisable((PyObject *)self);
+            if (budget->cached + self->cls > budget->max_cached && budget->on_full != NULL &&
+                budget->on_full != Py_None) {
+                PyObject *cls = PyLong_FromSsize_t(self->cls);
+                PyObject *res = cls != NULL ? PyObject_CallOneArg(budget->on_full, cls) : NULL;
+                Py_XDECREF(cls);
+                if (res == NULL) {
+                    PyErr_Clear();
+                }
+                Py_XDECREF(res);
+            }
+            if (budget->cached + self->cls <= budget->max_cached) {
+                if (PyList_Append(self->free_list, block) == 0) {
+                    budget->cached += self->cls;
+                } else {
+                    PyErr_Clear();
+                }
             }
 #if PY_VERSION_HEX >= 0x030C0000
             PyErr_SetRaisedException(exc);
@@ -515,20 +545,21 @@ take_lease(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(block);
         return NULL;
     }
+    /* Until the lease is complete its dealloc returns nothing to the pool (budget NULL). */
+    lease->block.obj = NULL;
     lease->free_list = NULL;
     lease->budget = NULL;
     if (PyObject_GetBuffer(block, &lease->block, PyBUF_WRITABLE) < 0) {
         lease->block.obj = NULL;
         Py_DECREF(block);
-        PyObject_Free(lease);
+        Py_DECREF(lease);
         return NULL;
     }
     Py_DECREF(block); /* lease->block.obj holds it now */
     if (lease->block.len != cls) {
-        Py_ssize_t len = lease->block.len;
-        PyBuffer_Release(&lease->block);
-        PyObject_Free(lease);
-        PyErr_Format(PyExc_ValueError, "take_lease: a block of %zd bytes in size class %zd", len, cls);
+        PyErr_Format(PyExc_ValueError, "take_lease: a block of %zd bytes in size class %zd", lease->block.len,
+                     cls);
+        Py_DECREF(lease);
         return NULL;
     }
     Py_INCREF(free_list);

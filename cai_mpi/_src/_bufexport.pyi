@@ -1,11 +1,14 @@
 # Stub for the optional C extension built from _bufexport.c (see bufexport.py and hostmem.py).
+from collections.abc import Callable
 from typing import Any
 
 class BufferExporter: ...
 
 class PoolBudget:
-    cached: int
+    @property
+    def cached(self) -> int: ...
     max_cached: int
+    on_full: Callable[[int], None] | None
     def __init__(self, max_cached: int) -> None: ...
     def evict(self, free_list: list[Any], cls: int, /) -> bool: ...
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,8 +37,9 @@ class HostBufferPool:
     A received array is a numpy view of a pooled block, held through a lease; when the
     last view dies the lease puts the block back (``_bufexport.PoolLease``, in C, or the
     pure-Python ``_PooledView``). Only sizes from ``min_bytes`` to ``max_bytes`` are pooled;
-    at most ``max_cached`` bytes are held idle: a block coming back beyond that is freed, and
-    a new size class makes room by evicting the idle blocks of the classes taken longest ago.
+    at most ``max_cached`` bytes are held idle: a block coming back to a full pool makes room
+    by evicting idle blocks of the size classes taken longest ago (a run that moves on to new
+    sizes keeps pooling them), and is freed only if that is not enough.
     """
 
     def __init__(
@@ -52,7 +54,16 @@ class HostBufferPool:
         self._free: dict[int, list[np.ndarray[Any, Any]]] = {}
         self._recent: dict[int, None] = {}  # size classes, the one taken longest ago first
         self._last_class = 0
-        self._lock = threading.Lock()  # eviction and clear(); a take or a return is one C call
+        # Eviction and clear(). Reentrant: a lease can die (and call _make_room) inside either.
+        self._lock = threading.RLock()
+        pool = weakref.ref(self)  # the budget must not keep the pool alive (it is not GC-tracked)
+
+        def on_full(cls: int) -> None:
+            p = pool()
+            if p is not None:
+                p._make_room(cls)
+
+        self._budget.on_full = on_full
 
     @property
     def max_cached(self) -> int:
@@ -82,20 +93,18 @@ class HostBufferPool:
             self._recent[cls] = None
         lease = self._take_lease(free, self._budget, cls, None)
         if lease is None:
-            self._make_room(cls)
             lease = self._take_lease(free, self._budget, cls, np.empty(cls, np.uint8))
-        # The array's base is a memoryview of the lease: every view of it keeps the block lent.
+        # The array's base is the lease (a memoryview of it for the pure-Python one): numpy does not
+        # look past it, so every view of the array keeps the block lent.
         flat: np.ndarray[Any, Any] = np.frombuffer(lease, dtype, nbytes // dtype.itemsize)
         if len(shape) == 1:
             return flat
         return flat.reshape(shape, order="F") if fortran else flat.reshape(shape)
 
     def _make_room(self, cls: int) -> None:
-        """Before allocating a block of size class ``cls``: evict idle blocks of the classes taken longest
-        ago until it fits the budget, so a run that moves on to new sizes keeps pooling."""
+        """A block of size class ``cls`` is coming back to a full budget: evict idle blocks of the other
+        classes, those taken longest ago first, until it fits."""
         budget = self._budget
-        if cls > budget.max_cached:
-            return  # never kept anyway
         with self._lock:
             for other in list(self._recent):
                 if other == cls:
@@ -109,7 +118,7 @@ class HostBufferPool:
     def clear(self) -> None:
         """Free every idle block."""
         with self._lock:
-            for cls, free in self._free.items():
+            for cls, free in list(self._free.items()):  # takes may add size classes meanwhile
                 while self._budget.evict(free, cls):
                     pass
 
@@ -117,11 +126,12 @@ class HostBufferPool:
 class _PyPoolBudget:
     """Pure-Python ``_bufexport.PoolBudget``: the idle bytes a pool holds and may hold."""
 
-    __slots__ = ("cached", "max_cached")
+    __slots__ = ("cached", "max_cached", "on_full")
 
     def __init__(self, max_cached: int) -> None:
         self.cached = 0
         self.max_cached = max_cached
+        self.on_full: Callable[[int], None] | None = None
 
     def evict(self, free_list: list[np.ndarray[Any, Any]], cls: int) -> bool:
         with _fallback_lock:
@@ -132,7 +142,8 @@ class _PyPoolBudget:
             return True
 
 
-_fallback_lock = threading.Lock()
+# Reentrant: the garbage collector may run a lease's __del__ inside any of these critical sections.
+_fallback_lock = threading.RLock()
 
 
 def _py_take_lease(
@@ -150,6 +161,8 @@ def _py_take_lease(
     lease = block.view(_PooledView)
     lease._pool_ref = (block, free_list, budget)
     # A memoryview holds the lease itself: numpy.frombuffer(lease) would point at the block instead.
+    # (Unlike the C lease, that base has a release(): calling it on a received array's base would
+    # return the block early. Only deliberate misuse can.)
     return memoryview(lease)  # type: ignore[arg-type]
 
 
@@ -164,6 +177,9 @@ class _PooledView(np.ndarray):  # type: ignore[type-arg]
         if ref is None:
             return
         block, free_list, budget = ref
+        cls = block.nbytes
+        if budget.cached + cls > budget.max_cached and cls <= budget.max_cached and budget.on_full is not None:
+            budget.on_full(cls)  # outside _fallback_lock: it takes the pool's lock, which evict() nests in
         with _fallback_lock:
             if budget.cached + block.nbytes <= budget.max_cached:
                 free_list.append(block)
