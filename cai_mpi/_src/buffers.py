@@ -154,9 +154,11 @@ class Target:
 
 def _host_target(arr: np.ndarray[Any, Any], owner: Any, stream_desc: CAIDescriptor | None = None,
                  location: Location = HOST) -> Target:
-    overlap = may_self_overlap(arr.shape, arr.strides, arr.itemsize)
+    flags = arr.flags
+    # No two elements of a contiguous array share memory: only other layouts need the stride test.
+    overlap = not (flags.c_contiguous or flags.f_contiguous) and may_self_overlap(arr.shape, arr.strides, arr.itemsize)
     return Target(
-        shape=arr.shape, dtype=arr.dtype, readonly=not arr.flags.writeable, self_overlapping=overlap,
+        shape=arr.shape, dtype=arr.dtype, readonly=not flags.writeable, self_overlapping=overlap,
         host=arr, desc=None, ordinal=None, owner=owner, stream_desc=stream_desc, location=location,
     )
 

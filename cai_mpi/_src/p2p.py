@@ -330,11 +330,14 @@ def _recv_into_host(
         return
     if dst.flags.c_contiguous:
         chunk = h.chunk_bytes or nbytes
-        base = dst.ctypes.data
-        reqs = [
-            pcomm.Irecv([MPI.buffer.fromaddress(base + off, n), n, MPI.BYTE], source, h.payload_tag)
-            for off, n in _payload_chunks(nbytes, chunk)
-        ]
+        if chunk >= nbytes:
+            reqs = [pcomm.Irecv([dst, nbytes, MPI.BYTE], source, h.payload_tag)]
+        else:
+            whole = MPI.buffer(dst)
+            reqs = [
+                pcomm.Irecv([whole[off : off + n], n, MPI.BYTE], source, h.payload_tag)
+                for off, n in _payload_chunks(nbytes, chunk)
+            ]
         yield MPIWait(reqs, final=True)  # what follows is local work (build the Array, copy out a temporary)
     elif h.nchunks == 1 and describable(dst.shape, dst.strides):
         dtype_mpi, low = strided_type(dst.shape, dst.strides, dst.itemsize)
@@ -400,7 +403,13 @@ def _recv_gen(
     if header_wait is not None:
         yield header_wait
     source, tag = status.Get_source(), status.Get_tag()
-    h = decode_header(hbuf, status.Get_count(MPI.BYTE), max_payload_bytes=cfg.max_payload_bytes)
+    nbytes = status.Get_count(MPI.BYTE)
+    # The commonest header (one payload message, no meta) from the cache of fully decoded ones.
+    plain = decode_plain(hbuf, nbytes, cfg.max_payload_bytes)
+    if plain is not None:
+        h = Header(plain[1], plain[0], plain[2], plain[3], 0, plain[4], None, None)
+    else:
+        h = decode_header(hbuf, nbytes, max_payload_bytes=cfg.max_payload_bytes)
     if h.channel:
         yield from _discard(chans.payload, h, source)
         raise ProtocolError(
