@@ -11,7 +11,7 @@ from __future__ import annotations
 import atexit
 import weakref
 from collections.abc import Generator
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -35,13 +35,12 @@ from .p2p import (
 from .p2p import _header_buffers as _free_header_buffers
 from .runtime import get_runtime
 from .runtime.base import MemoryKind
-from .waitables import MPIWait, Request, RequestWait, Waitable, _active, complete
+from .waitables import MPIWait, PostedRequest, Request, RequestWait, Waitable, _active, complete
 from .wire import decode_header, encode_header, encode_meta
 
 __all__ = ["RecvChannel", "SendChannel", "recv_channel", "send_channel"]
 
 _BYTE = MPI.BYTE
-T = TypeVar("T")
 
 
 def _free(req: MPI.Request) -> None:
@@ -59,12 +58,6 @@ def _free_open_channels() -> None:
     # Registered after mpi4py's own exit hook (mpi4py is imported first), so this runs before MPI_Finalize.
     for ch in list(_open_channels):
         ch._release()
-
-
-def _started(req: MPI.Request, result: T) -> Generator[Waitable, None, T]:
-    """The rest of a message whose persistent request is started: its completion, then ``result``."""
-    yield MPIWait([req], final=True)
-    return result
 
 
 class _Channel:
@@ -233,7 +226,7 @@ class SendChannel(_Channel):
         if self._opened and not self._sync_each and self._stage is None and (previous is None or previous.done):
             # Nothing to stage or queue behind: start the persistent send now, nothing to drive later.
             self._req.Start()
-            req: Request[None] = Request(_started(self._req, None), keep=(self, self._obj))
+            req: Request[None] = PostedRequest([self._req], None, keep=(self, self._obj))
         else:
             req = Request(self._steps(previous), keep=(self, self._obj, previous))
         self._inflight = req
@@ -385,7 +378,7 @@ class RecvChannel(_Channel):
             previous is None or previous.done
         ):
             self._req.Start()  # opened, nothing to queue behind: post the persistent receive now
-            req = Request(_started(self._req, array), keep=(self,))
+            req: Request[Array] = PostedRequest([self._req], array, keep=(self,))
         else:
             req = Request(self._steps(previous), keep=(self, previous))
         self._inflight = req

@@ -20,7 +20,7 @@ from .hostmem import host_pool
 from .runtime import get_runtime
 from .runtime.base import DeviceBuffer, MemoryKind, Runtime
 from .staging import internal_stream, staged_recv, staged_send
-from .waitables import EventWait, MPIWait, Request, Waitable, _active, complete
+from .waitables import EventWait, MPIWait, PostedRequest, Request, Waitable, _active, complete
 from .wire import (
     FLAG_INLINE,
     FLAGS_OFFSET,
@@ -191,8 +191,18 @@ def _send_gen(
     del packed_buf
 
 
-def _await(reqs: list[MPI.Request]) -> Generator[Waitable, None, None]:
-    yield MPIWait(reqs, final=True)
+def _inline_message(obj: np.ndarray[Any, Any]) -> bytes:
+    """Header and payload of a small host array as one message, in C order unless the array is F-ordered."""
+    global _last_inline
+    if obj.ndim > 1 and obj.flags.f_contiguous and not obj.flags.c_contiguous:
+        # Contiguous arrays keep their order, small ones too (the prefix cache is for C order).
+        return encode_header(obj.dtype, obj.shape, fortran=True, payload_tag=0, inline=obj.tobytes(order="F"))
+    dtype, shape, prefix = _last_inline
+    if dtype is not obj.dtype or shape != obj.shape:
+        dtype, shape = obj.dtype, obj.shape
+        prefix = inline_prefix(dtype, shape)
+        _last_inline = (dtype, shape, prefix)
+    return prefix + obj.tobytes()
 
 
 def isend_array(
@@ -217,9 +227,13 @@ def isend_array(
     if type(obj) is Array and obj._host is not None:
         obj = obj._host
     if meta is None and type(obj) is np.ndarray and dest != PROC_NULL:
-        flags, cfg = obj.flags, config()
-        if (flags.c_contiguous or flags.f_contiguous) and cfg.inline_bytes < obj.nbytes <= cfg.max_message_bytes:
-            # Contiguous host data in one message: post header and payload now, nothing to drive later.
+        # Host data that MPI takes as it is: post everything now, nothing to drive later.
+        nbytes, cfg = obj.nbytes, config()
+        if 0 < nbytes <= cfg.inline_bytes:
+            msg = _inline_message(obj)
+            return PostedRequest([chans.header.Isend([msg, _BYTE], dest, tag)], None, keep=msg)
+        flags = obj.flags
+        if nbytes and nbytes <= cfg.max_message_bytes and (flags.c_contiguous or flags.f_contiguous):
             fortran = not flags.c_contiguous
             ptag = chans.next_payload_tag()
             header = plain_header(obj.dtype, obj.shape, fortran, ptag)
@@ -227,7 +241,7 @@ def isend_array(
                 chans.header.Isend([header, _BYTE], dest, tag),
                 chans.payload.Isend([obj.T if fortran else obj, _BYTE], dest, ptag),
             ]
-            return Request(_await(reqs), keep=(obj, header))
+            return PostedRequest(reqs, None, keep=(obj, header))
     meta_bytes = encode_meta(meta)
     rt = get_runtime()
     out = resolve_outgoing(obj, sync, rt)
@@ -257,7 +271,6 @@ def send_array(
     Example:
         >>> send_array(cupy.arange(10), dest=1, meta={"step": 3})  # doctest: +SKIP
     """
-    global _last_inline
     if type(obj) is Array and obj._host is not None:
         obj = obj._host  # forwarding a received host Array: send its data like any host array
     if comm is None and meta is None and type(obj) is np.ndarray and not _active:
@@ -267,13 +280,7 @@ def send_array(
         nbytes, cfg = obj.nbytes, config()
         if type(dest) is int and type(tag) is int and 0 <= dest < chans.size and 0 <= tag <= chans.tag_ub:
             if 0 < nbytes <= cfg.inline_bytes:
-                # One message: header and payload (tobytes() is C order whatever the layout).
-                dtype, shape, prefix = _last_inline
-                if dtype is not obj.dtype or shape != obj.shape:
-                    dtype, shape = obj.dtype, obj.shape
-                    prefix = inline_prefix(dtype, shape)
-                    _last_inline = (dtype, shape, prefix)
-                chans.header.Send([prefix + obj.tobytes(), _BYTE], dest, tag)
+                chans.header.Send([_inline_message(obj), _BYTE], dest, tag)  # header and payload: one message
                 return
             flags = obj.flags
             if nbytes and nbytes <= cfg.max_message_bytes and (flags.c_contiguous or flags.f_contiguous):

@@ -85,6 +85,29 @@ def test_layouts(layout: str, use_out: bool) -> None:
             assert np.asarray(got).flags.c_contiguous
 
 
+@pytest.mark.parametrize("shape", [(3, 4), (12, 10, 6), (200, 300)], ids=["inline", "inline-8KiB", "two-messages"])
+@pytest.mark.parametrize("how", ["blocking", "nonblocking"])
+def test_fortran_order_arrives_fortran_ordered_at_any_size(shape: tuple[int, ...], how: str) -> None:
+    """The guide's promise for contiguous arrays, on every send path (small ones travel inline)."""
+    partner = rank ^ 1
+    if partner >= size:
+        return  # the odd rank out of an odd-sized world has no partner
+    x = np.asfortranarray(make("<f8", shape, rank))
+    expected = np.asfortranarray(make("<f8", shape, partner))
+    if how == "nonblocking":
+        req = cai_mpi.isend_array(x, partner, tag=3)
+        got = cai_mpi.recv_array(partner, 3)
+        req.wait()
+    elif rank % 2 == 0:
+        cai_mpi.send_array(x, partner, tag=3)
+        got = cai_mpi.recv_array(partner, 3)
+    else:
+        got = cai_mpi.recv_array(partner, 3)
+        cai_mpi.send_array(x, partner, tag=3)
+    assert_same(got, expected)
+    assert np.asarray(got).flags.f_contiguous and not np.asarray(got).flags.c_contiguous
+
+
 def test_out_with_other_layout_than_sender() -> None:
     expected = make("<i4", (20, 30), prv)
     out = np.zeros((60, 60), "<i4")[::3, ::-2]  # strided receive buffer
