@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -50,10 +51,11 @@ class HostBufferPool:
         self.max_bytes = max_bytes
         self._budget: Any = (_PyPoolBudget if pure_python else PoolBudget)(max_cached)
         self._take_lease: Callable[..., Any] = _py_take_lease if pure_python else take_lease
-        # Size class -> its idle blocks. A list lives as long as the pool: leases hold it to return to.
-        self._free: dict[int, list[np.ndarray[Any, Any]]] = {}
-        self._recent: dict[int, None] = {}  # size classes, the one taken longest ago first
-        self._last_class = 0
+        # Size class -> its idle blocks, the class taken longest ago first. A list lives as long as the
+        # pool (leases hold it to return to); only its place moves, by move_to_end: one call, so a
+        # class is never missing for another thread.
+        self._free: OrderedDict[int, list[np.ndarray[Any, Any]]] = OrderedDict()
+        self._last_class = 0  # the class taken last: a run of one size never reorders
         # Eviction and clear(). Reentrant: a lease can die (and call _make_room) inside either.
         self._lock = threading.RLock()
         pool = weakref.ref(self)  # the budget must not keep the pool alive (it is not GC-tracked)
@@ -89,8 +91,7 @@ class HostBufferPool:
             free = self._free.setdefault(cls, [])
         if cls != self._last_class:
             self._last_class = cls
-            self._recent.pop(cls, None)
-            self._recent[cls] = None
+            self._free.move_to_end(cls)
         lease = self._take_lease(free, self._budget, cls, None)
         if lease is None:
             lease = self._take_lease(free, self._budget, cls, np.empty(cls, np.uint8))
@@ -106,10 +107,9 @@ class HostBufferPool:
         classes, those taken longest ago first, until it fits."""
         budget = self._budget
         with self._lock:
-            for other in list(self._recent):
+            for other, free in list(self._free.items()):
                 if other == cls:
                     continue
-                free = self._free[other]
                 while budget.cached + cls > budget.max_cached and budget.evict(free, other):
                     pass
                 if budget.cached + cls <= budget.max_cached:
@@ -181,9 +181,9 @@ class _PooledView(np.ndarray):  # type: ignore[type-arg]
         if budget.cached + cls > budget.max_cached and cls <= budget.max_cached and budget.on_full is not None:
             budget.on_full(cls)  # outside _fallback_lock: it takes the pool's lock, which evict() nests in
         with _fallback_lock:
-            if budget.cached + block.nbytes <= budget.max_cached:
+            if budget.cached + cls <= budget.max_cached:
                 free_list.append(block)
-                budget.cached += block.nbytes
+                budget.cached += cls
 
 
 try:  # the C lease: returning a block costs no Python call

@@ -27,7 +27,7 @@ from .wire import (
     HEADER_BUFFER_BYTES,
     PREFIX_BYTES,
     Header,
-    decode_header,
+    decode_cached,
     decode_inline,
     decode_plain,
     encode_header,
@@ -410,13 +410,7 @@ def _recv_gen(
     if header_wait is not None:
         yield header_wait
     source, tag = status.Get_source(), status.Get_tag()
-    nbytes = status.Get_count(MPI.BYTE)
-    # The commonest header (one payload message, no meta) from the cache of fully decoded ones.
-    plain = decode_plain(hbuf, nbytes, cfg.max_payload_bytes)
-    if plain is not None:
-        h = Header(plain[1], plain[0], plain[2], plain[3], 0, plain[4], None, None)
-    else:
-        h = decode_header(hbuf, nbytes, max_payload_bytes=cfg.max_payload_bytes)
+    h = decode_cached(hbuf, status.Get_count(MPI.BYTE), max_payload_bytes=cfg.max_payload_bytes)
     if h.channel:
         yield from _discard(chans.payload, h, source)
         raise ProtocolError(

@@ -270,8 +270,7 @@ class PostedRequest(Request[T]):
         return self._result  # type: ignore[no-any-return]
 
     def _wait_quietly(self) -> None:
-        with self._lock:
-            self._complete()
+        self.wait()  # nothing is raised later: there are no steps of ours to fail
 
     def _poke(self) -> None:
         if self._lock.acquire(blocking=False):

@@ -28,6 +28,7 @@ __all__ = [
     "PAYLOAD_TAG_FIELD",
     "PREFIX_BYTES",
     "PROTOCOL_VERSION",
+    "decode_cached",
     "decode_header",
     "decode_inline",
     "decode_plain",
@@ -326,6 +327,15 @@ def decode_plain(
         _plain_headers[key] = hit
     ptag = _PTAG.unpack_from(buf, 24)[0]
     return (*hit, ptag) if ptag >= 0 and hit[3] <= max_payload_bytes else None
+
+
+def decode_cached(buf: Any, nbytes: int, *, max_payload_bytes: int) -> Header:
+    """``decode_header``, with the commonest header (one payload message, no meta) from ``decode_plain``'s cache."""
+    plain = decode_plain(buf, nbytes, max_payload_bytes)
+    if plain is None:
+        return decode_header(buf, nbytes, max_payload_bytes=max_payload_bytes)
+    shape, dtype, fortran, payload_nbytes, payload_tag = plain
+    return Header(dtype, shape, fortran, payload_nbytes, 0, payload_tag, None, None)
 
 
 def plain_template(buf: Any, nbytes: int) -> bytes:

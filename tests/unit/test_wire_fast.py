@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cai_mpi._src import wire
+from cai_mpi._src.errors import ProtocolError
 from cai_mpi._src.wire import (
     HEADER_BUFFER_BYTES,
     PAYLOAD_TAG_FIELD,
@@ -119,3 +120,22 @@ def test_plain_payload_tag_is_the_c_one_where_built() -> None:
     except ImportError:
         pytest.skip("_wirefast was not built")
     assert wire.plain_payload_tag is _wirefast.plain_payload_tag
+
+
+def test_decode_cached_gives_what_decode_header_gives() -> None:
+    dt = np.dtype("<f4")
+    messages = [
+        bytes(plain_header(dt, (4, 6), False, 9)),
+        bytes(plain_header(dt, (4, 6), True, 10)),  # Fortran order
+        encode_header(dt, (4, 6), fortran=False, payload_tag=3, meta_bytes=b'{"a":1}'),
+        encode_header(dt, (4, 6), fortran=False, payload_tag=3, chunk_bytes=32),
+        encode_header(dt, (2,), fortran=False, payload_tag=0, inline=bytes(8)),
+        encode_header(dt, (0,), fortran=False, payload_tag=0),
+    ]
+    for msg in messages:
+        for _ in range(2):  # the second time from the cache
+            expected = decode_header(buf(msg), len(msg), max_payload_bytes=1 << 40)
+            assert wire.decode_cached(buf(msg), len(msg), max_payload_bytes=1 << 40) == expected
+    plain = messages[0]
+    with pytest.raises(ProtocolError):  # a cached header still meets the payload limit
+        wire.decode_cached(buf(plain), len(plain), max_payload_bytes=4 * 6 * 4 - 1)
