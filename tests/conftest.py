@@ -1,4 +1,4 @@
-"""Shared pytest setup: the MPI identity in the header, and the runtime reset between tests."""
+"""Shared pytest setup: the MPI identity in the header, the runtime reset between tests, inner skips."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from mpi4py import MPI
 import cai_mpi  # noqa: F401  (initializes MPI and cai_mpi's private communicator)
 from cai_mpi._src.config import reload_config
 from cai_mpi._src.runtime import set_runtime
+
+_INNER_SKIPS = pytest.StashKey[list[str]]()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -28,3 +30,17 @@ def _fresh_runtime_and_config() -> Iterator[None]:
     yield
     set_runtime(previous)
     reload_config()
+
+
+@pytest.fixture
+def inner_skips(request: pytest.FixtureRequest) -> list[str]:
+    """Where a test that runs pytest under mpiexec records the inner skips, shown in the summary."""
+    return request.config.stash.setdefault(_INNER_SKIPS, [])
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    skips = config.stash.get(_INNER_SKIPS, [])
+    if skips:
+        terminalreporter.section(f"skipped inside mpiexec runs ({len(skips)})")
+        for line in skips:
+            terminalreporter.write_line(line)

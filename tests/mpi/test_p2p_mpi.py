@@ -206,7 +206,6 @@ def test_test_polls_to_completion() -> None:
 
 def test_del_after_isend_is_safe() -> None:
     x = make("<f8", (200_000,), rank)
-    expected_next = x.copy()
     req = cai_mpi.isend_array(x, nxt, tag=5)
     del x
     import gc
@@ -215,7 +214,6 @@ def test_del_after_isend_is_safe() -> None:
     got = cai_mpi.recv_array(prv, 5)
     req.wait()
     assert_same(got, make("<f8", (200_000,), prv))
-    assert expected_next.shape == (200_000,)
 
 
 @pytest.mark.parametrize("sync", [None, False])

@@ -24,14 +24,16 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slurm
-
 REPO = Path(__file__).resolve().parents[2]
 SLURM_DIR = REPO / "slurm"
 TEMPLATE = SLURM_DIR / "cai_mpi.sbatch"
 JOB_CHECK = SLURM_DIR / "job_check.py"
 NODES, GPUS_PER_NODE = ("n1", "n2"), 2  # the cluster; the template asks for 2 ranks per node
 JOBS_TIMEOUT = 200  # seconds for all jobs together; the whole Slurm part must stay under 5 minutes
+# The first test also pays for starting the cluster (conftest waits up to 125 s for its daemons) and for
+# submitting every job: its time limit must cover that, or a slow start-up reads as a hang of the test.
+STARTUP_ALLOWANCE = 180
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(STARTUP_ALLOWANCE + JOBS_TIMEOUT + 60)]
 
 # Running as root (CI) needs Open MPI's consent; a site never sets these.
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {}
