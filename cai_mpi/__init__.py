@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from ._src.array import Array
 from ._src.channel import RecvChannel, SendChannel, recv_channel, send_channel
-from ._src.comms import cuda_aware, init_world
 from ._src.config import ENV_VARS
 from ._src.descriptor import CAIDescriptor, describe
 from ._src.detect import CudaAwareness
@@ -20,13 +19,16 @@ from ._src.device import DeviceChoice, choose_device
 from ._src.errors import (
     CAIError,
     CaiMpiError,
+    CudaError,
     ProtocolError,
     RecvMismatchError,
     RuntimeUnavailableError,
     StreamError,
 )
-from ._src.p2p import ANY_SOURCE, ANY_TAG, irecv_array, isend_array, recv_array, send_array
-from ._src.waitables import Request
+from ._src.p2p import irecv_array, isend_array, recv_array, send_array
+from ._src.privcomm import cuda_aware, init_world
+from ._src.requests import Request
+from ._src.validation import ANY_SOURCE, ANY_TAG, PROC_NULL
 
 __version__ = "0.1.0"
 
@@ -34,11 +36,13 @@ __all__ = [
     "ANY_SOURCE",
     "ANY_TAG",
     "ENV_VARS",
+    "PROC_NULL",
     "Array",
     "CAIDescriptor",
     "CAIError",
     "CaiMpiError",
     "CudaAwareness",
+    "CudaError",
     "DeviceChoice",
     "ProtocolError",
     "RecvChannel",

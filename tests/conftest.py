@@ -13,6 +13,9 @@ from cai_mpi._src.runtime import set_runtime
 
 _INNER_SKIPS = pytest.StashKey[list[str]]()
 
+# tests/mpi runs under mpiexec (tests/test_under_mpiexec.py starts it); in a single process it would only skip.
+collect_ignore = ["mpi"] if MPI.COMM_WORLD.Get_size() == 1 else []
+
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     comm = MPI.COMM_WORLD

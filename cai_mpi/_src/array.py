@@ -9,23 +9,24 @@ import numpy as np
 from .descriptor import CAIDescriptor, descriptor_from_numpy
 from .runtime.base import DeviceBuffer
 
-try:
-    from .bufexport import BufferExporterBase
-except ImportError:  # pragma: no cover - the module ships with the package
-    BufferExporterBase = object  # type: ignore[misc,assignment]
-
 __all__ = ["Array"]
 
+_new = object.__new__
 
-class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
+_KDL_CPU = 1  # DLPack device types
+_KDL_CUDA = 2
+
+
+class Array:
     """What ``recv_array`` returns: the data, its descriptor, and where it came from.
 
     Device memory exports ``__cuda_array_interface__`` (v3, ``stream`` None:
     the data is complete when you get it), so ``cupy.asarray(a)``,
     ``torch.as_tensor(a, device="cuda")`` and ``numba.cuda.as_cuda_array(a)``
-    adopt it without a copy. Host memory exports ``__array_interface__`` and
-    the buffer protocol, so ``numpy.asarray(a)`` is a zero-copy view. Pass an
-    Array straight back to ``send_array`` to forward it.
+    adopt it without a copy. Host memory exports ``__array_interface__``,
+    DLPack (``__dlpack__``) and, on Python 3.12+, the buffer protocol, so
+    ``numpy.asarray(a)``, ``numpy.from_dlpack(a)`` and mpi4py see it without a
+    copy. Pass an Array straight back to ``send_array`` to forward it.
 
     Attributes:
         descriptor: the CAIDescriptor of the data (``ptr`` is its address).
@@ -35,16 +36,9 @@ class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
         device: ``"host"`` or the GPU ordinal holding the data.
     """
 
-    # The fields (_descriptor, _host, _owner, device, meta, source, tag) live in the base type, which
-    # also provides the one-call constructor _received_host(host, source, tag) used on every receive.
-    __slots__ = ()
-    _descriptor: CAIDescriptor | None
-    _host: np.ndarray[Any, Any] | None
-    _owner: Any
-    device: str | int
-    meta: dict[str, Any] | None
-    source: int
-    tag: int
+    # Host Arrays set only _host, source, tag and meta (one is built per received message); the other
+    # fields stay unset until asked for (see ``descriptor`` and ``device``).
+    __slots__ = ("__weakref__", "_descriptor", "_host", "_ordinal", "_owner", "meta", "source", "tag")
 
     def __init__(
         self,
@@ -57,8 +51,9 @@ class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
         tag: int = -1,
         meta: dict[str, Any] | None = None,
     ) -> None:
-        self._descriptor = descriptor  # host Arrays build it on first use: the receive path stays short
-        self.device = device
+        if descriptor is not None:
+            self._descriptor = descriptor
+        self._ordinal = device
         self.source = source
         self.tag = tag
         self.meta = meta
@@ -76,16 +71,21 @@ class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
         meta: dict[str, Any] | None = None,
     ) -> Array:
         """Wrap a host numpy array (no copy); ``owner`` keeps the memory alive if ``host`` does not."""
-        return cls(None, device="host", owner=host if owner is None else owner, host=host, source=source,
-                   tag=tag, meta=meta)
+        return cls._over_host(host, source, tag, meta, owner)
 
-    @property
-    def descriptor(self) -> CAIDescriptor:
-        d = self._descriptor
-        if d is None:
-            assert self._host is not None
-            d = self._descriptor = descriptor_from_numpy(self._host)
-        return d
+    @classmethod
+    def _over_host(
+        cls, host: np.ndarray[Any, Any], source: int, tag: int, meta: dict[str, Any] | None, owner: Any = None
+    ) -> Array:
+        """``from_host`` without keyword parsing: every host receive builds one."""
+        self = _new(cls)
+        self._host = host
+        self.source = source
+        self.tag = tag
+        self.meta = meta
+        if owner is not None:
+            self._owner = owner
+        return self
 
     @classmethod
     def from_device(
@@ -99,8 +99,23 @@ class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
         tag: int = -1,
         meta: dict[str, Any] | None = None,
     ) -> Array:
+        """Wrap a device allocation holding ``shape``/``dtype`` elements in C (or F) order."""
         desc = CAIDescriptor.for_new_buffer(buffer.ptr, shape, dtype, fortran=fortran)
         return cls(desc, device=buffer.ordinal, owner=buffer, source=source, tag=tag, meta=meta)
+
+    @property
+    def descriptor(self) -> CAIDescriptor:
+        try:
+            return self._descriptor
+        except AttributeError:  # a host Array describes itself on first use
+            assert self._host is not None
+            d = self._descriptor = descriptor_from_numpy(self._host)
+            return d
+
+    @property
+    def device(self) -> str | int:
+        """``"host"`` or the ordinal of the GPU holding the data."""
+        return "host" if self._host is not None else self._ordinal
 
     # -- array metadata ----------------------------------------------------
     @property
@@ -125,15 +140,13 @@ class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
 
     @property
     def is_host(self) -> bool:
-        return self.device == "host"
+        return self._host is not None
 
     # -- export protocols --------------------------------------------------
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         if self._host is not None:
-            raise AttributeError(
-                "this cai_mpi.Array holds host memory: use numpy.asarray(a) (__array_interface__)"
-            )
+            raise AttributeError("this cai_mpi.Array holds host memory: use numpy.asarray(a) (__array_interface__)")
         return self.descriptor.to_dict()
 
     @property
@@ -143,12 +156,25 @@ class Array(BufferExporterBase):  # type: ignore[misc,valid-type]
                 f"this cai_mpi.Array lives on GPU {self.device}: use cupy.asarray(a) or "
                 "torch.as_tensor(a, device='cuda') (__cuda_array_interface__)"
             )
-        return self._host.__array_interface__  # type: ignore[no-any-return]
+        return self._host.__array_interface__
 
-    def _host_buffer_target(self) -> np.ndarray[Any, Any]:
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        """DLPack export of host memory (numpy's, zero-copy). Device Arrays export CAI instead: raising
+        NotImplementedError here lets consumers such as mpi4py fall back to ``__cuda_array_interface__``."""
+        if self._host is None:
+            raise NotImplementedError(
+                f"cai_mpi.Array on GPU {self.device} exports __cuda_array_interface__, not DLPack"
+            )
+        return self._host.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (_KDL_CPU, 0) if self._host is not None else (_KDL_CUDA, int(self.device))
+
+    def __buffer__(self, flags: int, /) -> memoryview:
+        """The buffer protocol (PEP 688, Python >= 3.12): host memory only."""
         if self._host is None:
             raise BufferError(f"cai_mpi.Array on GPU {self.device} has no host buffer")
-        return self._host
+        return memoryview(self._host)  # type: ignore[arg-type]
 
     def numpy(self) -> np.ndarray[Any, Any]:
         """The data as a numpy array: a zero-copy view for host memory, a copy to host for device memory."""

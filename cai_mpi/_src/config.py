@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
 from collections.abc import Mapping
 
 __all__ = ["Config", "ENV_VARS", "config", "reload_config"]
 
-#: name -> one-line meaning; docs/environment.md holds the full table.
-ENV_VARS: dict[str, str] = {
+#: name -> one-line meaning (read-only); docs/environment.md holds the full table.
+ENV_VARS: Mapping[str, str] = types.MappingProxyType({
     "CAI_MPI_SYNC": "0 turns off stream synchronization globally (the CAI v3 consumer opt-out); default 1",
     "CAI_MPI_RUNTIME": "force the device runtime: cuda, host or simulated; default: cuda if usable, else host",
     "CAI_MPI_CUDA_AWARE": "1/0 overrides CUDA-awareness detection of the MPI library",
@@ -20,7 +21,7 @@ ENV_VARS: dict[str, str] = {
     "CAI_MPI_INLINE_BYTES": "payloads up to this size travel inside the header message; default 8192",
     "CAI_MPI_MAX_PAYLOAD_BYTES": "receiver refuses headers announcing more; default 1 TiB",
     "CAI_MPI_DEVICE_DATATYPES": "1: strided device arrays use MPI derived datatypes when CUDA-aware (else packed)",
-}
+})
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:

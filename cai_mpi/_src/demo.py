@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from .array import Array
 from .p2p import isend_array, recv_array
-from .runtime import get_runtime
+from .runtime import get_runtime, set_runtime
 
 __all__ = ["main"]
 
@@ -56,6 +56,11 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m cai_mpi demo", description=__doc__)
     p.add_argument("-n", "--size", type=int, default=64, help="edge length of the sample arrays (default 64)")
     args = p.parse_args(argv)
+    if get_runtime().device_count() == 0:
+        # No GPU: simulated streams stand in for a GPU's, so the demo still shows the stream being waited for.
+        from ..testing import SimulatedRuntime
+
+        set_runtime(SimulatedRuntime(devices=0))
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     nxt, prv = (rank + 1) % size, (rank - 1) % size
@@ -88,7 +93,8 @@ def main(argv: list[str]) -> int:
     if rank == 0:
         dt = time.perf_counter() - t0
         rt = get_runtime()
-        print(f"cai_mpi demo: {len(rows)} arrays around a ring of {size} rank(s), runtime {rt.name!r}")
+        where = "" if rt.device_count() else " (no GPU: a simulated stream stands in for a GPU's)"
+        print(f"cai_mpi demo: {len(rows)} arrays around a ring of {size} rank(s), runtime {rt.name!r}{where}")
         print(f"{'array':<28} {'shape':<12} {'dtype':<12} {'hops':>4}  result")
         for name, shape, dtype, hops, result in rows:
             print(f"{name:<28} {shape:<12} {dtype:<12} {hops:>4}  {result}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "CaiMpiError",
     "CAIError",
+    "CudaError",
     "ProtocolError",
     "RecvMismatchError",
     "RuntimeUnavailableError",
@@ -45,3 +46,13 @@ class StreamError(CaiMpiError):
 
 class RuntimeUnavailableError(CaiMpiError):
     """The requested device runtime (CUDA, simulated) cannot be used here."""
+
+
+class CudaError(CaiMpiError, RuntimeError):
+    """A failed CUDA driver call: ``call`` names it, ``code`` is its CUresult (None if it never ran)."""
+
+    def __init__(self, message: str, call: str, code: int | None = None, name: str | None = None) -> None:
+        super().__init__(message)
+        self.call = call
+        self.code = code
+        self.name = name

@@ -11,9 +11,9 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .comms import cuda_aware
 from .config import ENV_VARS
 from .device import choose_device
+from .privcomm import cuda_aware
 from .runtime import get_runtime
 
 __all__ = ["collect", "main"]

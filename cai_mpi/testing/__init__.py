@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from .._src.runtime import Runtime, get_runtime, set_runtime
-from .._src.runtime.simstream import SimulatedEvent, SimulatedStream
-from .._src.runtime.simulated import SimulatedDeviceBuffer, SimulatedRuntime
+from ._runtime import SimulatedDeviceBuffer, SimulatedRuntime
+from ._streams import SimulatedEvent, SimulatedStream
 
 __all__ = ["FakeCudaArray", "SimulatedEvent", "SimulatedRuntime", "SimulatedStream", "use_runtime"]
 

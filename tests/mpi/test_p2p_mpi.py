@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
-from cai_mpi.testing import FakeCudaArray, SimulatedStream
+from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, SimulatedStream, use_runtime
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -216,7 +217,15 @@ def test_del_after_isend_is_safe() -> None:
     assert_same(got, make("<f8", (200_000,), prv))
 
 
+@pytest.fixture
+def simulated_streams() -> Iterator[None]:
+    """Host memory whose producers are simulated streams: the simulated runtime without a GPU resolves them."""
+    with use_runtime(SimulatedRuntime(devices=0)):
+        yield
+
+
 @pytest.mark.parametrize("sync", [None, False])
+@pytest.mark.usefixtures("simulated_streams")
 def test_race_stream_is_synchronized(sync: bool | None) -> None:
     """The sender enqueues a slow write on a (simulated) stream and sends at once.
 
@@ -238,6 +247,7 @@ def test_race_stream_is_synchronized(sync: bool | None) -> None:
     comm.Barrier()
 
 
+@pytest.mark.usefixtures("simulated_streams")
 def test_receive_out_stream_synchronized_before_write() -> None:
     """A receive buffer still being written by its producer is waited for before MPI writes it."""
     if rank == 1:

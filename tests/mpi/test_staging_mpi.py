@@ -12,8 +12,8 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
-from cai_mpi._src.runtime.simulated import SimulatedDeviceBuffer
 from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, SimulatedStream, use_runtime
+from cai_mpi.testing._runtime import SimulatedDeviceBuffer
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import cai_mpi
 from cai_mpi._src.descriptor import CAIDescriptor, describe, descriptor_from_dict, may_self_overlap
 from cai_mpi._src.errors import CAI_PREFIX, CAIError
-from cai_mpi._src.hostmem import host_view
+from cai_mpi._src.operands import host_view
 from cai_mpi.testing import FakeCudaArray
 
 PTR = 0x7F00_0000_1000  # any non-zero address: descriptor_from_dict never dereferences it

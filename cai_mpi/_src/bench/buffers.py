@@ -75,8 +75,8 @@ class SimulatedKind(BufferKind):
     device = True
 
     def setup(self) -> None:
+        from ...testing import SimulatedStream
         from ..runtime import set_runtime
-        from ..runtime.simstream import SimulatedStream
 
         self._previous = set_runtime("simulated")
         self.stream = SimulatedStream("bench-producer")

@@ -102,6 +102,8 @@ class Runtime(abc.ABC):
     """
 
     name: str
+    #: Where a receive without ``out=`` or ``device=`` lands: this rank's GPU, or None (host memory).
+    default_device: int | None = None
 
     # -- devices ---------------------------------------------------------
     @abc.abstractmethod

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import CaiMpiError, RuntimeUnavailableError, StreamError
+from ..errors import CudaError, RuntimeUnavailableError, StreamError
 from .base import HOST, DeviceBuffer, Event, Location, MemoryKind, PinnedBuffer, Runtime, Stream
 
 if TYPE_CHECKING:
@@ -31,16 +31,6 @@ _MEMTYPE_ARRAY = 3
 _MEMTYPE_UNIFIED = 4
 
 _CUPY_HINT = "install cupy-cuda12x to send non-contiguous device arrays"
-
-
-class CudaError(CaiMpiError, RuntimeError):
-    """A failed CUDA driver call: ``call`` names it, ``code`` is its CUresult (None if it never ran)."""
-
-    def __init__(self, message: str, call: str, code: int | None = None, name: str | None = None) -> None:
-        super().__init__(message)
-        self.call = call
-        self.code = code
-        self.name = name
 
 
 # -- loading the optional modules ---------------------------------------------------
@@ -466,6 +456,7 @@ class CudaRuntime(Runtime):
                 f"the CUDA runtime needs cuda-python ({exc}); pip install 'cai_mpi[cuda12]'"
             ) from None
         self.ordinal = ordinal
+        self.default_device = ordinal
         self._driver = _Driver(drv)
         self._local = threading.local()
         self._count: int | None = None

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from cai_mpi._src.descriptor import CAIDescriptor
-from cai_mpi._src.errors import RuntimeUnavailableError, StreamError
+from cai_mpi._src.errors import CudaError, RuntimeUnavailableError, StreamError
 from cai_mpi._src.runtime import cuda as cuda_rt
 from cai_mpi._src.runtime.base import HOST, Location, MemoryKind, Stream
-from cai_mpi._src.runtime.cuda import CudaError, CudaEvent, CudaRuntime, byte_view, classify_pointer, probe
+from cai_mpi._src.runtime.cuda import CudaEvent, CudaRuntime, byte_view, classify_pointer, probe
 
 # -- a fake cuda.bindings.driver ---------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""What a transfer step waits on (MPI requests, device events), and the Request that drives the steps."""
+"""Requests and progress: what a transfer step waits on (MPI requests, device events), the Request that
+drives the steps, and the rule that any cai_mpi wait drives every pending request of the process."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from mpi4py import MPI
 
 from .runtime.base import Event
 
-__all__ = ["EventWait", "MPIWait", "PostedRequest", "Request", "RequestWait", "Waitable", "complete", "others_pending"]
+__all__ = [
+    "EventWait", "MPIWait", "PostedRequest", "Request", "RequestWait", "Steps", "Waitable", "complete", "drive", "idle",
+]
 
 T = TypeVar("T")
 
@@ -96,6 +99,23 @@ _DONE = object()
 # final (all its MPI operations posted) leaves the set: MPI completes it without us, and a window of sends
 # must not make every other wait poll each of them.
 _active: set[Request[Any]] = set()
+
+
+Steps = Generator["Waitable", None, T]
+
+
+def idle() -> bool:
+    """True when no request needs driving: a blocking MPI call cannot starve another cai_mpi transfer."""
+    return not _active
+
+
+def drive(steps: Generator[Waitable, None, T]) -> T:
+    """Run a transfer's steps to the end in the calling thread (what a blocking call does)."""
+    try:
+        while True:
+            complete(next(steps))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
 
 
 def others_pending(me: object = None) -> bool:

@@ -10,8 +10,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import StreamError
-from .base import LEGACY_STREAM, PER_THREAD_STREAM, Event
+from .._src.errors import StreamError
+from .._src.runtime.base import LEGACY_STREAM, PER_THREAD_STREAM, Event
 
 __all__ = ["SimulatedEvent", "SimulatedStream", "resolve_stream", "all_streams"]
 

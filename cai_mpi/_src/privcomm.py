@@ -1,4 +1,4 @@
-"""Private duplicates of user communicators, cached on the communicator itself (MPI attribute caching)."""
+"""cai_mpi's private duplicates of each user communicator, cached on it with MPI attribute caching."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from mpi4py import MPI
 
 from .detect import CudaAwareness, agree, detect_local
 
-__all__ = ["Channels", "channels", "init_world", "cuda_aware"]
+__all__ = ["PrivateComms", "cuda_aware", "init_world", "private_comms"]
 
 
-class Channels:
+class PrivateComms:
     """The two private duplicates cai_mpi uses for one user communicator.
 
     Headers travel on ``header`` with the user's tag, so ``source``/``tag``
@@ -48,14 +48,14 @@ class Channels:
                 c.Free()
 
 
-def _delete_attr(comm: MPI.Comm, keyval: int, chans: Any) -> None:
-    if isinstance(chans, Channels):
-        chans.free()
+def _delete_attr(comm: MPI.Comm, keyval: int, pc: Any) -> None:
+    if isinstance(pc, PrivateComms):
+        pc.free()
 
 
 _keyval = MPI.Comm.Create_keyval(delete_fn=_delete_attr)
 _create_lock = threading.Lock()
-_world: Channels | None = None
+_world: PrivateComms | None = None
 
 
 def init_world() -> None:
@@ -65,17 +65,17 @@ def init_world() -> None:
         _world = _attach(MPI.COMM_WORLD)
 
 
-def _attach(comm: MPI.Comm) -> Channels:
+def _attach(comm: MPI.Comm) -> PrivateComms:
     with _create_lock:
-        chans = comm.Get_attr(_keyval)
-        if not isinstance(chans, Channels):
-            chans = Channels(comm)
-            comm.Set_attr(_keyval, chans)
-        return chans
+        pc = comm.Get_attr(_keyval)
+        if not isinstance(pc, PrivateComms):
+            pc = PrivateComms(comm)
+            comm.Set_attr(_keyval, pc)
+        return pc
 
 
-def channels(comm: MPI.Comm | None) -> Channels:
-    """The private channels of ``comm`` (None: COMM_WORLD).
+def private_comms(comm: MPI.Comm | None) -> PrivateComms:
+    """The private duplicates of ``comm`` (None: COMM_WORLD).
 
     For a communicator other than COMM_WORLD the first call is collective
     over that communicator (it duplicates it twice).
@@ -90,10 +90,10 @@ def channels(comm: MPI.Comm | None) -> Channels:
         raise TypeError(f"comm must be an mpi4py MPI.Comm or None, got {type(comm).__name__}")
     if comm == MPI.COMM_NULL:
         raise ValueError("comm is MPI.COMM_NULL")
-    chans = comm.Get_attr(_keyval)
-    if not isinstance(chans, Channels):
-        chans = _attach(comm)
-    return chans
+    pc = comm.Get_attr(_keyval)
+    if not isinstance(pc, PrivateComms):
+        pc = _attach(comm)
+    return pc
 
 
 def cuda_aware(comm: MPI.Comm | None = None) -> CudaAwareness:
@@ -101,4 +101,4 @@ def cuda_aware(comm: MPI.Comm | None = None) -> CudaAwareness:
 
     The first call for a communicator other than COMM_WORLD is collective.
     """
-    return channels(comm).aware
+    return private_comms(comm).aware

@@ -1,0 +1,143 @@
+"""Config: the environment variables cai_mpi reads, parsed strictly."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cai_mpi._src import config as config_mod
+from cai_mpi._src.config import ENV_VARS, Config, reload_config
+
+# =============================================================================================
+# Config
+
+DEFAULTS = Config(
+    sync=True,
+    runtime=None,
+    chunk_bytes=4 << 20,
+    max_message_bytes=1 << 30,
+    inline_bytes=8192,
+    max_payload_bytes=1 << 40,
+    device_datatypes=False,
+)
+
+
+def test_config_defaults() -> None:
+    assert Config.from_env({}) == DEFAULTS
+    assert Config.from_env({"UNRELATED": "1", "CAI_MPI_SYNC": "", "CAI_MPI_CHUNK_BYTES": "  "}) == DEFAULTS
+
+
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [("CAI_MPI_SYNC", "sync"), ("CAI_MPI_DEVICE_DATATYPES", "device_datatypes")],
+)
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        ("1", True),
+        ("true", True),
+        ("TRUE", True),
+        ("yes", True),
+        ("On", True),
+        (" 1 ", True),
+        ("0", False),
+        ("false", False),
+        ("No", False),
+        ("OFF", False),
+        ("\t0\n", False),
+    ],
+)
+def test_config_bools(name: str, field: str, raw: str, value: bool) -> None:
+    assert getattr(Config.from_env({name: raw}), field) is value
+
+
+@pytest.mark.parametrize("name", ["CAI_MPI_SYNC", "CAI_MPI_DEVICE_DATATYPES"])
+@pytest.mark.parametrize("raw", ["2", "maybe", "y", "-1", "01", "truee"])
+def test_config_bad_bools(name: str, raw: str) -> None:
+    with pytest.raises(ValueError, match=f"^{name}={raw!r}: expected 1 or 0$"):
+        Config.from_env({name: raw})
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        ("cuda", "cuda"),
+        ("host", "host"),
+        ("simulated", "simulated"),
+        ("SIMULATED", "simulated"),
+        (" Host ", "host"),
+        ("", None),
+        ("   ", None),
+    ],
+)
+def test_config_runtime(raw: str, value: str | None) -> None:
+    assert Config.from_env({"CAI_MPI_RUNTIME": raw}).runtime == value
+
+
+@pytest.mark.parametrize("raw", ["gpu", "cpu", "sim", "cuda12"])
+def test_config_bad_runtime(raw: str) -> None:
+    with pytest.raises(ValueError, match=f"^CAI_MPI_RUNTIME={raw!r}: expected cuda, host or simulated$"):
+        Config.from_env({"CAI_MPI_RUNTIME": raw})
+
+
+INT_VARS = [
+    ("CAI_MPI_CHUNK_BYTES", "chunk_bytes", 1),
+    ("CAI_MPI_MAX_MESSAGE_BYTES", "max_message_bytes", 1),
+    ("CAI_MPI_INLINE_BYTES", "inline_bytes", 0),
+    ("CAI_MPI_MAX_PAYLOAD_BYTES", "max_payload_bytes", 0),
+]
+
+
+@pytest.mark.parametrize(("name", "field", "minimum"), INT_VARS)
+@pytest.mark.parametrize(("raw", "value"), [("1024", 1024), ("0x100", 256), ("1_000", 1000), (" 77 ", 77)])
+def test_config_ints(name: str, field: str, minimum: int, raw: str, value: int) -> None:
+    assert getattr(Config.from_env({name: raw}), field) == value
+
+
+@pytest.mark.parametrize(("name", "field", "minimum"), INT_VARS)
+def test_config_int_minimum(name: str, field: str, minimum: int) -> None:
+    assert getattr(Config.from_env({name: str(minimum)}), field) == minimum
+    with pytest.raises(ValueError, match=f"^{name}='{minimum - 1}': must be at least {minimum}$"):
+        Config.from_env({name: str(minimum - 1)})
+
+
+@pytest.mark.parametrize(("name", "field", "minimum"), INT_VARS)
+@pytest.mark.parametrize("raw", ["4MiB", "1.5", "1e6", "ten", "0x", "12 34"])
+def test_config_bad_ints(name: str, field: str, minimum: int, raw: str) -> None:
+    with pytest.raises(
+        ValueError, match=f"^{name}={raw!r}: expected an integer number of bytes, e.g. {name}="
+    ):
+        Config.from_env({name: raw})
+
+
+def test_config_caps() -> None:
+    c = Config.from_env({"CAI_MPI_MAX_MESSAGE_BYTES": str(3 << 30), "CAI_MPI_INLINE_BYTES": "100000"})
+    assert c.max_message_bytes == 2**31 - 1
+    assert c.inline_bytes == 1 << 16
+    c = Config.from_env({"CAI_MPI_MAX_MESSAGE_BYTES": str(2**31 - 2), "CAI_MPI_INLINE_BYTES": "65535"})
+    assert (c.max_message_bytes, c.inline_bytes) == (2**31 - 2, 65535)
+    assert Config.from_env({"CAI_MPI_MAX_PAYLOAD_BYTES": str(1 << 50)}).max_payload_bytes == 1 << 50
+
+
+def test_config_is_frozen_and_documented() -> None:
+    c = Config.from_env({})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.sync = False  # type: ignore[misc]
+    for name in [
+        "CAI_MPI_SYNC",
+        "CAI_MPI_RUNTIME",
+        "CAI_MPI_CHUNK_BYTES",
+        "CAI_MPI_MAX_MESSAGE_BYTES",
+        "CAI_MPI_INLINE_BYTES",
+        "CAI_MPI_MAX_PAYLOAD_BYTES",
+        "CAI_MPI_DEVICE_DATATYPES",
+    ]:
+        assert name in ENV_VARS
+
+
+def test_reload_config_with_a_dict() -> None:
+    c = reload_config({"CAI_MPI_CHUNK_BYTES": "123", "CAI_MPI_SYNC": "0"})
+    assert config_mod.config() is c
+    assert (c.chunk_bytes, c.sync) == (123, False)
+

@@ -1,0 +1,185 @@
+"""The pool abstraction: size classes, a byte budget, eviction; host receive buffers lent as arrays."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cai_mpi._src.pool import BlockPool, HostReceivePool, size_class
+
+# -- BlockPool -----------------------------------------------------------------------------------------------
+
+
+class Blocks:
+    """Numbered fake blocks: what was made and what was released."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[int, int]] = []
+        self.released: list[tuple[int, int]] = []
+
+    def allocate(self, cls: int) -> tuple[int, int]:
+        block = (len(self.made), cls)
+        self.made.append(block)
+        return block
+
+    def release(self, block: tuple[int, int]) -> None:
+        self.released.append(block)
+
+
+def pool_of(budget: int) -> tuple[BlockPool[tuple[int, int]], Blocks]:
+    blocks = Blocks()
+    return BlockPool(blocks.allocate, blocks.release, budget=budget), blocks
+
+
+@pytest.mark.parametrize(("nbytes", "cls"), [(0, 1), (1, 1), (2, 2), (3, 4), (4096, 4096), (4097, 8192)])
+def test_size_classes_are_powers_of_two(nbytes: int, cls: int) -> None:
+    assert size_class(nbytes) == cls
+
+
+def test_a_given_back_block_is_taken_again() -> None:
+    pool, blocks = pool_of(1 << 20)
+    a, cls = pool.take(5000)
+    assert cls == 8192 and a == (0, 8192)
+    pool.give(a, cls)
+    assert pool.idle_bytes == 8192
+    assert pool.take(6000) == (a, 8192)  # same class
+    assert pool.idle_bytes == 0 and len(blocks.made) == 1
+
+
+def test_the_budget_caps_idle_bytes_evicting_the_least_recent_class() -> None:
+    pool, blocks = pool_of(3 * 4096)
+    old = [pool.take(4096)[0] for _ in range(3)]
+    for b in old:
+        pool.give(b, 4096)
+    assert pool.idle_bytes == 3 * 4096
+    new, cls = pool.take(8192)
+    pool.give(new, cls)  # does not fit: two idle 4 KiB blocks make room
+    assert pool.idle_bytes == 4096 + 8192
+    assert blocks.released == old[2:0:-1]  # the most recently given of the old class go first
+    assert pool.take(8192)[0] == new
+
+
+def test_a_block_over_the_budget_is_released_at_once() -> None:
+    pool, blocks = pool_of(4096)
+    big, cls = pool.take(10_000)
+    pool.give(big, cls)
+    assert blocks.released == [big] and pool.idle_bytes == 0
+
+
+def test_a_class_in_use_several_at_a_time_takes_over_a_full_pool() -> None:
+    """After the first round every take of the new class is served from the pool."""
+    pool, blocks = pool_of(4 * 4096)
+    for b in [pool.take(4096)[0] for _ in range(4)]:
+        pool.give(b, 4096)
+    for _ in range(20):
+        pair = [pool.take(8192), pool.take(8192)]
+        for b, cls in pair:
+            pool.give(b, cls)
+    assert [cls for _, cls in blocks.made].count(8192) == 2
+    assert pool.idle_bytes == 2 * 8192
+
+
+def test_clear_releases_every_idle_block() -> None:
+    pool, blocks = pool_of(1 << 20)
+    taken = [pool.take(n) for n in (100, 5000, 5000, 70_000)]
+    for b, cls in taken:
+        pool.give(b, cls)
+    pool.clear()
+    assert sorted(blocks.released) == sorted(b for b, _ in taken) and pool.idle_bytes == 0
+
+
+def test_idle_bytes_stay_exact_under_threads() -> None:
+    pool, blocks = pool_of(5 * 8192)
+    sizes = [1500, 3000, 5000, 9000, 20000, 40000]
+
+    def churn(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        held: list[tuple[Any, int]] = []
+        for _ in range(3000):
+            if held and rng.random() < 0.5:
+                pool.give(*held.pop(int(rng.integers(len(held)))))
+            else:
+                held.append(pool.take(int(rng.choice(sizes))))
+        for b, cls in held:
+            pool.give(b, cls)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=churn, args=(seed,)) for seed in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    idle = sum(cls * len(free) for cls, free in pool._idle.items())
+    assert pool.idle_bytes == idle and 0 < idle <= pool.budget
+    assert len(blocks.made) == len(blocks.released) + sum(len(free) for free in pool._idle.values())
+
+
+# -- HostReceivePool -----------------------------------------------------------------------------------------
+
+
+def test_a_received_array_is_a_view_of_a_pooled_block_that_comes_back() -> None:
+    pool = HostReceivePool(min_bytes=1024, max_bytes=1 << 20)
+    a = pool.take_array((5000,), np.dtype(np.uint8), 5000)
+    assert (type(a), a.dtype, a.shape, a.flags.writeable) == (np.ndarray, np.dtype(np.uint8), (5000,), True)
+    addr = a.ctypes.data
+    a[:] = 7
+    del a
+    assert pool.idle_bytes == 8192  # back as soon as the last reference goes, no collection needed
+    b = pool.take_array((6000,), np.dtype(np.uint8), 6000)
+    assert b.ctypes.data == addr and pool.idle_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "fortran"),
+    [((8192,), np.uint8, False), ((64, 32), np.float32, False), ((64, 32), np.float32, True), ((3, 700), "V3", False)],
+)
+def test_the_block_stays_lent_until_the_last_view_dies(shape: tuple[int, ...], dtype: Any, fortran: bool) -> None:
+    """Exact size classes too: numpy collapses view bases, so the lease must stay in every view's chain."""
+    pool = HostReceivePool(min_bytes=1024, max_bytes=1 << 20)
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dt.itemsize
+    a = pool.take_array(shape, dt, nbytes, fortran)
+    assert (type(a), a.shape, a.dtype, a.flags.writeable) == (np.ndarray, shape, dt, True)
+    assert a.flags.f_contiguous if fortran else a.flags.c_contiguous
+    addr = a.ctypes.data
+    views = [a[..., 1:], a.reshape(-1, order="A")[::2], a.T]
+    del a
+    gc.collect()
+    for i in range(len(views)):
+        assert pool.idle_bytes == 0  # a view still uses it
+        views[i] = None  # type: ignore[call-overload]
+    assert pool.idle_bytes > 0
+    assert pool.take_array(shape, dt, nbytes, fortran).ctypes.data == addr
+
+
+def test_sizes_outside_the_pooled_range_get_plain_arrays() -> None:
+    pool = HostReceivePool(min_bytes=1024, max_bytes=8192)
+    small = pool.take_array((100,), np.dtype(np.uint8), 100)
+    big = pool.take_array((10000,), np.dtype(np.uint8), 10000)
+    assert small.base is None and big.base is None
+    del small, big
+    assert pool.idle_bytes == 0
+
+
+def test_a_full_pool_moves_on_to_the_size_in_use() -> None:
+    """A run that moves on to a new size keeps pooling it once the budget is full."""
+    pool = HostReceivePool(min_bytes=1024, max_bytes=1 << 20, budget=3 * 4096)
+    old = [pool.take_array((4096,), np.dtype(np.uint8), 4096) for _ in range(3)]
+    del old
+    assert pool.idle_bytes == 3 * 4096
+    new = pool.take_array((8192,), np.dtype(np.uint8), 8192)
+    addr = new.ctypes.data
+    del new
+    assert pool.idle_bytes == 4096 + 8192
+    assert pool.take_array((8192,), np.dtype(np.uint8), 8192).ctypes.data == addr
+    pool.clear()
+    assert pool.idle_bytes == 0
