@@ -277,6 +277,12 @@ def descriptor_from_numpy(arr: np.ndarray[Any, Any]) -> CAIDescriptor:
 def describe(obj: Any) -> CAIDescriptor:
     """Read ``obj.__cuda_array_interface__`` once and validate it.
 
+    Args:
+        obj: any object exporting the CUDA Array Interface (versions 0 to 3).
+
+    Returns:
+        The frozen CAIDescriptor: pointer, shape, dtype, strides (None for C order), stream, version.
+
     Raises:
         TypeError: ``obj`` does not export the CUDA Array Interface.
         CAIError: the dict breaks the specification (the message names the key).

@@ -40,6 +40,12 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _accelerators() -> list[str]:
+    """cai_mpi's own compiled modules loaded in this process (none: the package is pure Python)."""
+    return sorted(name for name, mod in list(sys.modules.items())
+                  if name.startswith("cai_mpi") and str(getattr(mod, "__file__", "") or "").endswith((".so", ".pyd")))
+
+
 def collect(comm: MPI.Comm | None = None) -> dict[str, Any]:
     """This rank's findings as a JSON-ready dict."""
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -71,6 +77,7 @@ def collect(comm: MPI.Comm | None = None) -> dict[str, Any]:
                           "reason": choice.reason},
         "gpu_route": route,
         "python": sys.version.split()[0],
+        "accelerators": _accelerators(),
         "versions": _versions(),
         "env": {k: os.environ.get(k) for k in (*ENV_VARS, *_OTHER_ENV) if k in os.environ},
     }
@@ -97,6 +104,7 @@ def _text(reports: list[dict[str, Any]]) -> str:
         f"CUDA-aware    : {'yes' if r0['cuda_aware'] else 'no'} (from {r0['cuda_aware_source']})",
         f"                {r0['cuda_aware_detail']}",
         "versions      : " + ", ".join(f"{k} {v}" for k, v in r0["versions"].items()),
+        "accelerators  : " + (", ".join(r0["accelerators"]) or "none (cai_mpi is pure Python)"),
         "environment   : " + (", ".join(f"{k}={v}" for k, v in r0["env"].items()) or "(no cai_mpi variables set)"),
         "ranks:",
     ]

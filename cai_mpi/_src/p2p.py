@@ -90,6 +90,9 @@ def isend_array(
 ) -> Request[None]:
     """Start sending ``obj`` to ``dest``; see ``send_array``.
 
+    Args:
+        obj, dest, tag, comm, sync, meta: as in ``send_array``.
+
     The producer's stream is synchronized before this returns, so work you enqueue afterwards cannot race
     with the data MPI reads; modifying the buffer before ``wait()`` is an error. The request keeps ``obj``
     alive until it completes.
@@ -130,6 +133,9 @@ def send_array(
         sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer synchronization
             (the CAI v3 consumer opt-out).
         meta: a small JSON dict delivered as ``Array.meta``.
+
+    Returns:
+        None, once MPI no longer needs ``obj``'s memory (you may modify it).
 
     Raises:
         TypeError, ValueError: a bad argument (the message names it).
@@ -272,6 +278,9 @@ def irecv_array(
     device: Device = None,
 ) -> Request[Array]:
     """Start receiving an array; see ``recv_array``.
+
+    Args:
+        source, tag, comm, out, device: as in ``recv_array``.
 
     Returns:
         A Request: ``wait()`` returns the Array, ``test()`` says whether it arrived.

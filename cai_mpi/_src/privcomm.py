@@ -99,6 +99,14 @@ def private_comms(comm: MPI.Comm | None) -> PrivateComms:
 def cuda_aware(comm: MPI.Comm | None = None) -> CudaAwareness:
     """Is the MPI library CUDA-aware for ``comm``? Detected once per communicator and agreed by all ranks.
 
-    The first call for a communicator other than COMM_WORLD is collective.
+    Args:
+        comm: None for COMM_WORLD; the first call for any other communicator is collective over it.
+
+    Returns:
+        A CudaAwareness: ``aware`` (also its truth value), where the answer came from (``source``), the
+        MPI library and a sentence on what it means for device buffers.
+
+    Raises:
+        ValueError: CAI_MPI_CUDA_AWARE is set to something other than a yes or no.
     """
     return private_comms(comm).aware
