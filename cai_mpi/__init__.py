@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ._src.array import Array
 from ._src.channel import RecvChannel, SendChannel, recv_channel, send_channel
+from ._src.collectives import allgather_array, alltoall_array, bcast_array, gather_array, scatter_array
 from ._src.config import ENV_VARS
 from ._src.descriptor import CAIDescriptor, describe
 from ._src.detect import CudaAwareness
@@ -19,14 +20,18 @@ from ._src.device import DeviceChoice, choose_device
 from ._src.errors import (
     CAIError,
     CaiMpiError,
+    CollectiveMismatchError,
     CudaError,
+    PipelineError,
     ProtocolError,
     RecvMismatchError,
     RuntimeUnavailableError,
     StreamError,
 )
-from ._src.p2p import irecv_array, isend_array, recv_array, send_array
+from ._src.p2p import irecv_array, isend_array, recv_array, send_array, sendrecv_array
+from ._src.pipeline import Pipeline
 from ._src.privcomm import cuda_aware, init_world
+from ._src.reductions import allreduce_array, reduce_array
 from ._src.requests import Request
 from ._src.validation import ANY_SOURCE, ANY_TAG, PROC_NULL
 
@@ -41,9 +46,12 @@ __all__ = [
     "CAIDescriptor",
     "CAIError",
     "CaiMpiError",
+    "CollectiveMismatchError",
     "CudaAwareness",
     "CudaError",
     "DeviceChoice",
+    "Pipeline",
+    "PipelineError",
     "ProtocolError",
     "RecvChannel",
     "RecvMismatchError",
@@ -51,15 +59,23 @@ __all__ = [
     "RuntimeUnavailableError",
     "SendChannel",
     "StreamError",
+    "allgather_array",
+    "allreduce_array",
+    "alltoall_array",
+    "bcast_array",
     "choose_device",
     "cuda_aware",
     "describe",
+    "gather_array",
     "irecv_array",
     "isend_array",
     "recv_array",
     "recv_channel",
+    "reduce_array",
+    "scatter_array",
     "send_array",
     "send_channel",
+    "sendrecv_array",
 ]
 
 # Every rank imports cai_mpi, so duplicating COMM_WORLD here cannot block a rank that never

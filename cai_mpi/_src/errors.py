@@ -5,7 +5,9 @@ from __future__ import annotations
 __all__ = [
     "CaiMpiError",
     "CAIError",
+    "CollectiveMismatchError",
     "CudaError",
+    "PipelineError",
     "ProtocolError",
     "RecvMismatchError",
     "RuntimeUnavailableError",
@@ -56,3 +58,18 @@ class CudaError(CaiMpiError, RuntimeError):
         self.call = call
         self.code = code
         self.name = name
+
+
+class CollectiveMismatchError(CaiMpiError):
+    """The ranks of a collective disagree (shapes or dtypes of a reduction), or some rank could not take
+    part; raised on every rank, naming the ranks and what each had. The communicator stays usable."""
+
+
+class PipelineError(CaiMpiError):
+    """A stage of a ``Pipeline`` failed: ``rank`` is the failing stage, ``meta`` the meta of the item it was
+    working on when known (else None). Raised on every other stage; the failing stage sees its own error."""
+
+    def __init__(self, message: str, rank: int, meta: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.meta = meta

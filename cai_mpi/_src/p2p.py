@@ -31,7 +31,9 @@ from .validation import (
     check_tag,
 )
 
-__all__ = ["ANY_SOURCE", "ANY_TAG", "PROC_NULL", "irecv_array", "isend_array", "recv_array", "send_array"]
+__all__ = [
+    "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "irecv_array", "isend_array", "recv_array", "send_array", "sendrecv_array",
+]
 
 _BYTE = MPI.BYTE
 
@@ -310,3 +312,38 @@ def _receive_steps(
     if steps is not None:
         yield from steps
     return result
+
+
+def sendrecv_array(
+    obj: Any,
+    dest: int,
+    source: int = ANY_SOURCE,
+    sendtag: int = 0,
+    recvtag: int = ANY_TAG,
+    comm: MPI.Comm | None = None,
+    *,
+    out: Any = None,
+    sync: bool | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Array:
+    """Send ``obj`` to ``dest`` and receive an array from ``source`` at once, deadlock-free (halo exchanges).
+
+    Args:
+        obj: what to send (anything ``send_array`` takes); ``dest``, ``sendtag``, ``sync``, ``meta`` as in
+            ``send_array``. ``dest=PROC_NULL`` sends nothing.
+        source, recvtag: what to receive, as in ``recv_array``; ``source=PROC_NULL`` receives nothing.
+        comm: None for COMM_WORLD.
+        out: a buffer to receive into, as in ``recv_array``.
+
+    Returns:
+        The received Array (from PROC_NULL: ``out=`` unchanged, or an empty uint8 array).
+
+    Raises:
+        As ``send_array`` and ``recv_array``.
+    """
+    sent = isend_array(obj, dest, sendtag, comm, sync=sync, meta=meta)
+    try:
+        got = recv_array(source, recvtag, comm, out=out)
+    finally:
+        sent.wait()
+    return got

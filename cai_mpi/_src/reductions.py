@@ -1,0 +1,170 @@
+"""Shape-free reductions: reduce_array and allreduce_array, on MPI's Reduce/Allreduce with typed datatypes.
+
+The ranks first agree that they reduce alike (same shape, exactly, and same dtype) with one small
+Allreduce of a fingerprint; only when they do not do they exchange their descriptions, to say on every
+rank who had what. The result keeps the input dtype, as MPI does (no numpy-style promotion). Device
+data is reduced by a CUDA-aware MPI where it lies, otherwise on the host and copied back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .agreement import Contribution, raise_failures, read, unpack
+from .array import Array
+from .collectives import setup
+from .errors import CollectiveMismatchError
+from .header import MessageInfo, encode_header
+from .operands import DeviceSource, RecvTarget, describe_target, mismatch, recv_target, send_source
+from .transport.collective import reduce
+from .transport.contiguous import Landing, outgoing
+from .validation import check_sync
+
+__all__ = ["allreduce_array", "reduce_array"]
+
+_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+_ORDERED = (MPI.MIN, MPI.MAX)
+
+
+def _op(fn: str, op: Any) -> MPI.Op:
+    if isinstance(op, MPI.Op):
+        return op
+    if isinstance(op, str) and op.lower() in _OPS:
+        return _OPS[op.lower()]
+    raise ValueError(f"{fn}: op must be 'sum', 'prod', 'min', 'max' or an mpi4py MPI.Op, got {op!r}")
+
+
+def _datatype(fn: str, dtype: np.dtype[Any], op: MPI.Op) -> MPI.Datatype:
+    """The MPI datatype that reduces ``dtype`` elements, or a clear refusal."""
+    if dtype.names is not None or dtype.subdtype is not None:
+        raise TypeError(f"{fn}: cannot reduce a structured dtype ({dtype}): reduce its fields separately")
+    if dtype.kind == "b":
+        raise TypeError(f"{fn}: cannot reduce a bool array with {op!r}: MPI reduces bool only with logical ops; "
+                        "pass an MPI.Op such as MPI.LOR, or convert to an integer dtype")
+    if not dtype.isnative:
+        raise TypeError(f"{fn}: dtype {dtype.str} is not in native byte order, and MPI reduces native values: "
+                        "convert with x.astype(x.dtype.newbyteorder('='))")
+    if dtype.kind == "c" and op in _ORDERED:
+        raise TypeError(f"{fn}: complex values have no order: min and max do not apply to {dtype}")
+    try:
+        datatype = MPI.Datatype.fromcode(dtype.char)  # predefined (reductions take no derived datatype)
+    except (ValueError, KeyError, TypeError):
+        datatype = None
+    if datatype is None or datatype == MPI.DATATYPE_NULL or datatype.Get_size() != dtype.itemsize:
+        raise TypeError(f"{fn}: MPI has no reduction datatype for {dtype} ({dtype.str})")
+    return datatype
+
+
+def _fingerprint(info: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(info, digest_size=8).digest(), "little", signed=True)
+
+
+def _reduce(fn: str, obj: Any, op: Any, root: int | None, comm: Any, out: Any, sync: Any) -> Array | None:
+    pc, comm_, _root, rt, cfg = setup(fn, comm, root)
+    me = comm_.Get_rank()
+    gets_result = root is None or me == root
+    target: Any = None
+
+    def describe() -> tuple[bytes, Any]:
+        nonlocal target
+        mpi_op = _op(fn, op)
+        src = send_source(fn, obj, check_sync(fn, sync), rt)
+        desc_shape, dtype = (src.shape, src.dtype) if isinstance(src, np.ndarray) else (src.desc.shape, src.desc.dtype)
+        datatype = _datatype(fn, dtype, mpi_op)
+        if out is not None and gets_result:
+            target = recv_target(fn, out, rt)
+            why = mismatch(target, desc_shape, dtype)
+            if why is not None:
+                raise ValueError(f"{fn}: out= ({describe_target(target)}) cannot hold the result "
+                                 f"(shape={desc_shape} dtype={dtype.str}): {why}")
+        blob = encode_header(dtype, desc_shape, fortran=False, payload_tag=0)
+        return blob, (src, mpi_op, datatype)
+
+    mine = Contribution.attempt(describe)
+    print_ = _fingerprint(mine.blob)
+    failed = mine.error is not None
+    votes = np.array([print_, -print_, -int(failed)], np.int64)
+    comm_.Allreduce(MPI.IN_PLACE, votes, MPI.MIN)
+    if votes[0] != -votes[1] or votes[2] != 0:
+        _disagree(fn, comm_, mine)
+    src, mpi_op, datatype = mine.source
+    info = read(mine.blob)
+    assert isinstance(info, MessageInfo)
+    on_device = target.desc is not None if isinstance(target, RecvTarget) else (
+        target is None and isinstance(src, DeviceSource))
+    # MPI reduces where both buffers lie: on the device only through a CUDA-aware MPI, and only when
+    # input and result are both device memory; otherwise on the host, staged both ways.
+    direct = pc.aware.aware and isinstance(src, DeviceSource) and (on_device or not gets_result)
+    piece = outgoing(src, rt, direct=direct, c_order=True)
+    landing = None
+    if gets_result:
+        ordinal = src.ordinal if target is None and isinstance(src, DeviceSource) else None
+        landing = Landing.plan(info, target, ordinal, -1, -1, rt, direct=direct)
+    count = info.payload_nbytes // max(datatype.Get_size(), 1)
+    reduce(comm_, piece.address, piece.address if landing is None else landing.address, count, datatype, mpi_op,
+           root, cfg.max_message_bytes)
+    piece.release()
+    return None if landing is None else landing.finish()
+
+
+def _disagree(fn: str, comm_: MPI.Intracomm, mine: Contribution) -> None:
+    """The ranks do not reduce alike: tell every rank who had what, and raise."""
+    size = comm_.Get_size()
+    counts = np.empty(size, np.int64)
+    comm_.Allgather(np.array([len(mine.blob)], np.int64), counts)
+    data = bytearray(max(int(counts.sum()), 1))
+    displs = [int(counts[:i].sum()) for i in range(size)]
+    comm_.Allgatherv(mine.blob, [data, ([int(c) for c in counts], displs), MPI.BYTE])
+    described = [read(b) for b in unpack(data, [int(c) for c in counts])]
+    raise_failures(fn, described, mine, comm_.Get_rank())
+    had = "; ".join(f"rank {r}: shape={d.shape} dtype={d.dtype.str}" for r, d in enumerate(described)
+                    if isinstance(d, MessageInfo))
+    raise CollectiveMismatchError(f"{fn}: the ranks must reduce arrays of one shape and dtype, but {had}")
+
+
+def reduce_array(
+    obj: Any, op: Any = "sum", root: int = 0, comm: MPI.Comm | None = None, *, out: Any = None,
+    sync: bool | None = None,
+) -> Array | None:
+    """Reduce every rank's array element by element onto ``root``.
+
+    Args:
+        obj: this rank's array (anything ``send_array`` takes); every rank's has the same shape and dtype.
+        op: "sum", "prod", "min", "max", or an mpi4py ``MPI.Op``.
+        root: the rank that gets the result.
+        comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
+        out: on the root, where to put the result (same shape and dtype).
+        sync: the stream policy, as in ``send_array``.
+
+    Returns:
+        On the root an Array holding the result, in ``obj``'s dtype, on the device ``obj`` is on (or over
+        ``out=``); None elsewhere.
+
+    Raises:
+        CollectiveMismatchError: on every rank, when shapes or dtypes differ (naming every rank's), or a rank
+            could not take part (that rank raises its own error: a structured or bool dtype, a bad ``op``...).
+    """
+    return _reduce("reduce_array", obj, op, root, comm, out, sync)
+
+
+def allreduce_array(
+    obj: Any, op: Any = "sum", comm: MPI.Comm | None = None, *, out: Any = None, sync: bool | None = None
+) -> Array:
+    """Reduce every rank's array element by element; every rank gets the result.
+
+    Args:
+        obj, op, comm, out, sync: as in ``reduce_array`` (``out=`` on every rank).
+
+    Returns:
+        An Array holding the result, in ``obj``'s dtype, on the device ``obj`` is on (or over ``out=``).
+
+    Raises:
+        CollectiveMismatchError: as in ``reduce_array``.
+    """
+    got = _reduce("allreduce_array", obj, op, None, comm, out, sync)
+    assert got is not None
+    return got

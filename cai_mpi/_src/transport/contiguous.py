@@ -1,0 +1,208 @@
+"""Payloads as one contiguous piece of bytes, for MPI's collectives.
+
+A collective moves each rank's payload as one piece: ``outgoing`` gives the source's bytes in wire
+order (packed first if strided) in memory the MPI library may read, and ``Landing``/``Gathered`` give
+where received bytes go and how they become Arrays. The routing is point-to-point's: host memory
+directly, device memory directly through a CUDA-aware MPI, otherwise through pinned host memory (one
+buffer for the whole piece; a collective is blocking, so there is nothing to double-buffer against).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..array import Array
+from ..descriptor import CAIDescriptor
+from ..header import MessageInfo
+from ..operands import DeviceSource, RecvTarget, Target
+from ..pool import host_receive_pool
+from ..runtime.base import Runtime
+from .pieces import internal_stream, pinned_pool
+
+__all__ = ["ALIGN", "Gathered", "Landing", "Outgoing", "outgoing"]
+
+ALIGN = 64  # bytes: where each rank's piece starts in a gathered buffer (any dtype's alignment)
+
+
+class Outgoing:
+    """One rank's payload for a collective: ``nbytes`` at ``address`` in wire order (F order if ``fortran``)."""
+
+    __slots__ = ("_keep", "_release", "address", "fortran", "nbytes")
+
+    def __init__(self, address: int, nbytes: int, fortran: bool, keep: Any, release: Callable[[], None] | None = None):
+        self.address, self.nbytes, self.fortran = address, nbytes, fortran
+        self._keep, self._release = keep, release
+
+    def release(self) -> None:
+        """The collective is done with the bytes: give back a staging buffer."""
+        if self._release is not None:
+            self._release()
+            self._release = None
+
+
+def outgoing(src: np.ndarray[Any, Any] | DeviceSource, rt: Runtime, *, direct: bool, c_order: bool = False) -> Outgoing:
+    """The bytes ``src`` contributes, where the MPI library may read them: device memory stays where it is
+    when ``direct`` (a CUDA-aware MPI), else it is staged through pinned host memory. With ``c_order`` the
+    bytes are in C order whatever the layout (F-contiguous arrays are otherwise sent as they lie)."""
+    if isinstance(src, np.ndarray):
+        flags = src.flags
+        keep_layout = flags.c_contiguous or (flags.f_contiguous and not c_order)
+        arr = src if keep_layout else np.ascontiguousarray(src)
+        fortran = not arr.flags.c_contiguous
+        return Outgoing(arr.ctypes.data, arr.nbytes, fortran, arr)
+    desc, ordinal = src.desc, src.ordinal
+    nbytes = desc.nbytes
+    fortran = not desc.is_c_contiguous and desc.is_f_contiguous and not c_order
+    ptr, keep = desc.ptr, src.owner
+    if nbytes and not (desc.is_c_contiguous or fortran):
+        stream = internal_stream(rt, ordinal)
+        packed = rt.pack(desc, ordinal, stream)
+        event = rt.record_event(stream)
+        if desc.stream is not None:  # CAI v3: the producer may not run ahead into the data before the pack
+            rt.stream_wait_event(desc.stream, event, ordinal)
+        event.synchronize()
+        ptr, keep, fortran = packed.ptr, (keep, packed), False
+    if direct or nbytes == 0:
+        return Outgoing(ptr, nbytes, fortran, keep)
+    pool = pinned_pool(rt)
+    staging, cls = pool.take(nbytes)
+    stream = internal_stream(rt, ordinal)
+    rt.copy_async(staging.ptr, ptr, nbytes, stream)
+    rt.record_event(stream).synchronize()
+    return Outgoing(staging.ptr, nbytes, fortran, (keep, staging), lambda: pool.give(staging, cls))
+
+
+class Landing:
+    """Where one received piece goes: MPI writes ``nbytes`` at ``address`` (device memory when ``device``);
+    ``finish()`` makes the Array."""
+
+    __slots__ = ("_finish", "address", "device", "nbytes")
+
+    def __init__(self, address: int, nbytes: int, finish: Callable[[], Array], device: bool = False) -> None:
+        self.address, self.nbytes, self._finish, self.device = address, nbytes, finish, device
+
+    def finish(self) -> Array:
+        return self._finish()
+
+    @classmethod
+    def plan(
+        cls, info: MessageInfo, target: Target | None, ordinal: int | None, source: int, tag: int, rt: Runtime,
+        *, direct: bool,
+    ) -> Landing:
+        """Where a piece described by ``info`` lands: ``out=`` (``target``), host memory (``ordinal`` None) or
+        new memory on GPU ``ordinal``; device memory is written directly when ``direct`` (a CUDA-aware MPI),
+        else through pinned host memory."""
+        nbytes = info.payload_nbytes
+        if isinstance(target, RecvTarget):
+            target.sync_before_write(rt)
+            if target.desc is not None:
+                assert target.ordinal is not None
+                result = Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner,
+                               source=source, tag=tag, meta=info.meta)
+                wire = target.desc.transposed() if info.fortran else target.desc
+                return _on_device(result, wire, target.ordinal, nbytes, rt, direct)
+            assert target.host is not None
+            host, owner = target.host, target.owner
+        elif target is not None:
+            host, owner = target, target
+        elif ordinal is None:
+            host = host_receive_pool().take_array(info.shape, info.dtype, nbytes, info.fortran)
+            owner = host
+        else:
+            buffer = rt.alloc_device(nbytes, ordinal)
+            result = Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=source, tag=tag,
+                                       meta=info.meta)
+            desc = result.descriptor
+            return _on_device(result, desc.transposed() if info.fortran else desc, ordinal, nbytes, rt, direct)
+        result = Array._over_host(host, source, tag, info.meta, owner)
+        dst = host.T if info.fortran else host
+        if dst.flags.c_contiguous:
+            return cls(dst.ctypes.data if nbytes else 0, nbytes, lambda: result)
+        tmp = np.empty(dst.shape, dst.dtype)
+
+        def copy_out() -> Array:
+            np.copyto(dst, tmp, casting="no")
+            return result
+
+        return cls(tmp.ctypes.data, nbytes, copy_out)
+
+
+def _on_device(result: Array, wire: CAIDescriptor, ordinal: int, nbytes: int, rt: Runtime, direct: bool) -> Landing:
+    """Land ``nbytes`` in device memory described by ``wire`` (the target in wire order)."""
+    if nbytes == 0:
+        return Landing(0, 0, lambda: result)
+    contiguous = wire.is_c_contiguous
+    tmp = None if contiguous else rt.alloc_device(nbytes, ordinal)
+    dptr = wire.ptr if tmp is None else tmp.ptr
+    staging, cls = (None, 0) if direct else pinned_pool(rt).take(nbytes)
+
+    def finish() -> Array:
+        stream = internal_stream(rt, ordinal)
+        if staging is not None:
+            rt.copy_async(dptr, staging.ptr, nbytes, stream)
+        if tmp is not None:
+            rt.unpack(tmp.ptr, wire, ordinal, stream)
+        rt.record_event(stream).synchronize()
+        if staging is not None:
+            pinned_pool(rt).give(staging, cls)
+        return result
+
+    return Landing(dptr if staging is None else staging.ptr, nbytes, finish, device=staging is None)
+
+
+class Gathered:
+    """The pieces of every rank received into one buffer, each at an ``ALIGN``-ed offset, then made Arrays."""
+
+    __slots__ = ("_device", "_host", "_staging", "address", "displacements", "infos", "ordinal", "total")
+
+    def __init__(self, infos: list[MessageInfo], ordinal: int | None, rt: Runtime, *, direct: bool) -> None:
+        self.infos, self.ordinal = infos, ordinal
+        self.displacements, offset = [], 0
+        for info in infos:
+            self.displacements.append(offset)
+            offset += -(-info.payload_nbytes // ALIGN) * ALIGN
+        self.total = offset
+        self._host: np.ndarray[Any, Any] | None = None
+        self._device: Any = None
+        self._staging: Any = None
+        if ordinal is None:
+            self._host = np.empty(max(offset, 1), np.uint8)
+            self.address = self._host.ctypes.data
+        elif direct:
+            self._device = rt.alloc_device(offset, ordinal)
+            self.address = self._device.ptr
+        else:
+            self._staging = pinned_pool(rt).take(max(offset, 1))
+            self.address = self._staging[0].ptr
+
+    def finish(self, rt: Runtime, tag: int) -> list[Array]:
+        """The Arrays, one per rank: views of the one buffer (host, or device through a CUDA-aware MPI), or
+        device copies of the staged pieces."""
+        out = []
+        stream = internal_stream(rt, self.ordinal) if self.ordinal is not None else None
+        for rank, (info, off) in enumerate(zip(self.infos, self.displacements, strict=True)):
+            if self._host is not None:
+                piece = self._host[off : off + info.payload_nbytes].view(info.dtype)
+                shape = info.shape[::-1] if info.fortran else info.shape
+                arr = piece.reshape(shape)
+                out.append(Array._over_host(arr.T if info.fortran else arr, rank, tag, info.meta))
+                continue
+            assert self.ordinal is not None and stream is not None
+            if self._device is not None:
+                desc = CAIDescriptor.for_new_buffer(self.address + off if info.payload_nbytes else 0, info.shape,
+                                                    info.dtype, fortran=info.fortran)
+                out.append(Array(desc, device=self.ordinal, owner=self._device, source=rank, tag=tag, meta=info.meta))
+                continue
+            buffer = rt.alloc_device(info.payload_nbytes, self.ordinal)
+            rt.copy_async(buffer.ptr, self.address + off, info.payload_nbytes, stream)
+            out.append(Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=rank, tag=tag,
+                                         meta=info.meta))
+        if stream is not None:
+            rt.record_event(stream).synchronize()
+        if self._staging is not None:
+            pinned_pool(rt).give(*self._staging)
+            self._staging = None
+        return out

@@ -1,0 +1,243 @@
+"""The one receive pipeline: ``plan_recv`` decodes a header and decides where its payload lands."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..array import Array
+from ..config import Config
+from ..datatypes import describable, strided_type
+from ..errors import ProtocolError, RecvMismatchError
+from ..header import HEADER_BUFFER_BYTES, HeaderMemo, MessageInfo
+from ..operands import RecvTarget, Target, describe_target, mismatch
+from ..pool import host_receive_pool
+from ..privcomm import PrivateComms
+from ..requests import EventWait, MPIWait
+from ..runtime.base import DeviceBuffer, Event, Runtime
+from .pieces import BYTE, Steps, byte_chunks, chunks, internal_stream, pinned_pool, raw
+
+__all__ = ["Inbound", "Inbox", "plan_recv"]
+
+
+# -- receiving ------------------------------------------------------------------------------------------------
+
+
+class Inbox(HeaderMemo):
+    """Where headers are received: a buffer any header fits in, its MPI message spec and status, the last
+    header it held and a typed view of that header's inline payload (a stream of same-shaped small messages
+    reuses both)."""
+
+    __slots__ = ("_view", "_view_info", "hbuf", "msg", "status")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hbuf = bytearray(HEADER_BUFFER_BYTES)
+        self.msg = [self.hbuf, BYTE]
+        self.status = MPI.Status()
+        self._view_info: MessageInfo | None = None
+        self._view: np.ndarray[Any, Any] = np.empty(0, np.uint8)
+
+    def inline_payload(self, info: MessageInfo) -> np.ndarray[Any, Any]:
+        """The inline payload of the header in ``hbuf``, typed and shaped in wire order (a view: copy it)."""
+        if self._view_info is not info:
+            shape = info.shape[::-1] if info.fortran else info.shape
+            count = info.payload_nbytes // info.dtype.itemsize
+            self._view = np.frombuffer(self.hbuf, info.dtype, count, info.header_nbytes).reshape(shape)
+            self._view_info = info
+        return self._view
+
+
+#: What a received header asks for, as ``plan_recv`` decides it: ``(result, source, payload_tag, payload,
+#: steps)``. Post every spec of ``payload`` on the payload communicator (from ``source``, with
+#: ``payload_tag``), then drive ``steps``; the receive then returns ``result``.
+Inbound = tuple[Array, int, int, list[Any], "Steps | None"]
+
+
+def plan_recv(
+    fn: str, inbox: Inbox, target: Target | None, ordinal: int | None, pc: PrivateComms, cfg: Config,
+    rt: Runtime, *, channel: bool = False,
+) -> Inbound:
+    """Decode the header in ``inbox`` and plan where its payload lands: ``out=`` (``target``), host memory
+    (``ordinal`` None) or new memory on GPU ``ordinal``. A header that does not fit is answered with a plan
+    that receives and discards the payload, then raises."""
+    status = inbox.status
+    source, tag = status.Get_source(), status.Get_tag()
+    info, ptag = inbox.decode(inbox.hbuf, status.Get_count(BYTE), cfg.max_payload_bytes)
+    if target is not None or info.channel != channel:
+        problem = _refusal(fn, info, source, tag, target, channel)
+        if problem is not None:
+            return None, source, ptag, [], _discard(pc, info, source, ptag, problem)  # type: ignore[return-value]
+    landing: Inbound
+    if target is None:
+        if ordinal is None:
+            if info.inline:  # the payload is in the header buffer, which the next receive overwrites: copy it out
+                arr = (inbox._view if inbox._view_info is info else inbox.inline_payload(info)).copy()
+                return Array._over_host(arr.T if info.fortran else arr, source, tag, info.meta), source, 0, [], None
+            arr = host_receive_pool().take_array(info.shape, info.dtype, info.payload_nbytes, info.fortran)
+            result = Array._over_host(arr, source, tag, info.meta)
+            landing = _into_host(result, arr.T if info.fortran else arr, info, source, ptag, inbox)
+        else:
+            buffer = rt.alloc_device(info.payload_nbytes, ordinal)
+            result = Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=source, tag=tag,
+                                       meta=info.meta)
+            desc = result.descriptor
+            landing = _into_device(result, desc.transposed() if info.fortran else desc, ordinal, info, source, ptag,
+                                   inbox, pc, rt)
+    elif type(target) is np.ndarray:
+        result = Array._over_host(target, source, tag, info.meta)
+        landing = _into_host(result, target.T if info.fortran else target, info, source, ptag, inbox)
+    else:
+        assert isinstance(target, RecvTarget)
+        target.sync_before_write(rt)
+        if target.host is not None:
+            result = Array._over_host(target.host, source, tag, info.meta, target.owner)
+            landing = _into_host(result, target.host.T if info.fortran else target.host, info, source, ptag, inbox)
+        else:
+            assert target.desc is not None and target.ordinal is not None
+            result = Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner,
+                           source=source, tag=tag, meta=info.meta)
+            landing = _into_device(result, target.desc.transposed() if info.fortran else target.desc,
+                                   target.ordinal, info, source, ptag, inbox, pc, rt)
+    if channel and (landing[4] is not None or len(landing[3]) != 1):
+        # A channel binds one persistent receive to the memory: nothing to stage, chunk or unpack per message.
+        where = "out=" if target is not None else f"GPU {ordinal}"
+        problem = (RecvMismatchError if target is not None else ValueError)(
+            f"{fn}: the message from rank {source} (tag {tag}: {info.describe()}) cannot be received in place into "
+            f"{where}: a channel takes host memory, or contiguous device memory through a CUDA-aware MPI (this one "
+            f"is {'' if pc.aware.aware else 'not '}CUDA-aware, per {pc.aware.source}); pass device='host' or use "
+            "recv_array. Its payload was received and discarded"
+        )
+        return None, source, ptag, [], _discard(pc, info, source, ptag, problem)  # type: ignore[return-value]
+    return landing
+
+
+def _refusal(
+    fn: str, info: MessageInfo, source: int, tag: int, target: Target | None, channel: bool
+) -> Exception | None:
+    """The error for a message this receive cannot take, or None."""
+    if info.channel != channel:
+        error: type[Exception] = ProtocolError
+        why = ("it opens a persistent channel (send_channel): receive it with recv_channel" if info.channel
+               else "it was sent with send_array, not through a send_channel")
+    else:
+        assert target is not None
+        problem = mismatch(target, info.shape, info.dtype)
+        if problem is None:
+            return None
+        error, why = RecvMismatchError, f"it does not fit out= ({describe_target(target)}): {problem}"
+    return error(f"{fn}: the message from rank {source} (tag {tag}: {info.describe()}) {why}; "
+                 "its payload was received and discarded")
+
+
+def _into_host(
+    result: Array, dst: np.ndarray[Any, Any], info: MessageInfo, source: int, ptag: int, inbox: Inbox
+) -> Inbound:
+    """Land the payload in host array ``dst``, viewed in wire order (C-ordered, or strided ``out=``)."""
+    if info.inline:
+        dst[...] = inbox.inline_payload(info)  # (same dtype: the receive checked it)
+        return (result, source, ptag, [], None)
+    if info.payload_nbytes == 0 and not info.channel:  # (a channel's first payload is one message, even empty)
+        return (result, source, ptag, [], None)
+    if dst.flags.c_contiguous:
+        return (result, source, ptag, byte_chunks(dst, info.chunk_bytes), None)
+    if info.nchunks == 1 and describable(dst.shape, dst.strides):
+        datatype, low = strided_type(dst.shape, dst.strides, dst.itemsize)
+        buf = MPI.buffer.fromaddress(dst.ctypes.data + low, datatype.Get_extent()[1])
+        return (result, source, ptag, [[buf, 1, datatype]], None)
+    tmp = np.empty(dst.shape, dst.dtype)
+    return (result, source, ptag, byte_chunks(tmp, info.chunk_bytes), _copy_steps(dst, tmp))
+
+
+def _copy_steps(dst: np.ndarray[Any, Any], tmp: np.ndarray[Any, Any]) -> Steps:
+    np.copyto(dst, tmp, casting="no")
+    yield from ()
+
+
+def _into_device(
+    result: Array, wire: Any, ordinal: int, info: MessageInfo, source: int, ptag: int, inbox: Inbox,
+    pc: PrivateComms, rt: Runtime,
+) -> Inbound:
+    """Land the payload in device memory described by ``wire`` (the target viewed in wire order)."""
+    nbytes = info.payload_nbytes
+    if nbytes == 0 and not info.channel:
+        return (result, source, ptag, [], None)
+    if wire.is_c_contiguous:
+        if info.inline:
+            inline = inbox.inline_payload(info).copy()  # the header buffer is reused at once
+            return (result, source, ptag, [], _upload_steps(rt, wire.ptr, inline, ordinal))
+        if pc.aware.aware:
+            specs = [raw(wire.ptr + off, n) for off, n in chunks(nbytes, info.chunk_bytes)]
+            return (result, source, ptag, specs, None)
+        steps = _staged_recv(rt, pc.payload, source, ptag, wire.ptr, nbytes, info.chunk_bytes or nbytes, ordinal)
+        return (result, source, ptag, [], steps)
+    # A strided device out=: into a contiguous temporary, then scattered on the device.
+    tmp = rt.alloc_device(nbytes, ordinal)
+    result, source, ptag, payload, landed = _into_device(
+        result, wire.replace(ptr=tmp.ptr, strides=None), ordinal, info, source, ptag, inbox, pc, rt
+    )
+    return result, source, ptag, payload, _unpack_steps(landed, rt, tmp, wire, ordinal)
+
+
+def _upload_steps(rt: Runtime, ptr: int, data: np.ndarray[Any, Any], ordinal: int) -> Steps:
+    stream = internal_stream(rt, ordinal)
+    rt.copy_async(ptr, data.ctypes.data, data.nbytes, stream)
+    yield EventWait(rt.record_event(stream))
+
+
+def _unpack_steps(before: Steps | None, rt: Runtime, tmp: DeviceBuffer, wire: Any, ordinal: int) -> Steps:
+    if before is not None:
+        yield from before
+    stream = internal_stream(rt, ordinal)
+    rt.unpack(tmp.ptr, wire, ordinal, stream)
+    yield EventWait(rt.record_event(stream))
+    del tmp
+
+
+def _staged_recv(
+    rt: Runtime, comm: MPI.Comm, source: int, tag: int, dst: int, nbytes: int, chunk: int, ordinal: int
+) -> Steps:
+    """Chunks into two pinned buffers, each copied to device memory at ``dst`` while the next one arrives."""
+    stream = internal_stream(rt, ordinal)
+    pieces = chunks(nbytes, chunk)
+    pool = pinned_pool(rt)
+    slots = [pool.take(chunk) for _ in range(min(2, len(pieces)))]
+    recvs: list[MPI.Request | None] = [None] * len(slots)
+
+    def post(k: int) -> None:
+        _off, n = pieces[k]
+        slot = k % len(slots)
+        recvs[slot] = comm.Irecv(raw(slots[slot][0].ptr, n), source, tag)
+
+    try:
+        for k in range(len(slots)):
+            post(k)
+        last: Event | None = None
+        for k, (off, n) in enumerate(pieces):
+            slot = k % len(slots)
+            req = recvs[slot]
+            assert req is not None
+            yield MPIWait([req])
+            rt.copy_async(dst + off, slots[slot][0].ptr, n, stream)
+            last = rt.record_event(stream)
+            if k + len(slots) < len(pieces):
+                yield EventWait(last)  # the slot is free again once its copy is done
+                post(k + len(slots))
+        if last is not None:
+            yield EventWait(last)
+    finally:
+        for buf, cls in slots:
+            pool.give(buf, cls)
+
+
+def _discard(pc: PrivateComms, info: MessageInfo, source: int, ptag: int, error: Exception) -> Steps:
+    """Receive and drop a payload chunk by chunk so nothing stays unmatched, then raise ``error``."""
+    if info.nchunks:
+        nbytes = info.payload_nbytes
+        scratch = np.empty(min(info.chunk_bytes or nbytes, nbytes), np.uint8)
+        for _off, n in chunks(nbytes, info.chunk_bytes):  # (a channel's first payload is one message, even empty)
+            yield MPIWait([pc.payload.Irecv([scratch, n, BYTE], source, ptag)])
+    raise error
+

@@ -1,0 +1,165 @@
+"""The one send pipeline: ``plan_send`` decides how a message travels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..config import Config
+from ..datatypes import describable, strided_type
+from ..header import encode_header, inline_message
+from ..operands import DeviceSource
+from ..privcomm import PrivateComms
+from ..requests import EventWait, MPIWait
+from ..runtime.base import DeviceBuffer, Event, Runtime
+from .pieces import Steps, byte_chunks, chunks, internal_stream, pinned_pool, raw
+
+__all__ = ["Outbound", "plan_send"]
+
+
+# -- sending --------------------------------------------------------------------------------------------------
+
+
+#: How one message is sent, as ``plan_send`` decides it: ``(header, payload_tag, payload, steps, in_place)``.
+#: Post ``header`` on the header communicator, then every spec of ``payload`` on the payload communicator
+#: with ``payload_tag``, then drive ``steps`` (None when nothing is left). ``in_place``: the payload specs
+#: read the source's own memory, so a persistent request may reuse them. (A plain tuple: one is made per
+#: message, and a tuple costs a quarter of a NamedTuple.)
+Outbound = tuple[bytes, int, list[Any], "Steps | None", bool]
+
+
+def plan_send(
+    src: np.ndarray[Any, Any] | DeviceSource, pc: PrivateComms, meta: bytes, cfg: Config, rt: Runtime, dest: int,
+    *, channel: bool = False,
+) -> Outbound:
+    """How the message carrying ``src`` travels; ``dest`` is needed only by staged device payloads."""
+    if type(src) is np.ndarray:
+        nbytes = src.nbytes
+        if nbytes <= cfg.inline_bytes and not channel:
+            return (inline_message(src, meta), 0, [], None, True)
+        return _plan_host(src, pc, meta, cfg, channel)
+    assert isinstance(src, DeviceSource)
+    if src.desc.nbytes == 0 and not channel:  # nothing to read, wherever the (NULL) pointer lives
+        return (inline_message(np.empty(src.desc.shape, src.desc.dtype), meta), 0, [], None, True)
+    return _plan_device(src, pc, meta, cfg, rt, dest, channel)
+
+
+def _plan_host(arr: np.ndarray[Any, Any], pc: PrivateComms, meta: bytes, cfg: Config, channel: bool) -> Outbound:
+    ptag = pc.next_payload_tag()
+    nbytes = arr.nbytes
+    one_message = nbytes <= cfg.max_message_bytes
+    chunk = 0 if one_message else cfg.max_message_bytes
+    flags = arr.flags
+    if flags.c_contiguous or flags.f_contiguous:
+        fortran = not flags.c_contiguous
+        header = encode_header(arr.dtype, arr.shape, fortran=fortran, payload_tag=ptag, chunk_bytes=chunk,
+                               meta_bytes=meta, channel=channel)
+        return (header, ptag, byte_chunks(arr.T if fortran else arr, chunk), None, True)
+    if one_message and describable(arr.shape, arr.strides):
+        # MPI gathers strided data in place through a derived datatype: no copy.
+        datatype, low = strided_type(arr.shape, arr.strides, arr.itemsize)
+        buf = MPI.buffer.fromaddress(arr.ctypes.data + low, datatype.Get_extent()[1], readonly=True)
+        header = encode_header(arr.dtype, arr.shape, fortran=False, payload_tag=ptag, meta_bytes=meta, channel=channel)
+        return (header, ptag, [[buf, 1, datatype]], None, True)
+    # Too large for one derived-datatype message, or a layout MPI datatypes mishandle: a contiguous copy.
+    packed = np.ascontiguousarray(arr)
+    header = encode_header(arr.dtype, arr.shape, fortran=False, payload_tag=ptag, chunk_bytes=chunk, meta_bytes=meta,
+                           channel=channel)
+    return (header, ptag, byte_chunks(packed, chunk), None, False)
+
+
+def _plan_device(
+    src: DeviceSource, pc: PrivateComms, meta: bytes, cfg: Config, rt: Runtime, dest: int, channel: bool
+) -> Outbound:
+    desc = src.desc
+    nbytes = desc.nbytes
+    ptag = pc.next_payload_tag()
+    aware = pc.aware.aware
+    contiguous = desc.is_c_contiguous or desc.is_f_contiguous
+    fortran = not desc.is_c_contiguous and desc.is_f_contiguous
+    # A CUDA-aware MPI takes the payload whole up to the message limit; staging moves it in chunks.
+    chunk = (cfg.max_message_bytes if nbytes > cfg.max_message_bytes else 0) if aware else min(cfg.chunk_bytes, nbytes)
+    if aware and not contiguous and cfg.device_datatypes and nbytes <= cfg.max_message_bytes \
+            and describable(desc.shape, desc.byte_strides):
+        # Strided device data through a derived datatype only on request (CAI_MPI_DEVICE_DATATYPES=1):
+        # CUDA-aware MPIs differ widely in how fast they handle device datatypes; packing is the default.
+        datatype, low = strided_type(desc.shape, desc.byte_strides, desc.itemsize)
+        buf = MPI.buffer.fromaddress(desc.ptr + low, datatype.Get_extent()[1], readonly=True)
+        header = encode_header(desc.dtype, desc.shape, fortran=False, payload_tag=ptag, meta_bytes=meta,
+                               channel=channel)
+        return (header, ptag, [[buf, 1, datatype]], None, True)
+    header = encode_header(desc.dtype, desc.shape, fortran=fortran and contiguous, payload_tag=ptag,
+                           chunk_bytes=chunk, meta_bytes=meta, channel=channel)
+    if aware and contiguous:
+        return (header, ptag, [raw(desc.ptr + off, n, readonly=True) for off, n in chunks(nbytes, chunk)],
+                        None, True)
+    return (header, ptag, [], _device_send_steps(src, contiguous, pc, rt, dest, ptag, chunk), False)
+
+
+def _device_send_steps(
+    src: DeviceSource, contiguous: bool, pc: PrivateComms, rt: Runtime, dest: int, ptag: int, chunk: int
+) -> Steps:
+    """Pack strided device data on the device if needed, then send it directly (CUDA-aware) or staged."""
+    desc, ordinal = src.desc, src.ordinal
+    ptr = desc.ptr
+    packed: DeviceBuffer | None = None
+    if not contiguous:
+        stream = internal_stream(rt, ordinal)
+        packed = rt.pack(desc, ordinal, stream)
+        packed_event = rt.record_event(stream)
+        if desc.stream is not None:
+            # CAI v3: the producer's stream must not run ahead into the data before the pack is done.
+            rt.stream_wait_event(desc.stream, packed_event, ordinal)
+        yield EventWait(packed_event)
+        ptr = packed.ptr
+    if pc.aware.aware:
+        pieces = chunks(desc.nbytes, chunk)
+        reqs = [pc.payload.Isend(raw(ptr + off, n, readonly=True), dest, ptag) for off, n in pieces]
+        yield MPIWait(reqs, final=True)
+    else:
+        yield from _staged_send(rt, pc.payload, dest, ptag, ptr, desc.nbytes, chunk, ordinal)
+    del packed  # held until the last byte left
+
+
+def _staged_send(
+    rt: Runtime, comm: MPI.Comm, dest: int, tag: int, src: int, nbytes: int, chunk: int, ordinal: int
+) -> Steps:
+    """Device memory at ``src`` through two pinned buffers: the copy of chunk k+1 runs while chunk k is sent."""
+    stream = internal_stream(rt, ordinal)
+    pieces = chunks(nbytes, chunk)
+    pool = pinned_pool(rt)
+    slots = [pool.take(chunk) for _ in range(min(2, len(pieces)))]
+    sends: list[MPI.Request | None] = [None] * len(slots)
+    copied: list[Event | None] = [None] * len(slots)
+
+    def stage(k: int) -> None:
+        off, n = pieces[k]
+        slot = k % len(slots)
+        rt.copy_async(slots[slot][0].ptr, src + off, n, stream)
+        copied[slot] = rt.record_event(stream)
+
+    try:
+        stage(0)
+        for k, (_off, n) in enumerate(pieces):
+            slot = k % len(slots)
+            if k + 1 < len(pieces):
+                following = (k + 1) % len(slots)
+                previous = sends[following]
+                if previous is not None:  # that buffer still carries chunk k-1
+                    yield MPIWait([previous])
+                    sends[following] = None
+                stage(k + 1)
+            event = copied[slot]
+            assert event is not None
+            yield EventWait(event)
+            sends[slot] = comm.Isend(raw(slots[slot][0].ptr, n, readonly=True), dest, tag)
+        pending = [r for r in sends if r is not None]
+        if pending:
+            yield MPIWait(pending)
+    finally:
+        for buf, cls in slots:
+            pool.give(buf, cls)
+
+
