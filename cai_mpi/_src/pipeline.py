@@ -206,7 +206,12 @@ class Pipeline:
         mine = np.array([self.stage if failed_here else self._size, self._sent, self._received, self._credits_sent,
                          self._prefetch is not None], np.int64)
         everyone = np.empty((self._size, len(mine)), np.int64)
-        self._ctl.Allgather(mine, everyone)
+        agreed = self._ctl.Iallgather(mine, everyone)
+        pause = 0.0
+        while not agreed.Test():  # meanwhile sends of this stage that still need driving (staging) go on
+            self._reap()
+            time.sleep(pause)
+            pause = min(pause * 2 + 1e-6, 1e-4)
         report = self._settle(everyone)
         self._data.Free()
         self._ctl.Free()

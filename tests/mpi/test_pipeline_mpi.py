@@ -1,0 +1,181 @@
+"""Pipeline between real MPI ranks: every rank is a stage; passes at any world size >= 2."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cai_mpi
+from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, use_runtime
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+
+
+def item(i: int) -> np.ndarray[Any, Any]:
+    return np.arange(i, i + 6 * (i % 4), dtype="<f8").reshape(-1, 2) if i % 4 else np.zeros((0, 2))
+
+
+def forward_all(pipe: cai_mpi.Pipeline, transform: Any = None) -> list[cai_mpi.Array]:
+    """A middle stage forwards every item (keeping its meta); the last one keeps them."""
+    kept = []
+    for a in pipe:
+        if pipe.last:
+            kept.append(a)
+        else:
+            pipe.send(a if transform is None else transform(a), meta=None if transform is None else a.meta)
+    return kept
+
+
+def reuse_of_the_communicator() -> None:
+    """Afterwards nothing of the pipeline is left unmatched: plain point-to-point works on the same comm."""
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    req = cai_mpi.isend_array(np.full(2, rank), nxt, tag=31)
+    got = cai_mpi.recv_array(prv, tag=31)
+    req.wait()
+    assert np.asarray(got).tolist() == [prv, prv]
+    comm.Barrier()
+
+
+@pytest.mark.parametrize("depth", [1, 2, 5])
+def test_items_arrive_in_order_with_their_meta(depth: int) -> None:
+    n = 12
+    with cai_mpi.Pipeline(depth=depth) as pipe:
+        assert (pipe.stage, pipe.first, pipe.last, pipe.depth) == (rank, rank == 0, rank == size - 1, depth)
+        if pipe.first:
+            for i in range(n):
+                pipe.send(item(i), meta={"i": i})
+        kept = [] if pipe.first else forward_all(pipe)
+    if rank == size - 1:
+        assert [a.meta for a in kept] == [{"i": i} for i in range(n)]
+        for i, a in enumerate(kept):
+            assert a.shape == item(i).shape and np.array_equal(np.asarray(a), item(i))
+    reuse_of_the_communicator()
+
+
+def test_stages_transform_and_the_end_of_the_stream_is_sticky() -> None:
+    with cai_mpi.Pipeline() as pipe:
+        if pipe.first:
+            for i in range(5):
+                pipe.send(np.full(4, i, "<i8"), meta={"i": i})
+            pipe.close()
+            pipe.close()  # idempotent
+            with pytest.raises(ValueError, match="already closed"):
+                pipe.send(np.zeros(1))
+            with pytest.raises(ValueError, match="first stage"):
+                pipe.recv()
+        else:
+            kept = forward_all(pipe, transform=lambda a: np.asarray(a) * 2)
+            assert pipe.recv() is None and pipe.recv() is None
+            if pipe.last:
+                factor = 2 ** (size - 2)
+                assert [np.asarray(a).tolist() for a in kept] == [[i * factor] * 4 for i in range(5)]
+                assert [a.meta for a in kept] == [{"i": i} for i in range(5)]
+                with pytest.raises(ValueError, match="last stage"):
+                    pipe.send(np.zeros(1))
+                pipe.close()  # does nothing on the last stage
+    reuse_of_the_communicator()
+
+
+def test_send_blocks_beyond_depth_items_not_yet_received() -> None:
+    depth, extra, pause = 2, 3, 0.6
+    returned: list[float] = []
+    started = np.zeros(1)
+    with cai_mpi.Pipeline(depth=depth) as pipe:
+        if rank == 0:
+            for i in range(depth + extra):
+                pipe.send(np.full(1000, i), meta={"i": i})
+                returned.append(time.monotonic())
+        elif rank == 1:
+            time.sleep(pause)  # nothing received yet: stage 0 may have depth items in flight, no more
+            started[0] = time.monotonic()
+            forward_all(pipe)
+        else:
+            forward_all(pipe)
+    comm.Bcast(started, root=1)
+    if rank == 0:
+        assert all(t < started[0] for t in returned[:depth])  # depth sends never wait
+        assert all(t >= started[0] for t in returned[depth:]), (returned, started[0])
+    reuse_of_the_communicator()
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_a_failing_stage_reaches_every_other_stage(where: str) -> None:
+    failing = {"first": 0, "middle": size // 2, "last": size - 1}[where]
+    if where == "middle" and size < 3:
+        failing = 1
+    outcome: Any = None
+    try:
+        with cai_mpi.Pipeline(depth=2) as pipe:
+            if pipe.first:
+                for i in range(50):
+                    if rank == failing and i == 3:
+                        raise KeyError(f"stage {rank} broke")
+                    pipe.send(np.full(10, i), meta={"i": i})
+            else:
+                for a in pipe:
+                    if rank == failing and a.meta == {"i": 2}:
+                        raise KeyError(f"stage {rank} broke")
+                    if not pipe.last:
+                        pipe.send(a)
+    except cai_mpi.PipelineError as exc:
+        outcome = exc
+    except KeyError as exc:
+        outcome = exc
+    if rank == failing:
+        assert isinstance(outcome, KeyError) and not isinstance(outcome, cai_mpi.PipelineError)
+    else:
+        assert isinstance(outcome, cai_mpi.PipelineError), outcome
+        assert outcome.rank == failing and f"stage {failing} failed" in str(outcome)
+        assert outcome.meta == (None if failing == 0 else {"i": 2})
+    reuse_of_the_communicator()
+
+
+def test_a_stage_that_finished_still_hears_of_a_failure_downstream() -> None:
+    outcome: Any = None
+    try:
+        with cai_mpi.Pipeline() as pipe:
+            if pipe.first:
+                pipe.send(np.ones(3), meta={"i": 0})  # then leaves, its part done
+            else:
+                for _a in pipe:
+                    if pipe.last:
+                        raise RuntimeError("the last stage broke")
+                    pipe.send(_a)
+    except cai_mpi.PipelineError as exc:
+        outcome = exc
+    except RuntimeError as exc:
+        outcome = exc
+    if rank == size - 1:
+        assert isinstance(outcome, RuntimeError)
+    else:
+        assert isinstance(outcome, cai_mpi.PipelineError) and outcome.rank == size - 1
+    reuse_of_the_communicator()
+
+
+def test_device_items_stay_on_the_device() -> None:
+    with use_runtime(SimulatedRuntime()), cai_mpi.Pipeline() as pipe:
+        if pipe.first:
+            for i in range(3):
+                pipe.send(FakeCudaArray(np.full(5, float(i)), device=True), meta={"i": i})
+        else:
+            for a in pipe:
+                assert a.device == 0
+                if pipe.last:
+                    assert np.array_equal(a.numpy(), np.full(5, float(a.meta["i"])))
+                else:
+                    pipe.send(a)
+    reuse_of_the_communicator()
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="depth"):
+        cai_mpi.Pipeline(depth=0)
+    with pytest.raises(TypeError, match="intracommunicator"):
+        cai_mpi.Pipeline(comm="world")  # type: ignore[arg-type]
