@@ -2,9 +2,10 @@
 
 Run:  mpiexec -n 4 python examples/pipeline.py [--batches 8]
 
-With a GPU and CuPy the batches live on the device (CuPy arrays in, cai_mpi Arrays through);
-without, they are host numpy arrays. Nobody tells the receivers a shape or dtype: each message
-describes itself, and `meta` carries the micro-batch id along the chain.
+With a GPU and CuPy the batches live on the device (CuPy arrays in, cai_mpi Arrays through); without,
+they are host numpy arrays. Nobody tells the receivers a shape or dtype: each item describes itself,
+`meta` carries the micro-batch id along the chain, a stage has at most `depth` items in flight to the
+next (back-pressure), and an error on any stage stops every stage with a PipelineError naming it.
 """
 
 from __future__ import annotations
@@ -29,45 +30,40 @@ def array_module():  # type: ignore[no-untyped-def]
     return np
 
 
+def batch(b: int, xp: object = np) -> np.ndarray:  # type: ignore[type-arg]
+    return xp.arange(b, b + 1000 * (b + 1), dtype=xp.float32).reshape(b + 1, 1000)  # type: ignore[attr-defined,no-any-return]
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", type=int, default=8)
+    p.add_argument("--depth", type=int, default=2, help="items a stage may have in flight to the next")
     args = p.parse_args()
     comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    xp = array_module()
-    last = size - 1
-
-    if size == 1:
+    if comm.Get_size() == 1:
         print("run with at least 2 ranks: mpiexec -n 4 python examples/pipeline.py")
         return 0
-    if rank == 0:
-        pending = []
-        for b in range(args.batches):
-            batch = xp.arange(b, b + 1000 * (b + 1), dtype=xp.float32).reshape(b + 1, 1000)
-            pending.append(cai_mpi.isend_array(batch, 1, meta={"batch": b, "stages": [0]}))
-        for req in pending:
-            req.wait()
-    else:
-        for _ in range(args.batches):
-            a = cai_mpi.recv_array(rank - 1)
-            meta = dict(a.meta or {}, stages=[*a.meta["stages"], rank])
-            if rank == last:
-                b = meta["batch"]
-                data = np.asarray(a) if a.device == "host" else a.numpy()
-                expected = np.arange(b, b + 1000 * (b + 1), dtype=np.float32).reshape(b + 1, 1000) * 2.0 ** (size - 2)
-                ok = np.array_equal(data, expected)
-                print(f"rank {rank}: batch {b} shape {a.shape} via ranks {meta['stages']}: {'ok' if ok else 'WRONG'}")
-                if not ok:
-                    return 1
-            else:
-                # Transform on whatever device the data landed on, then forward with the updated meta.
-                y = xp.asarray(a) * 2 if a.device != "host" else np.asarray(a) * 2
-                cai_mpi.send_array(y, rank + 1, meta=meta)
-    comm.Barrier()
-    if rank == last:
-        print(f"pipeline of {size} ranks: {args.batches} batches arrived intact")
-    return 0
+    xp = array_module()
+    ok = True
+    with cai_mpi.Pipeline(comm, depth=args.depth) as pipe:
+        if pipe.first:
+            for b in range(args.batches):
+                pipe.send(batch(b, xp), meta={"batch": b})
+        else:
+            for a in pipe:  # the next item is received while this one is worked on
+                if pipe.last:
+                    b = a.meta["batch"]
+                    data = np.asarray(a) if a.device == "host" else a.numpy()
+                    good = np.array_equal(data, batch(b) * 2.0 ** (pipe.stage - 1))
+                    ok &= good
+                    print(f"rank {pipe.stage}: batch {b} shape {a.shape}: {'ok' if good else 'WRONG'}")
+                else:
+                    y = xp.asarray(a) * 2 if a.device != "host" else np.asarray(a) * 2
+                    pipe.send(y, meta=a.meta)  # a new array: pass the item's meta on
+    ok = comm.allreduce(ok, op=MPI.LAND)
+    if comm.Get_rank() == comm.Get_size() - 1:
+        print(f"pipeline of {comm.Get_size()} ranks: {args.batches} batches {'arrived intact' if ok else 'WRONG'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

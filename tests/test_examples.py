@@ -20,14 +20,22 @@ def test_demo(nprocs: int) -> None:
     assert "MISMATCH" not in out
 
 
-def test_pipeline_example() -> None:
-    out = run(4, "examples/pipeline.py", "--batches", "5")
-    assert out.count(": ok") == 5 and "arrived intact" in out
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_pipeline_example(nprocs: int) -> None:
+    out = run(nprocs, "examples/pipeline.py", "--batches", "5", "--depth", "1")
+    assert out.count(": ok") == 5 and "arrived intact" in out and "WRONG" not in out
 
 
-def test_halo_exchange_example() -> None:
-    out = run(3, "examples/halo_exchange.py")
-    assert out.count(": ok") == 3
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_halo_exchange_example(nprocs: int) -> None:
+    out = run(nprocs, "examples/halo_exchange.py")
+    assert out.count(": ok") == nprocs and "WRONG" not in out
+
+
+@pytest.mark.parametrize("nprocs", [1, 4])
+def test_allreduce_average_example(nprocs: int) -> None:
+    out = run(nprocs, "examples/allreduce_average.py", "--steps", "200")
+    assert out.count(": ok") == nprocs and "WRONG" not in out
 
 
 @pytest.mark.parametrize("nprocs", [1, 3])
