@@ -80,6 +80,11 @@ def _locate(desc: CAIDescriptor, runtime: Runtime) -> Location:
     return HOST if ordinal is None else Location(MemoryKind.DEVICE, ordinal)
 
 
+def _at_host_address(desc: CAIDescriptor, location: Location) -> CAIDescriptor:
+    """``desc`` where the host reads it (memory CUDA maps at a device alias is read at its host address)."""
+    return desc if location.host_address is None else desc.replace(ptr=location.host_address)
+
+
 def send_source(fn: str, obj: Any, sync: bool | None, runtime: Runtime) -> np.ndarray[Any, Any] | DeviceSource:
     """What ``fn`` sends for ``obj``: a host array, or device memory; the producer is synchronized first."""
     if type(obj) is np.ndarray:
@@ -98,7 +103,7 @@ def send_source(fn: str, obj: Any, sync: bool | None, runtime: Runtime) -> np.nd
     if location.kind is MemoryKind.DEVICE:
         assert location.ordinal is not None
         return DeviceSource(desc, location.ordinal, obj)
-    return host_view(desc)
+    return host_view(_at_host_address(desc, location))
 
 
 @dataclasses.dataclass(slots=True)
@@ -199,7 +204,8 @@ def recv_target(fn: str, out: Any, runtime: Runtime) -> Target:
     location = _locate(desc, runtime)
     producer = desc if (desc.stream is not None or desc.version < 3) else None
     if location.kind is not MemoryKind.DEVICE:
-        return _host_target(host_view(desc, readonly=desc.readonly), out, producer, location)
+        return _host_target(host_view(_at_host_address(desc, location), readonly=desc.readonly), out, producer,
+                            location)
     return RecvTarget(
         shape=desc.shape, dtype=desc.dtype, readonly=desc.readonly, self_overlapping=desc.may_self_overlap,
         host=None, desc=desc, ordinal=location.ordinal, owner=out, producer=producer, location=location,

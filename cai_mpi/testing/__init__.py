@@ -20,8 +20,12 @@ import numpy as np
 from .._src.runtime import Runtime, get_runtime, set_runtime
 from ._runtime import SimulatedDeviceBuffer, SimulatedRuntime
 from ._streams import SimulatedEvent, SimulatedStream
+from .cuda_driver import CudaDriverDouble
 
-__all__ = ["FakeCudaArray", "SimulatedEvent", "SimulatedRuntime", "SimulatedStream", "use_runtime"]
+__all__ = [
+    "CudaDriverDouble", "FakeCudaArray", "SimulatedEvent", "SimulatedRuntime", "SimulatedStream", "double_runtime",
+    "use_runtime",
+]
 
 
 class FakeCudaArray:
@@ -126,3 +130,17 @@ def use_runtime(runtime: Runtime | str) -> Iterator[Runtime]:
         yield get_runtime()
     finally:
         set_runtime(previous)
+
+
+def double_runtime(devices: int = 2, ordinal: int = 0, *, cuda_aware: bool = False) -> Runtime:
+    """cai_mpi's real CUDA runtime on a fresh ``CudaDriverDouble`` (``runtime.driver_double`` is the double).
+
+    ``cuda_aware``: device memory readable by the host, as a CUDA-aware MPI needs it (else any host access,
+    a non-CUDA-aware MPI's included, faults as on a GPU).
+    """
+    from .._src.runtime.cuda import CudaRuntime
+
+    double = CudaDriverDouble(devices, device_memory_host_accessible=cuda_aware)
+    runtime = CudaRuntime(ordinal, driver=double)
+    runtime.driver_double = double  # type: ignore[attr-defined]
+    return runtime

@@ -33,7 +33,8 @@ def _make(name: str | None) -> Runtime:
     if name == "simulated":  # the test double of a GPU, injected by name: nothing here depends on it
         testing = importlib.import_module("cai_mpi.testing")
         return testing.SimulatedRuntime()  # type: ignore[no-any-return]
-    from .cuda import CudaRuntime, probe, visible_device_count
+    from .cuda import CudaRuntime
+    from .cudadriver import probe, visible_device_count
 
     usable, reason = probe()
     if not usable:

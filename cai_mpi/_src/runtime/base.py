@@ -37,10 +37,15 @@ class MemoryKind(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Location:
-    """Where a pointer lives. ``ordinal`` is the GPU for DEVICE/MANAGED memory, else None."""
+    """Where a pointer lives. ``ordinal`` is the GPU for DEVICE/MANAGED memory, else None.
+
+    ``host_address``: for host memory CUDA maps at another address (a device alias of mapped pinned or
+    registered memory), where the host reads what the pointer points at; None when it is the pointer itself.
+    """
 
     kind: MemoryKind
     ordinal: int | None = None
+    host_address: int | None = None
 
 
 HOST = Location(MemoryKind.HOST)

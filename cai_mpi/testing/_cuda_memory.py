@@ -1,0 +1,256 @@
+"""Memory of the CUDA driver double: device allocations the host cannot touch, pinned host memory, pointers."""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import mmap
+import os
+import threading
+from typing import Any
+
+from ._cuda_streams import Stream
+from ._cuda_types import (
+    MAP_FAILED,
+    PAGE,
+    Block,
+    CUcontext,
+    CUdeviceptr,
+    CUmemorytype,
+    CUpointer_attribute,
+    CUresult,
+    libc,
+    value,
+)
+
+__all__ = ["Memory"]
+
+
+class Memory:
+    """The memory calls of the double (mixed into ``CudaDriverDouble``)."""
+
+    host_accessible: bool
+    _lock: threading.RLock
+    _blocks: dict[int, Block]
+    _starts: list[int]
+    pinned_bytes_outstanding: int
+    pinned_bytes_peak: int
+    pinned_allocations: int
+    CU_MEMHOSTALLOC_DEVICEMAP: int
+
+    def _enter(self, name: str, *, needs_init: bool = True, needs_context: bool = False) -> CUresult | None:
+        raise NotImplementedError
+
+    def _current(self) -> int:
+        raise NotImplementedError
+
+    def _ordinal_of(self, context: int) -> int:
+        raise NotImplementedError
+
+    def _stream(self, handle: Any) -> Stream | None:
+        raise NotImplementedError
+
+    def _implicit(self, stream: Stream) -> list[Any]:
+        raise NotImplementedError
+
+
+    def _map(self, fd: int, nbytes: int, prot: int) -> int:
+        address = libc.mmap(None, nbytes, prot, mmap.MAP_SHARED, fd, 0)
+        if address in (None, MAP_FAILED):
+            raise OSError(ctypes.get_errno(), "mmap failed in the CUDA driver double")
+        return int(address)
+
+    def _register(self, block: Block) -> None:
+        with self._lock:
+            self._blocks[block.address] = block
+            bisect.insort(self._starts, block.address)
+
+    def _unregister(self, address: int) -> Block | None:
+        with self._lock:
+            block = self._blocks.pop(address, None)
+            if block is not None:
+                self._starts.remove(address)
+            return block
+
+    def _find(self, address: int) -> Block | None:
+        """The allocation ``address`` falls into (its start, or any byte of it)."""
+        with self._lock:
+            i = bisect.bisect_right(self._starts, address) - 1
+            if i < 0:
+                return None
+            block = self._blocks[self._starts[i]]
+            return block if address < block.address + max(block.nbytes, 1) else None
+
+    def _device_block(self, nbytes: int, kind: str) -> Block:
+        size = max(-(-nbytes // PAGE) * PAGE, PAGE)
+        fd = os.memfd_create("cuda-driver-double", os.MFD_CLOEXEC)
+        os.ftruncate(fd, size)
+        rw = mmap.PROT_READ | mmap.PROT_WRITE
+        twin = self._map(fd, size, rw)
+        exposed = rw if (self.host_accessible or kind == "managed") else 0  # PROT_NONE: the host faults
+        address = self._map(fd, size, exposed)
+        ctx = self._current()
+        return Block(kind, address, twin, nbytes, self._ordinal_of(ctx), ctx, fd=fd,
+                      maps=((address, size), (twin, size)))
+
+    def _drop(self, block: Block) -> None:
+        for address, size in block.maps:
+            libc.munmap(address, size)
+        if block.fd >= 0:
+            os.close(block.fd)
+
+    def cuMemAlloc(self, bytesize: int) -> tuple[CUresult, CUdeviceptr | None]:
+        failure = self._enter("cuMemAlloc", needs_context=True)
+        if failure:
+            return failure, None
+        block = self._device_block(int(bytesize), "device")
+        self._register(block)
+        return CUresult.CUDA_SUCCESS, CUdeviceptr(block.address)
+
+    def cuMemAllocManaged(self, bytesize: int, flags: int) -> tuple[CUresult, CUdeviceptr | None]:
+        failure = self._enter("cuMemAllocManaged", needs_context=True)
+        if failure:
+            return failure, None
+        block = self._device_block(int(bytesize), "managed")
+        self._register(block)
+        return CUresult.CUDA_SUCCESS, CUdeviceptr(block.address)
+
+    def cuMemFree(self, dptr: Any) -> tuple[CUresult]:
+        failure = self._enter("cuMemFree", needs_context=True)
+        if failure is None:
+            block = self._blocks.get(value(dptr))
+            if block is None or block.kind not in ("device", "managed"):
+                failure = CUresult.CUDA_ERROR_INVALID_VALUE
+            else:
+                self._unregister(block.address)
+                self._drop(block)
+        return (failure or CUresult.CUDA_SUCCESS,)
+
+    def cuMemAllocAsync(self, bytesize: int, hStream: Any) -> tuple[CUresult, CUdeviceptr | None]:
+        """Stream-ordered allocation: usable by work enqueued on ``hStream`` after this call."""
+        failure = self._enter("cuMemAllocAsync", needs_context=True)
+        stream = None if failure else self._stream(hStream)
+        if failure or stream is None:
+            return failure or CUresult.CUDA_ERROR_INVALID_HANDLE, None
+        block = self._device_block(int(bytesize), "device")
+        block.kind = "async"
+        self._register(block)
+        return CUresult.CUDA_SUCCESS, CUdeviceptr(block.address)
+
+    def cuMemFreeAsync(self, dptr: Any, hStream: Any) -> tuple[CUresult]:
+        """Stream-ordered free: the memory goes once the work enqueued on ``hStream`` before it has run."""
+        failure = self._enter("cuMemFreeAsync", needs_context=True)
+        stream = None if failure else self._stream(hStream)
+        block = self._blocks.get(value(dptr))
+        if failure is None and (stream is None or block is None):
+            failure = CUresult.CUDA_ERROR_INVALID_VALUE
+        if failure is None:
+            assert stream is not None and block is not None
+            def free() -> None:
+                self._unregister(block.address)
+                self._drop(block)
+
+            stream.enqueue(free, self._implicit(stream))
+        return (failure or CUresult.CUDA_SUCCESS,)
+
+    def cuMemHostAlloc(self, bytesize: int, Flags: int) -> tuple[CUresult, int | None]:
+        failure = self._enter("cuMemHostAlloc", needs_context=True)
+        if failure:
+            return failure, None
+        nbytes = int(bytesize)
+        size = max(-(-nbytes // PAGE) * PAGE, PAGE)
+        fd = os.memfd_create("cuda-driver-double-pinned", os.MFD_CLOEXEC)
+        os.ftruncate(fd, size)
+        host = self._map(fd, size, mmap.PROT_READ | mmap.PROT_WRITE)
+        maps: tuple[tuple[int, int], ...] = ((host, size),)
+        ctx = self._current()
+        block = Block("pinned", host, host, nbytes, self._ordinal_of(ctx), ctx, host=host, fd=fd)
+        if int(Flags) & self.CU_MEMHOSTALLOC_DEVICEMAP:
+            exposed = mmap.PROT_READ | mmap.PROT_WRITE if self.host_accessible else 0
+            alias = self._map(fd, size, exposed)
+            maps += ((alias, size),)
+            block.alias = alias
+            self._register(Block("alias", alias, host, nbytes, block.ordinal, ctx, host=host))
+        block.maps = maps
+        self._register(block)
+        with self._lock:
+            self.pinned_bytes_outstanding += nbytes
+            self.pinned_bytes_peak = max(self.pinned_bytes_peak, self.pinned_bytes_outstanding)
+            self.pinned_allocations += 1
+        return CUresult.CUDA_SUCCESS, host
+
+    def cuMemFreeHost(self, p: Any) -> tuple[CUresult]:
+        failure = self._enter("cuMemFreeHost")
+        block = self._blocks.get(value(p))
+        if failure is None and (block is None or block.kind != "pinned"):
+            failure = CUresult.CUDA_ERROR_INVALID_VALUE
+        if failure is None:
+            assert block is not None
+            self._unregister(block.address)
+            if block.alias:
+                self._unregister(block.alias)
+            self._drop(block)
+            with self._lock:
+                self.pinned_bytes_outstanding -= block.nbytes
+                self.pinned_allocations -= 1
+        return (failure or CUresult.CUDA_SUCCESS,)
+
+    def cuMemHostGetDevicePointer(self, p: Any, Flags: int) -> tuple[CUresult, CUdeviceptr | None]:
+        failure = self._enter("cuMemHostGetDevicePointer", needs_context=True)
+        block = self._find(value(p))
+        if failure is None and (block is None or block.kind != "pinned"):
+            failure = CUresult.CUDA_ERROR_INVALID_VALUE
+        if failure:
+            return failure, None
+        assert block is not None
+        offset = value(p) - block.address
+        return CUresult.CUDA_SUCCESS, CUdeviceptr((block.alias or block.address) + offset)
+
+    def _pointer_values(self, block: Block | None, ptr: int) -> dict[int, Any]:
+        a = CUpointer_attribute
+        if block is None:
+            return {
+                a.CU_POINTER_ATTRIBUTE_MEMORY_TYPE: 0, a.CU_POINTER_ATTRIBUTE_IS_MANAGED: False,
+                a.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: -2, a.CU_POINTER_ATTRIBUTE_HOST_POINTER: 0,
+                a.CU_POINTER_ATTRIBUTE_DEVICE_POINTER: CUdeviceptr(0), a.CU_POINTER_ATTRIBUTE_CONTEXT: CUcontext(0),
+                a.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: CUdeviceptr(0), a.CU_POINTER_ATTRIBUTE_RANGE_SIZE: 0,
+                a.CU_POINTER_ATTRIBUTE_MAPPED: False,
+            }
+        offset = ptr - block.address
+        on_host = block.kind in ("pinned", "alias")
+        memory_type = CUmemorytype.CU_MEMORYTYPE_HOST if on_host else CUmemorytype.CU_MEMORYTYPE_DEVICE
+        device_pointer = (block.alias or block.address) if block.kind == "pinned" else block.address
+        return {
+            a.CU_POINTER_ATTRIBUTE_MEMORY_TYPE: int(memory_type),
+            a.CU_POINTER_ATTRIBUTE_IS_MANAGED: block.kind == "managed",
+            a.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: block.ordinal,
+            a.CU_POINTER_ATTRIBUTE_HOST_POINTER: (block.host + offset) if on_host else 0,
+            a.CU_POINTER_ATTRIBUTE_DEVICE_POINTER: CUdeviceptr(device_pointer + offset),
+            a.CU_POINTER_ATTRIBUTE_CONTEXT: CUcontext(block.context),
+            a.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: CUdeviceptr(block.address),
+            a.CU_POINTER_ATTRIBUTE_RANGE_SIZE: block.nbytes,
+            a.CU_POINTER_ATTRIBUTE_MAPPED: True,
+        }
+
+    def cuPointerGetAttribute(self, attribute: CUpointer_attribute, ptr: Any) -> tuple[CUresult, Any]:
+        attribute.value  # noqa: B018  (a plain int raises AttributeError, as in cuda-bindings)
+        failure = self._enter("cuPointerGetAttribute")
+        block = self._find(value(ptr))
+        if failure is None and block is None:
+            failure = CUresult.CUDA_ERROR_INVALID_VALUE  # memory CUDA does not know
+        if failure:
+            return failure, None
+        return CUresult.CUDA_SUCCESS, self._pointer_values(block, value(ptr))[int(attribute)]
+
+    def cuPointerGetAttributes(
+        self, numAttributes: int, attributes: list[CUpointer_attribute] | tuple[CUpointer_attribute, ...], ptr: Any
+    ) -> tuple[CUresult, list[Any] | None]:
+        typed = isinstance(attributes, (list, tuple)) and all(isinstance(a, CUpointer_attribute) for a in attributes)
+        if not typed:
+            raise TypeError("Argument 'attributes' is not instance of type (expected "
+                            "tuple[cydriver.CUpointer_attribute] or list[cydriver.CUpointer_attribute]")
+        failure = self._enter("cuPointerGetAttributes")
+        if failure:
+            return failure, None
+        values = self._pointer_values(self._find(value(ptr)), value(ptr))
+        return CUresult.CUDA_SUCCESS, [values[int(a)] for a in attributes[: int(numAttributes)]]

@@ -1,0 +1,453 @@
+"""A double of the CUDA driver API module (``cuda.bindings.driver``) with CUDA's documented semantics.
+
+``CudaDriverDouble`` stands where cai_mpi's CUDA runtime expects the cuda-bindings driver module, so the
+real ``cai_mpi._src.runtime.cuda`` and everything above it run on a machine without a GPU:
+
+- the same call and return conventions: every function returns ``(_CUresult, outputs...)``, output slots
+  are None on error, attributes must be enum members, handles are handle objects (``int(h)`` is the
+  value) and plain ints are accepted where the real bindings accept them;
+- several devices, a primary context each (retained and released), and a current context per thread
+  (``cuCtxSetCurrent``/``Push``/``Pop``); calls that need a context fail with CUDA_ERROR_INVALID_CONTEXT;
+- device memory the host can never touch: each allocation is a memfd mapped twice, ``PROT_NONE`` at the
+  address handed out (a host read, or a non-CUDA-aware MPI, faults as on a GPU) and read-write at a twin
+  address only the double's copies use. ``device_memory_host_accessible=True`` maps it read-write instead,
+  for tests that model a CUDA-aware MPI;
+- streams with a worker thread each; the legacy default stream (handles 0 and 1) is ordered against the
+  blocking streams of its context but not the ``CU_STREAM_NON_BLOCKING`` ones; handle 2 is the calling
+  thread's per-thread default stream; events; copies, 2-D copies and memsets in stream order;
+- pinned host memory, counted (``pinned_bytes_outstanding``, ``pinned_bytes_peak``, ``pinned_allocations``).
+
+Test hooks play the producer: ``launch`` and ``kernel_write`` enqueue a "kernel" on any stream,
+``set_copy_delay`` makes copies slow, ``fail_next`` makes one call return an error, ``read_device`` and
+``write_device`` look into device memory. It models no kernels of its own and no CuPy.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ._cuda_memory import Memory
+from ._cuda_streams import DONE, Fence, Stream
+from ._cuda_types import CUDA_MEMCPY2D as _CUDA_MEMCPY2D
+from ._cuda_types import Block as _Block
+from ._cuda_types import CUcontext as _CUcontext
+from ._cuda_types import CUdevice as _CUdevice
+from ._cuda_types import CUdeviceptr as _CUdeviceptr
+from ._cuda_types import CUevent as _CUevent
+from ._cuda_types import CUevent_flags as _CUevent_flags
+from ._cuda_types import CUmemorytype as _CUmemorytype
+from ._cuda_types import CUpointer_attribute as _CUpointer_attribute
+from ._cuda_types import CUresult as _CUresult
+from ._cuda_types import CUstream as _CUstream
+from ._cuda_types import CUstream_flags as _CUstream_flags
+from ._cuda_types import value as _value
+
+__all__ = ["CudaDriverDouble"]
+
+
+class CudaDriverDouble(Memory):
+    """The double of ``cuda.bindings.driver``: pass it where the CUDA runtime takes its driver module."""
+
+    CUresult, CUpointer_attribute, CUmemorytype = _CUresult, _CUpointer_attribute, _CUmemorytype
+    CUstream_flags, CUevent_flags, CUDA_MEMCPY2D = _CUstream_flags, _CUevent_flags, _CUDA_MEMCPY2D
+    CUdeviceptr, CUstream, CUevent, CUcontext, CUdevice = _CUdeviceptr, _CUstream, _CUevent, _CUcontext, _CUdevice
+    CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_WRITECOMBINED = 1, 2, 4
+    CU_MEM_ATTACH_GLOBAL = 1
+    CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
+    CUDA_VERSION = 12090
+
+    def __init__(self, devices: int = 2, *, device_memory_host_accessible: bool = False) -> None:
+        self.devices = devices
+        self.host_accessible = device_memory_host_accessible
+        self._lock = threading.RLock()
+        self._tls = threading.local()
+        self._initialized = False
+        self._retains = [0] * devices
+        self._blocks: dict[int, _Block] = {}  # address -> block (device, managed, pinned, alias)
+        self._starts: list[int] = []
+        self._streams: dict[int, Stream] = {}
+        self._legacy: dict[int, Stream] = {}  # context -> its legacy default stream
+        self._events: dict[int, Fence] = {}
+        self._next_handle = 0x5EED_0000
+        self._fail: dict[str, _CUresult] = {}
+        self.copy_delay = 0.0
+        self.pinned_bytes_outstanding = self.pinned_bytes_peak = self.pinned_allocations = 0
+        self.calls: list[tuple[str, int]] = []  # (function, current context) of every call, for tests
+
+    # -- conventions -----------------------------------------------------------------------------------------
+
+    def _enter(self, name: str, *, needs_init: bool = True, needs_context: bool = False) -> _CUresult | None:
+        """The status a call fails with before doing anything, or None."""
+        self.calls.append((name, self._current()))
+        failure = self._fail.pop(name, None)
+        if failure is not None:
+            return failure
+        if needs_init and not self._initialized:
+            return _CUresult.CUDA_ERROR_NOT_INITIALIZED
+        if needs_context and not self._current():
+            return _CUresult.CUDA_ERROR_INVALID_CONTEXT
+        return None
+
+    def _handle(self) -> int:
+        with self._lock:
+            self._next_handle += 0x10
+            return self._next_handle
+
+    def fail_next(self, name: str, result: _CUresult) -> None:
+        """The next call of ``name`` returns ``result`` and does nothing."""
+        self._fail[name] = result
+
+    # -- errors, devices, contexts ------------------------------------------------------------------------------
+
+    def cuGetErrorName(self, error: Any) -> tuple[_CUresult, bytes | None]:
+        try:
+            return _CUresult.CUDA_SUCCESS, _CUresult(int(error)).name.encode()
+        except ValueError:
+            return _CUresult.CUDA_ERROR_INVALID_VALUE, None
+
+    def cuGetErrorString(self, error: Any) -> tuple[_CUresult, bytes | None]:
+        return _CUresult.CUDA_SUCCESS, f"(driver double) status {int(error)}".encode()
+
+    def cuInit(self, Flags: int) -> tuple[_CUresult]:
+        failure = self._enter("cuInit", needs_init=False)
+        if failure is None:
+            self._initialized = True
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def cuDriverGetVersion(self) -> tuple[_CUresult, int | None]:
+        failure = self._enter("cuDriverGetVersion", needs_init=False)
+        return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, self.CUDA_VERSION)
+
+    def cuDeviceGetCount(self) -> tuple[_CUresult, int | None]:
+        failure = self._enter("cuDeviceGetCount")
+        return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, self.devices)
+
+    def cuDeviceGet(self, ordinal: int) -> tuple[_CUresult, _CUdevice | None]:
+        failure = self._enter("cuDeviceGet")
+        if failure is None and not 0 <= int(ordinal) < self.devices:
+            failure = _CUresult.CUDA_ERROR_INVALID_DEVICE
+        return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, _CUdevice(ordinal))
+
+    def _context_of(self, ordinal: int) -> int:
+        return 0xC0DE_0000 + ordinal
+
+    def _ordinal_of(self, context: int) -> int:
+        return context - 0xC0DE_0000
+
+    def cuDevicePrimaryCtxRetain(self, dev: Any) -> tuple[_CUresult, _CUcontext | None]:
+        failure = self._enter("cuDevicePrimaryCtxRetain")
+        ordinal = _value(dev)
+        if failure is None and not 0 <= ordinal < self.devices:
+            failure = _CUresult.CUDA_ERROR_INVALID_DEVICE
+        if failure:
+            return failure, None
+        with self._lock:
+            self._retains[ordinal] += 1
+        return _CUresult.CUDA_SUCCESS, _CUcontext(self._context_of(ordinal))
+
+    def cuDevicePrimaryCtxRelease(self, dev: Any) -> tuple[_CUresult]:
+        failure = self._enter("cuDevicePrimaryCtxRelease")
+        ordinal = _value(dev)
+        if failure is None and not (0 <= ordinal < self.devices and self._retains[ordinal] > 0):
+            failure = _CUresult.CUDA_ERROR_INVALID_CONTEXT
+        if failure is None:
+            with self._lock:
+                self._retains[ordinal] -= 1
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def retained(self, ordinal: int) -> int:
+        """How many retains of ``ordinal``'s primary context are outstanding."""
+        return self._retains[ordinal]
+
+    def _stack(self) -> list[int]:
+        stack: list[int] | None = getattr(self._tls, "stack", None)
+        if stack is None:
+            stack = self._tls.stack = []
+        return stack
+
+    def _current(self) -> int:
+        stack = self._stack()
+        return stack[-1] if stack else 0
+
+    def _valid_context(self, ctx: int) -> bool:
+        return ctx == 0 or (0 <= self._ordinal_of(ctx) < self.devices and self._retains[self._ordinal_of(ctx)] > 0)
+
+    def cuCtxGetCurrent(self) -> tuple[_CUresult, _CUcontext | None]:
+        failure = self._enter("cuCtxGetCurrent")
+        return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, _CUcontext(self._current()))
+
+    def cuCtxSetCurrent(self, ctx: Any) -> tuple[_CUresult]:
+        failure = self._enter("cuCtxSetCurrent")
+        value = _value(ctx)
+        if failure is None and not self._valid_context(value):
+            failure = _CUresult.CUDA_ERROR_INVALID_CONTEXT
+        if failure is None:
+            stack = self._stack()
+            if value == 0:
+                stack.clear()
+            elif stack:
+                stack[-1] = value
+            else:
+                stack.append(value)
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def cuCtxPushCurrent(self, ctx: Any) -> tuple[_CUresult]:
+        failure = self._enter("cuCtxPushCurrent")
+        value = _value(ctx)
+        if failure is None and (value == 0 or not self._valid_context(value)):
+            failure = _CUresult.CUDA_ERROR_INVALID_CONTEXT
+        if failure is None:
+            self._stack().append(value)
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def cuCtxPopCurrent(self) -> tuple[_CUresult, _CUcontext | None]:
+        failure = self._enter("cuCtxPopCurrent", needs_context=True)
+        return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, _CUcontext(self._stack().pop()))
+
+    def cuCtxGetDevice(self) -> tuple[_CUresult, _CUdevice | None]:
+        failure = self._enter("cuCtxGetDevice", needs_context=True)
+        return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, _CUdevice(self._ordinal_of(self._current())))
+
+    def cuCtxSynchronize(self) -> tuple[_CUresult]:
+        failure = self._enter("cuCtxSynchronize", needs_context=True)
+        if failure is None:
+            ctx = self._current()
+            for stream in [s for s in self._all_streams() if s.context == ctx]:
+                stream.tail.wait()
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    # -- streams and events --------------------------------------------------------------------------------------
+
+    def _all_streams(self) -> list[Stream]:
+        with self._lock:
+            return [*self._streams.values(), *self._legacy.values()]
+
+    def _legacy_of(self, ctx: int) -> Stream:
+        with self._lock:
+            stream = self._legacy.get(ctx)
+            if stream is None:
+                stream = self._legacy[ctx] = Stream(1, ctx, True, f"legacy-default-{ctx:#x}")
+            return stream
+
+    def _stream(self, handle: Any) -> Stream | None:
+        """The stream a handle names for the calling thread (0/1: legacy, 2: per-thread default)."""
+        value = _value(handle)
+        ctx = self._current()
+        if value in (0, 1):
+            return self._legacy_of(ctx) if ctx else None
+        if value == 2:
+            if not ctx:
+                return None
+            per_thread: dict[int, Stream] | None = getattr(self._tls, "per_thread", None)
+            if per_thread is None:
+                per_thread = self._tls.per_thread = {}
+            stream = per_thread.get(ctx)
+            if stream is None:
+                stream = per_thread[ctx] = Stream(2, ctx, True, f"per-thread-default-{threading.get_ident()}")
+                with self._lock:
+                    self._streams[id(stream)] = stream
+            return stream
+        return self._streams.get(value)
+
+    def _implicit(self, stream: Stream) -> list[Fence]:
+        """What ``stream`` must wait for besides its own order: CUDA's legacy default stream semantics."""
+        if not stream.blocking:
+            return []
+        if stream.handle == 1:  # legacy: after every blocking stream of its context
+            return [s.tail for s in self._all_streams()
+                    if s.blocking and s.context == stream.context and s is not stream]
+        return [self._legacy_of(stream.context).tail]
+
+    def cuStreamCreate(self, Flags: int) -> tuple[_CUresult, _CUstream | None]:
+        failure = self._enter("cuStreamCreate", needs_context=True)
+        if failure:
+            return failure, None
+        handle = self._handle()
+        blocking = not int(Flags) & _CUstream_flags.CU_STREAM_NON_BLOCKING
+        with self._lock:
+            self._streams[handle] = Stream(handle, self._current(), blocking, f"stream-{handle:#x}")
+        return _CUresult.CUDA_SUCCESS, _CUstream(handle)
+
+    def cuStreamDestroy(self, hStream: Any) -> tuple[_CUresult]:
+        failure = self._enter("cuStreamDestroy")
+        with self._lock:
+            stream = self._streams.pop(_value(hStream), None) if _value(hStream) > 2 else None
+        if failure is None and stream is None:
+            failure = _CUresult.CUDA_ERROR_INVALID_HANDLE
+        if failure is None:
+            assert stream is not None
+            stream.close()
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def _on_stream(self, name: str, hStream: Any) -> tuple[_CUresult | None, Stream | None]:
+        failure = self._enter(name, needs_context=_value(hStream) in (0, 1, 2))
+        stream = None if failure else self._stream(hStream)
+        if failure is None and stream is None:
+            failure = _CUresult.CUDA_ERROR_INVALID_HANDLE
+        return failure, stream
+
+    def cuStreamSynchronize(self, hStream: Any) -> tuple[_CUresult]:
+        failure, stream = self._on_stream("cuStreamSynchronize", hStream)
+        if stream is not None:
+            stream.enqueue(lambda: None, self._implicit(stream)).wait()
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def cuStreamQuery(self, hStream: Any) -> tuple[_CUresult]:
+        failure, stream = self._on_stream("cuStreamQuery", hStream)
+        if stream is not None and not stream.tail.is_set():
+            failure = _CUresult.CUDA_ERROR_NOT_READY
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def cuStreamGetCtx(self, hStream: Any) -> tuple[_CUresult, _CUcontext | None]:
+        failure, stream = self._on_stream("cuStreamGetCtx", hStream)
+        if failure or stream is None:
+            return failure or _CUresult.CUDA_ERROR_INVALID_HANDLE, None
+        return _CUresult.CUDA_SUCCESS, _CUcontext(stream.context)
+
+    def cuStreamWaitEvent(self, hStream: Any, hEvent: Any, Flags: int) -> tuple[_CUresult]:
+        failure, stream = self._on_stream("cuStreamWaitEvent", hStream)
+        fence = self._events.get(_value(hEvent))
+        if failure is None and fence is None:
+            failure = _CUresult.CUDA_ERROR_INVALID_HANDLE
+        if failure is None:
+            assert stream is not None and fence is not None
+            stream.enqueue(lambda: None, [fence, *self._implicit(stream)])
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def cuEventCreate(self, Flags: int) -> tuple[_CUresult, _CUevent | None]:
+        failure = self._enter("cuEventCreate", needs_context=True)
+        if failure:
+            return failure, None
+        handle = self._handle()
+        self._events[handle] = DONE  # an event never recorded is complete
+        return _CUresult.CUDA_SUCCESS, _CUevent(handle)
+
+    def cuEventRecord(self, hEvent: Any, hStream: Any) -> tuple[_CUresult]:
+        failure, stream = self._on_stream("cuEventRecord", hStream)
+        if failure is None and _value(hEvent) not in self._events:
+            failure = _CUresult.CUDA_ERROR_INVALID_HANDLE
+        if failure is None:
+            assert stream is not None
+            self._events[_value(hEvent)] = stream.enqueue(lambda: None, self._implicit(stream))
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def cuEventSynchronize(self, hEvent: Any) -> tuple[_CUresult]:
+        failure = self._enter("cuEventSynchronize")
+        fence = self._events.get(_value(hEvent))
+        if failure is None and fence is None:
+            failure = _CUresult.CUDA_ERROR_INVALID_HANDLE
+        if failure is None:
+            assert fence is not None
+            fence.wait()
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def cuEventQuery(self, hEvent: Any) -> tuple[_CUresult]:
+        failure = self._enter("cuEventQuery")
+        fence = self._events.get(_value(hEvent))
+        if failure is None and fence is None:
+            failure = _CUresult.CUDA_ERROR_INVALID_HANDLE
+        if failure is None and not fence.is_set():  # type: ignore[union-attr]
+            failure = _CUresult.CUDA_ERROR_NOT_READY
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def cuEventDestroy(self, hEvent: Any) -> tuple[_CUresult]:
+        failure = self._enter("cuEventDestroy")
+        if failure is None and self._events.pop(_value(hEvent), None) is None:
+            failure = _CUresult.CUDA_ERROR_INVALID_HANDLE
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    # -- copies --------------------------------------------------------------------------------------------------
+
+    def _twin(self, address: int) -> int:
+        """Where the double reads or writes ``address``: the twin of device memory, host memory as it is."""
+        block = self._find(address)
+        if block is None:
+            return address  # pageable host memory
+        return block.twin + (address - block.address)
+
+    def _copy_op(self, dst: int, src: int, nbytes: int) -> Callable[[], None]:
+        def copy() -> None:
+            ctypes.memmove(self._twin(dst), self._twin(src), nbytes)
+
+        return copy
+
+    def cuMemcpyAsync(self, dst: Any, src: Any, ByteCount: int, hStream: Any) -> tuple[_CUresult]:
+        failure, stream = self._on_stream("cuMemcpyAsync", hStream)
+        if failure is None:
+            assert stream is not None
+            stream.enqueue(self._copy_op(_value(dst), _value(src), int(ByteCount)), self._implicit(stream),
+                           self.copy_delay)
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def cuMemcpy2DAsync(self, pCopy: _CUDA_MEMCPY2D, hStream: Any) -> tuple[_CUresult]:
+        failure, stream = self._on_stream("cuMemcpy2DAsync", hStream)
+        if failure is None:
+            assert stream is not None
+            c = pCopy
+            host = int(_CUmemorytype.CU_MEMORYTYPE_HOST)
+            src = _value(c.srcHost if int(c.srcMemoryType) == host else c.srcDevice)
+            src += c.srcXInBytes + c.srcY * c.srcPitch
+            dst = _value(c.dstHost if int(c.dstMemoryType) == host else c.dstDevice)
+            dst += c.dstXInBytes + c.dstY * c.dstPitch
+            rows = [(dst + r * c.dstPitch, src + r * c.srcPitch) for r in range(int(c.Height))]
+            width = int(c.WidthInBytes)
+
+            def copy_rows() -> None:
+                for d, s in rows:
+                    ctypes.memmove(self._twin(d), self._twin(s), width)
+
+            stream.enqueue(copy_rows, self._implicit(stream), self.copy_delay)
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def cuMemsetD8Async(self, dstDevice: Any, uc: int, N: int, hStream: Any) -> tuple[_CUresult]:
+        failure, stream = self._on_stream("cuMemsetD8Async", hStream)
+        if failure is None:
+            assert stream is not None
+            address, value, n = _value(dstDevice), int(uc), int(N)
+            stream.enqueue(lambda: ctypes.memset(self._twin(address), value, n) and None, self._implicit(stream))
+        return (failure or _CUresult.CUDA_SUCCESS,)
+
+    # -- test hooks ----------------------------------------------------------------------------------------------
+
+    def launch(self, stream: Any, fn: Callable[[], Any], *, delay: float = 0.0) -> None:
+        """Enqueue ``fn`` as a "kernel" on ``stream`` (any handle, 1 and 2 included, of the current context)."""
+        s = self._stream(stream)
+        if s is None:
+            raise ValueError(f"launch: no stream {_value(stream):#x} here (is a context current?)")
+        s.enqueue(fn, self._implicit(s), delay)
+
+    def kernel_write(self, stream: Any, dptr: Any, data: bytes, *, delay: float = 0.0) -> None:
+        """Enqueue a "kernel" that writes ``data`` at device address ``dptr`` on ``stream``."""
+        payload = bytes(data)
+        self.launch(stream, lambda: ctypes.memmove(self._twin(_value(dptr)), payload, len(payload)), delay=delay)
+
+    def set_copy_delay(self, seconds: float) -> None:
+        """Every later async copy waits ``seconds`` before it runs."""
+        self.copy_delay = seconds
+
+    def read_device(self, ptr: Any, nbytes: int) -> bytes:
+        """The bytes at device address ``ptr`` now (a test's look; no stream order)."""
+        return ctypes.string_at(self._twin(_value(ptr)), nbytes)
+
+    def write_device(self, ptr: Any, data: bytes) -> None:
+        """Write ``data`` at device address ``ptr`` now (a test's setup; no stream order)."""
+        ctypes.memmove(self._twin(_value(ptr)), bytes(data), len(data))
+
+    def close(self) -> None:
+        """Stop every worker and unmap every allocation."""
+        for stream in self._all_streams():
+            stream.close()
+        with self._lock:
+            blocks = [b for b in self._blocks.values() if b.kind != "alias"]
+            self._blocks.clear()
+            self._starts.clear()
+        for block in blocks:
+            self._drop(block)
+
+    def __enter__(self) -> CudaDriverDouble:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
