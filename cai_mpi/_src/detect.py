@@ -270,15 +270,16 @@ def detect_local(*, env: Mapping[str, str] | None = None) -> CudaAwareness:
 
     if _mpi_usable():
         kinds = _alloc_kinds()
-        if kinds is not None:
-            aware = _cuda_device_kind(kinds)
-            how = "includes" if aware else "does not include"
+        # Only a yes is conclusive: Open MPI 6 lists just the kinds a program asked for, so a CUDA-aware
+        # build can answer "mpi,system". Without CUDA device memory listed, the vendor queries decide.
+        if kinds is not None and _cuda_device_kind(kinds):
             return _answer(
-                aware,
+                True,
                 SOURCE_ALLOC_KINDS,
                 library,
-                f"The MPI library's {SOURCE_ALLOC_KINDS}={kinds!r} {how} CUDA device memory.",
+                f"The MPI library's {SOURCE_ALLOC_KINDS}={kinds!r} includes CUDA device memory.",
             )
+        unlisted = "" if kinds is None else f"{SOURCE_ALLOC_KINDS}={kinds!r} lists no CUDA device memory. "
 
         flag = _query_mpich()
         if flag is not None:
@@ -286,12 +287,12 @@ def detect_local(*, env: Mapping[str, str] | None = None) -> CudaAwareness:
                 bool(flag),
                 SOURCE_MPICH_QUERY,
                 library,
-                f"{SOURCE_MPICH_QUERY}(MPIX_GPU_SUPPORT_CUDA) set its flag to {flag}.",
+                f"{unlisted}{SOURCE_MPICH_QUERY}(MPIX_GPU_SUPPORT_CUDA) set its flag to {flag}.",
             )
         flag = _query_ompi()
         if flag is not None:
-            return _answer(flag == 1, SOURCE_OMPI_QUERY, library, f"{SOURCE_OMPI_QUERY}() returned {flag}.")
-        why_default = "The MPI library offers no CUDA query (no mpi_memory_alloc_kinds, no MPIX_* function)"
+            return _answer(flag == 1, SOURCE_OMPI_QUERY, library, f"{unlisted}{SOURCE_OMPI_QUERY}() returned {flag}.")
+        why_default = f"{unlisted}The MPI library offers no CUDA query (no MPIX_* function)"
     else:
         why_default = "MPI is not initialized (or already finalized), so the library could not be asked"
 

@@ -91,26 +91,40 @@ def test_env_override_empty_means_detect(monkeypatch: pytest.MonkeyPatch, no_lib
 
 
 @pytest.mark.parametrize(
-    ("kinds", "expected"),
-    [
-        ("mpi,system", False),
-        ("mpi,system,cuda", True),
-        ("mpi, system, CUDA", True),
-        ("mpi,system,cuda:device", True),
-        ("system,cuda:host:device", True),
-        ("mpi,system,cuda:host", False),
-        ("mpi,system,cuda:managed", False),
-        ("mpi,rocm,level_zero:device", False),
-        ("", False),
-    ],
+    "kinds",
+    ["mpi,system,cuda", "mpi, system, CUDA", "mpi,system,cuda:device", "system,cuda:host:device"],
 )
-def test_alloc_kinds(monkeypatch: pytest.MonkeyPatch, kinds: str, expected: bool) -> None:
+def test_alloc_kinds_naming_cuda_device_memory(monkeypatch: pytest.MonkeyPatch, kinds: str) -> None:
     monkeypatch.setattr(detect, "_alloc_kinds", lambda: kinds)
     monkeypatch.setattr(detect, "_query_mpich", _must_not_run)
     monkeypatch.setattr(detect, "_query_ompi", _must_not_run)
     result = detect_local()
-    assert (result.aware, result.source) == (expected, "mpi_memory_alloc_kinds")
+    assert (result.aware, result.source) == (True, "mpi_memory_alloc_kinds")
     assert repr(kinds) in result.detail
+
+
+@pytest.mark.parametrize(
+    "kinds", ["mpi,system", "mpi,system,cuda:host", "mpi,system,cuda:managed", "mpi,rocm,level_zero:device", ""]
+)
+@pytest.mark.parametrize(("query", "flag"), [("_query_ompi", 1), ("_query_mpich", 1), ("_query_ompi", 0)])
+def test_alloc_kinds_without_cuda_device_memory_ask_the_queries(
+    monkeypatch: pytest.MonkeyPatch, kinds: str, query: str, flag: int
+) -> None:
+    # Open MPI 6 lists only the kinds a program asked for: a CUDA-aware build can answer "mpi,system".
+    # A negative answer there proves nothing, so the vendor queries decide.
+    monkeypatch.setattr(detect, "_alloc_kinds", lambda: kinds)
+    monkeypatch.setattr(detect, "_query_mpich", lambda: flag if query == "_query_mpich" else None)
+    monkeypatch.setattr(detect, "_query_ompi", lambda: flag if query == "_query_ompi" else None)
+    result = detect_local()
+    source = "MPIX_GPU_query_support" if query == "_query_mpich" else "MPIX_Query_cuda_support"
+    assert (result.aware, result.source) == (bool(flag), source)
+
+
+def test_alloc_kinds_without_cuda_and_no_query(monkeypatch: pytest.MonkeyPatch, no_library_answer: None) -> None:
+    monkeypatch.setattr(detect, "_alloc_kinds", lambda: "mpi,system")
+    result = detect_local()
+    assert (result.aware, result.source) == (False, "default")
+    assert "'mpi,system'" in result.detail
 
 
 # -- step 3: the vendor queries -----------------------------------------------------------------------------
@@ -267,11 +281,11 @@ def test_real_answer_of_this_library() -> None:
         assert (result.aware, result.source) == (False, "MPIX_Query_cuda_support")
         assert result.detail.startswith("MPIX_Query_cuda_support() returned 0.")
     elif library.startswith("MPICH Version"):
-        # The MPICH wheel: MPI-4.1 memory kinds answer first, without CUDA; the queries agree.
+        # The MPICH wheel: MPI-4.1 memory kinds without CUDA prove nothing; its GPU query says no.
         assert detect._alloc_kinds() == "mpi,system"
         assert detect._query_mpich() == 0
         assert detect._query_ompi() == 0
-        assert (result.aware, result.source) == (False, "mpi_memory_alloc_kinds")
+        assert (result.aware, result.source) == (False, "MPIX_GPU_query_support")
     else:
         pytest.skip(f"no recorded answer for {library!r}")
     assert "CAI_MPI_CHUNK_BYTES" in result.detail
