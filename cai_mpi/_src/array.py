@@ -187,6 +187,7 @@ class Array:
         low, high = desc.byte_extent
         raw = np.empty(high - low, np.uint8)
         if self.nbytes:
+            rt.sync_device(int(self.device))  # work the user launched on it since it was received, on any stream
             stream = rt.create_stream(int(self.device))
             rt.copy_async(raw.ctypes.data, desc.ptr + low, high - low, stream)
             stream.synchronize()

@@ -23,6 +23,7 @@ from .operands import DeviceSource, RecvTarget, recv_target, send_source
 from .p2p import _inbox, _inboxes, _meta, _pick_device
 from .requests import MPIWait, PostedRequest, Request, RequestWait, Waitable, _active
 from .runtime import get_runtime
+from .sync import sync_enabled
 from .transport import plan_recv, plan_send
 from .validation import (
     ANY_SOURCE,
@@ -150,9 +151,10 @@ class SendChannel(_Channel):
         self._ptr = _address(src)
         self.shape: tuple[int, ...] = src.desc.shape if isinstance(src, DeviceSource) else src.shape
         self.dtype: np.dtype[Any] = src.desc.dtype if isinstance(src, DeviceSource) else src.dtype
-        # Only CAI exporters have a producer stream to synchronize before every send.
-        self._sync_each = type(obj) is not np.ndarray and not isinstance(obj, Array) and hasattr(
-            obj, "__cuda_array_interface__")
+        # CAI exporters (a producer stream) and device Arrays (work launched on them) are waited for before
+        # every send; host arrays have nothing pending.
+        self._sync_each = isinstance(src, DeviceSource) or (
+            not isinstance(obj, (np.ndarray, Array)) and hasattr(obj, "__cuda_array_interface__"))
         self._opened = self._closed = False
         self._inflight = None
         _open_channels.add(self)
@@ -232,7 +234,8 @@ class RecvChannel(_Channel):
         self.tag = check_tag(fn, tag, pc, wildcard=True)
         rt = get_runtime()
         self._target = recv_target(fn, out, rt) if out is not None else None
-        # An out= whose exporter names a stream (CAI v3) is waited for before every message lands in it.
+        # Memory the user may still be working on is waited for before every message lands in it: an out=
+        # with a producer to synchronize, or (once open) the channel's own Array on a GPU.
         self._sync_target = isinstance(self._target, RecvTarget) and self._target.producer is not None
         self._ordinal = None if out is not None else _pick_device(fn, device, rt)
         self._pc, self._rt, self._out = pc, rt, out
@@ -262,6 +265,7 @@ class RecvChannel(_Channel):
         req = pc.payload.Recv_init(payload[0], sender, ptag)
         req.Start()
         self._req, self._array = req, array
+        self._sync_target = self._sync_target or array._host is None
         self.source, self.tag, self.shape, self.dtype, self.meta = array.source, array.tag, array.shape, \
             array.dtype, array.meta
         yield MPIWait([req], final=True)
@@ -273,8 +277,6 @@ class RecvChannel(_Channel):
             yield RequestWait(previous)
         if self._req is None:
             return (yield from self._open())
-        if self._sync_target:
-            self._target.sync_before_write(self._rt)  # type: ignore[union-attr]
         self._req.Start()
         yield MPIWait([self._req], final=True)
         return self._array  # type: ignore[return-value]
@@ -282,12 +284,13 @@ class RecvChannel(_Channel):
     def recv(self) -> Array:
         """Receive the next array of the channel (the same Array object, overwritten, every time)."""
         self._check_open("recv")
+        self._wait_for_users()
         req = self._req
-        if req is not None and not self._sync_target and not self._queued() and not _active:
+        if req is not None and not self._queued() and not _active:
             req.Start()  # the common case: one persistent receive, nothing else
             req.Wait()
             return self._array  # type: ignore[return-value]
-        return self.irecv().wait()
+        return self._post().wait()
 
     def irecv(self) -> Request[Array]:
         """Start receiving the next array; ``wait()`` returns the channel's Array.
@@ -296,12 +299,26 @@ class RecvChannel(_Channel):
         blocks; each completes with the buffer holding its own message, until the next one lands there.
         """
         self._check_open("recv")
-        if self._req is not None and not self._sync_target and not self._queued():
+        self._wait_for_users()
+        return self._post()
+
+    def _post(self) -> Request[Array]:
+        if self._req is not None and not self._queued():
             req: Request[Array] = self._start(self._array, keep=(self,))
         else:
             req = Request(self._steps(self._inflight), keep=(self, self._out, self._inflight))
         self._inflight = req
         return req
+
+    def _wait_for_users(self) -> None:
+        """Before the next message lands, wait for work the user may still have on the memory: in the caller's
+        thread (a per-thread default stream belongs to it), as for any receive into ``out=``."""
+        if not self._sync_target:
+            return
+        if isinstance(self._target, RecvTarget):
+            self._target.sync_before_write(self._rt)
+        elif self._array is not None and sync_enabled(None):
+            self._rt.sync_device(int(self._array.device))  # kernels reading the previous message, on any stream
 
     @property
     def array(self) -> Array | None:

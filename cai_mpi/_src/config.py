@@ -21,6 +21,8 @@ ENV_VARS: Mapping[str, str] = types.MappingProxyType({
     "CAI_MPI_INLINE_BYTES": "payloads up to this size travel inside the header message; default 8192",
     "CAI_MPI_MAX_PAYLOAD_BYTES": "receiver refuses headers announcing more; default 1 TiB",
     "CAI_MPI_DEVICE_DATATYPES": "1: strided device arrays use MPI derived datatypes when CUDA-aware (else packed)",
+    "CAI_MPI_BIND_DEVICE": "1: make this rank's GPU current when cai_mpi is imported, before MPI is initialized",
+    "CAI_MPI_CUDA_DRIVER": "module:factory replacing cuda-python's driver module (the driver double in tests)",
 })
 
 

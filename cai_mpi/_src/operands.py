@@ -92,7 +92,10 @@ def send_source(fn: str, obj: Any, sync: bool | None, runtime: Runtime) -> np.nd
     if isinstance(obj, Array):
         if obj._host is not None:
             return obj._host
-        return DeviceSource(obj.descriptor, int(obj.device), obj)
+        ordinal = int(obj.device)
+        if sync_enabled(sync):  # the user may have launched work on a received Array since (cupy.asarray(a) *= 2)
+            runtime.sync_device(ordinal)
+        return DeviceSource(obj.descriptor, ordinal, obj)
     cai = _read_cai(obj)
     if cai is _NO_CAI:
         return as_host_array(fn, obj)
@@ -127,7 +130,8 @@ class RecvTarget:
         return f"shape={self.shape} dtype={dt} on {where}{', read-only' if self.readonly else ''}"
 
     def sync_before_write(self, runtime: Runtime) -> None:
-        """CAI v3: the buffer's producer may still be using it; wait before anything writes into it."""
+        """The buffer's producer may still be using it: wait before anything writes into it. Called in the
+        caller's thread (per-thread default streams belong to it), when the receive is posted."""
         if self.producer is not None and sync_enabled(None):
             sync_producer(self.producer, self.location, runtime)
 
@@ -174,10 +178,18 @@ def _host_target(arr: np.ndarray[Any, Any], owner: Any, producer: CAIDescriptor 
 
 
 def recv_target(fn: str, out: Any, runtime: Runtime) -> Target:
-    """Describe an ``out=`` receive buffer (TypeError or CAIError if it cannot be one).
+    """Describe an ``out=`` receive buffer (TypeError or CAIError if it cannot be one) and wait for work still
+    pending on it (see ``sync_before_write``).
 
     A numpy array is its own description: plain host memory with nothing to synchronize.
     """
+    target = _describe_out(fn, out, runtime)
+    if type(target) is not np.ndarray:
+        target.sync_before_write(runtime)  # type: ignore[union-attr]
+    return target
+
+
+def _describe_out(fn: str, out: Any, runtime: Runtime) -> Target:
     if type(out) is np.ndarray:
         return out
     if isinstance(out, np.ndarray):
@@ -186,9 +198,9 @@ def recv_target(fn: str, out: Any, runtime: Runtime) -> Target:
         if out._host is not None:
             return _host_target(out._host, out)
         d = out.descriptor
-        return RecvTarget(
+        return RecvTarget(  # its descriptor (stream None) makes sync_before_write wait for the device
             shape=d.shape, dtype=d.dtype, readonly=d.readonly, self_overlapping=d.may_self_overlap, host=None,
-            desc=d, ordinal=int(out.device), owner=out, producer=None,
+            desc=d, ordinal=int(out.device), owner=out, producer=d,
             location=Location(MemoryKind.DEVICE, int(out.device)),
         )
     cai = _read_cai(out)
@@ -202,7 +214,7 @@ def recv_target(fn: str, out: Any, runtime: Runtime) -> Target:
         return _host_target(arr, out)
     desc = descriptor_from_dict(cai)
     location = _locate(desc, runtime)
-    producer = desc if (desc.stream is not None or desc.version < 3) else None
+    producer = desc if (desc.stream is not None or location.kind is not MemoryKind.HOST) else None
     if location.kind is not MemoryKind.DEVICE:
         return _host_target(host_view(_at_host_address(desc, location), readonly=desc.readonly), out, producer,
                             location)

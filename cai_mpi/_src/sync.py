@@ -15,16 +15,16 @@ def sync_enabled(sync: bool | None) -> bool:
 
 
 def sync_producer(desc: CAIDescriptor, location: Location, runtime: Runtime) -> None:
-    """Wait for pending producer work on ``desc``'s memory (CAI v3 consumer rules).
+    """Wait for pending producer work on ``desc``'s memory (CAI v3 consumer rules; docs/gpu-and-mpi.md).
 
     - v3 with an int stream: synchronize that stream;
-    - v3 with ``stream`` None: the producer promises nothing is pending;
-    - v0-v2 pointing at device or managed memory: no stream is given, and real
-      exporters (PyTorch v2, Numba on its default stream) do leave work
-      pending, so synchronize the whole device conservatively.
+    - no stream (v0-v2, or v3 ``stream`` None) on device or managed memory: synchronize the whole device.
+      v3 says None means nothing is pending, but real exporters break that promise (Numba exports None with
+      its default-stream kernels still running; a cai_mpi Array exports None once handed over, and the user
+      may have launched work on it since), and MPI reads device memory outside any stream;
+    - host memory without a stream: nothing to wait for.
     """
-    if desc.version >= 3:
-        if desc.stream is not None:
-            runtime.sync_stream(desc.stream, location.ordinal)
+    if desc.version >= 3 and desc.stream is not None:
+        runtime.sync_stream(desc.stream, location.ordinal)
     elif location.kind is not MemoryKind.HOST:
         runtime.sync_device(location.ordinal)

@@ -76,3 +76,7 @@ class Stream:
     def close(self) -> None:
         """Pending work still runs (as cuStreamDestroy documents); then the worker ends."""
         self._queue.put(None)
+
+    def join(self, timeout: float) -> None:
+        """Wait until the worker has run what was enqueued before ``close()``."""
+        self._thread.join(timeout)

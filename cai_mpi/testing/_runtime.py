@@ -148,7 +148,7 @@ class SimulatedRuntime(Runtime):
         if stream is not None:
             stream.wait_event(event)
 
-    def alloc_device(self, nbytes: int, ordinal: int) -> DeviceBuffer:
+    def alloc_device(self, nbytes: int, ordinal: int, stream: Stream | None = None) -> DeviceBuffer:
         return SimulatedDeviceBuffer(nbytes, ordinal)
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:

@@ -44,7 +44,7 @@ from ._cuda_types import CUstream as _CUstream
 from ._cuda_types import CUstream_flags as _CUstream_flags
 from ._cuda_types import value as _value
 
-__all__ = ["CudaDriverDouble"]
+__all__ = ["CudaDriverDouble", "host_accessible_double"]
 
 
 class CudaDriverDouble(Memory):
@@ -436,9 +436,12 @@ class CudaDriverDouble(Memory):
         ctypes.memmove(self._twin(_value(ptr)), bytes(data), len(data))
 
     def close(self) -> None:
-        """Stop every worker and unmap every allocation."""
-        for stream in self._all_streams():
+        """Stop every worker (after the work it has) and unmap every allocation."""
+        streams = self._all_streams()
+        for stream in streams:
             stream.close()
+        for stream in streams:
+            stream.join(timeout=30)
         with self._lock:
             blocks = [b for b in self._blocks.values() if b.kind != "alias"]
             self._blocks.clear()
@@ -451,3 +454,9 @@ class CudaDriverDouble(Memory):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def host_accessible_double() -> CudaDriverDouble:
+    """A double whose device memory the host (so a CUDA-aware MPI) can read and write: the factory for
+    ``CAI_MPI_CUDA_DRIVER=cai_mpi.testing.cuda_driver:host_accessible_double`` with ``CAI_MPI_CUDA_AWARE=1``."""
+    return CudaDriverDouble(device_memory_host_accessible=True)

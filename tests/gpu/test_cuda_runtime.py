@@ -12,8 +12,10 @@ import pytest
 
 from cai_mpi._src.descriptor import CAIDescriptor, describe
 from cai_mpi._src.runtime import cuda as cuda_rt
+from cai_mpi._src.runtime import cudadriver
 from cai_mpi._src.runtime.base import HOST, DeviceBuffer, Location, MemoryKind
-from cai_mpi._src.runtime.cuda import CudaRuntime, probe
+from cai_mpi._src.runtime.cuda import CudaRuntime
+from cai_mpi._src.runtime.cudadriver import probe
 
 USABLE, REASON = probe()
 
@@ -48,7 +50,7 @@ def alloc_rt(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     if request.param == "cupy":
         _import("cupy")
     else:
-        monkeypatch.setattr(cuda_rt, "_load_cupy", lambda: None)
+        monkeypatch.setattr(cuda_rt, "load_cupy", lambda: None)
     yield CudaRuntime(0)
 
 
@@ -104,19 +106,28 @@ def test_locate_on_a_second_gpu(rt: CudaRuntime, cp: Any) -> None:
     assert rt.locate(b.data.ptr) == Location(MemoryKind.DEVICE, 1)
 
 
-def test_helper_threads_are_bound_to_the_rank_gpu(rt: CudaRuntime, cp: Any) -> None:
+def test_calls_from_other_threads_leave_no_context_behind(rt: CudaRuntime, cp: Any) -> None:
     a = cp.zeros(8)
-    drv = cuda_rt._load_driver()
+    drv = cudadriver.load_driver()
     seen: list[Any] = []
 
-    def worker() -> None:
+    def worker() -> None:  # a fresh thread has no current context, and must have none afterwards
         seen.append(rt.locate(a.data.ptr))
-        seen.append(int(cuda_rt._check(drv, "cuCtxGetCurrent")[0]))
+        seen.append(int(cudadriver.check(drv, "cuCtxGetCurrent")[0]))
 
     t = threading.Thread(target=worker)
     t.start()
     t.join()
-    assert seen == [DEVICE0, int(rt._driver.primary(0))]
+    assert seen == [DEVICE0, 0]
+
+
+def test_the_callers_device_stays_current(rt: CudaRuntime, cp: Any) -> None:
+    if rt.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    with cp.cuda.Device(1):
+        rt.alloc_device(64, 0).free()
+        rt.sync_device(0)
+        assert cp.cuda.Device().id == 1 and cp.zeros(1).device.id == 1
 
 
 # -- streams and events ----------------------------------------------------------------

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.runtime import get_runtime
-from cai_mpi._src.runtime.cuda import probe
+from cai_mpi._src.runtime.cudadriver import probe
 
 USABLE, REASON = probe()
 

@@ -199,14 +199,17 @@ def test_device_channel_on_cuda_aware_mpi_syncs_every_send(simulated_gpu: Simula
         stream = SimulatedStream("channel-producer")
         x = FakeCudaArray.zeros(100_000, "<f8", stream=stream, device=True)
         tx = cai_mpi.send_channel(x, nxt, 11, comm=aware, sync=sync)
-        with tx, cai_mpi.recv_channel(prv, 11, comm=aware) as rx:
+        # sync=False: received into host memory, since a receive into device memory waits for the whole
+        # device before each message lands (this rank's producer stream included).
+        where = 0 if sync is None else "host"
+        with tx, cai_mpi.recv_channel(prv, 11, comm=aware, device=where) as rx:
             for step in range(1, 3):
                 stream.enqueue(x.host.fill, float(step), delay=0.2)  # a slow "kernel" writing x
                 req = tx.isend()
                 got = rx.recv()
                 req.wait()
                 stream.synchronize()
-                assert got.device == 0
+                assert got.device == where
                 if sync is None:
                     assert (got.numpy() == step).all()
                 else:

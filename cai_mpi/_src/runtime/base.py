@@ -143,7 +143,9 @@ class Runtime(abc.ABC):
 
     # -- allocation -------------------------------------------------------
     @abc.abstractmethod
-    def alloc_device(self, nbytes: int, ordinal: int) -> DeviceBuffer: ...
+    def alloc_device(self, nbytes: int, ordinal: int, stream: Stream | None = None) -> DeviceBuffer:
+        """``nbytes`` on GPU ``ordinal``; pooled allocators take the block from ``stream``'s share of the pool
+        (cai_mpi's own stream: a block freed on another stream may still be in use there)."""
 
     @abc.abstractmethod
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer: ...

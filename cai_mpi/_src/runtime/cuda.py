@@ -155,6 +155,8 @@ class CudaRuntime(Runtime):
         self.default_device = ordinal
         self._driver = Driver(drv)
         self._count: int | None = None
+        # CuPy calls the real driver: with a driver given (the double), its memory means nothing to CuPy.
+        self._load_cupy = load_cupy if driver is None else _no_cupy
 
     def __repr__(self) -> str:
         return f"<CudaRuntime GPU {self.ordinal}>"
@@ -235,16 +237,20 @@ class CudaRuntime(Runtime):
             raise StreamError(message) from exc
 
     # -- allocation -----------------------------------------------------------
-    def alloc_device(self, nbytes: int, ordinal: int) -> DeviceBuffer:
-        """Device memory on ``ordinal``: from CuPy's pool when present, so freed buffers are reused."""
+    def alloc_device(self, nbytes: int, ordinal: int, stream: Stream | None = None) -> DeviceBuffer:
+        """Device memory on ``ordinal``: from CuPy's pool when present, so freed buffers are reused.
+
+        CuPy's pool is per stream: a block freed on the caller's current stream may still be read by a kernel
+        there, so cai_mpi, which writes from its own stream or through MPI, takes blocks from ``stream``'s share.
+        """
         if nbytes == 0:
             return CudaDeviceBuffer(0, 0, ordinal)
-        cp = load_cupy()
+        cp = self._load_cupy()
+        if cp is not None:
+            with self._cupy_on(cp, ordinal, None if stream is None else _own_stream(stream)):
+                mem = cp.cuda.alloc(nbytes)
+            return CudaDeviceBuffer(int(mem.ptr), nbytes, ordinal, owner=mem)
         with self._on(ordinal):
-            if cp is not None:
-                with cp.cuda.Device(ordinal):
-                    mem = cp.cuda.alloc(nbytes)
-                return CudaDeviceBuffer(int(mem.ptr), nbytes, ordinal, owner=mem)
             (dptr,) = self._driver.check("cuMemAlloc", nbytes)
         ptr = int(dptr)
         buf = CudaDeviceBuffer(ptr, nbytes, ordinal)
@@ -255,7 +261,7 @@ class CudaRuntime(Runtime):
         """Portable page-locked memory (usable in every context): CuPy's pinned pool, else cuMemHostAlloc."""
         if nbytes == 0:
             return CudaPinnedBuffer(0, 0, np.empty(0, np.uint8))
-        cp = load_cupy()
+        cp = self._load_cupy()
         with self._on(self.ordinal):  # allocating needs a context: ours, not a fresh one on GPU 0
             if cp is not None:
                 pmem = cp.cuda.alloc_pinned_memory(nbytes)
@@ -270,7 +276,9 @@ class CudaRuntime(Runtime):
 
     # -- copies on cai_mpi's own streams --------------------------------------
     def create_stream(self, ordinal: int) -> Stream:
-        flags = self._driver.drv.CUstream_flags.CU_STREAM_NON_BLOCKING
+        # A blocking stream: ordered after work on the legacy default stream, where exporters that give no
+        # stream (Numba's default, CAI v0-v2) and users who never chose a stream leave their kernels.
+        flags = self._driver.drv.CUstream_flags.CU_STREAM_DEFAULT
         with self._on(ordinal):
             (handle,) = self._driver.check("cuStreamCreate", flags)
         return CudaStream(self, int(handle), ordinal)
@@ -293,9 +301,13 @@ class CudaRuntime(Runtime):
 
     # -- layout ---------------------------------------------------------------
     @contextlib.contextmanager
-    def _cupy_on(self, cp: Any, ordinal: int, stream: CudaStream) -> Iterator[None]:
-        """CuPy's current device and stream set to ``ordinal`` and cai_mpi's ``stream`` for the block."""
+    def _cupy_on(self, cp: Any, ordinal: int, stream: CudaStream | None) -> Iterator[None]:
+        """CuPy's current device and stream set to ``ordinal`` and cai_mpi's ``stream`` for the block (None:
+        CuPy's current stream stays)."""
         with self._on(ordinal), cp.cuda.Device(ordinal):
+            if stream is None:
+                yield
+                return
             if hasattr(cp.cuda.Stream, "from_external"):  # CuPy >= 14; ExternalStream is deprecated there
                 cupy_stream = cp.cuda.Stream.from_external(_CudaStreamRef(stream.handle))
             else:
@@ -307,11 +319,11 @@ class CudaRuntime(Runtime):
         """Gather into a new C-ordered buffer on ``stream``: CuPy's copy kernel (the result stays in CuPy's
         pool), or without CuPy one 2-D driver copy per row of the array's outer axes."""
         s = _own_stream(stream)
-        cp = load_cupy()
+        cp = self._load_cupy()
         if desc.nbytes == 0:
             return CudaDeviceBuffer(0, 0, ordinal)
         if cp is None:
-            out = self.alloc_device(desc.nbytes, ordinal)
+            out = self.alloc_device(desc.nbytes, ordinal, s)
             self._copy_2d(desc, out.ptr, s, pack=True)
             return out
         dtype, shape, strides = byte_view(desc.shape, desc.byte_strides, desc.itemsize, (desc.ptr,))
@@ -344,7 +356,7 @@ class CudaRuntime(Runtime):
         """Scatter C-ordered bytes at ``src`` into ``desc`` on ``stream`` (the caller synchronizes it): CuPy's
         copy kernel, or without CuPy 2-D driver copies."""
         s = _own_stream(stream)
-        cp = load_cupy()
+        cp = self._load_cupy()
         if desc.nbytes == 0:
             return
         if cp is None:
@@ -358,6 +370,10 @@ class CudaRuntime(Runtime):
 
 
 # -- helpers ------------------------------------------------------------------------
+
+
+def _no_cupy() -> None:
+    return None
 
 
 def _own_stream(stream: Stream) -> CudaStream:

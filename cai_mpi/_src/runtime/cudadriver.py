@@ -29,6 +29,10 @@ MEMTYPE_UNIFIED = 4
 # -- loading the optional modules ---------------------------------------------------
 
 
+_replacement_lock = threading.Lock()
+_replacements: dict[str, Any] = {}
+
+
 def load_driver() -> Any:
     """The cuda-python driver module: ``cuda.bindings.driver``, or ``cuda.cuda`` for cuda-python <= 12.6.0.
 
@@ -37,8 +41,11 @@ def load_driver() -> Any:
     """
     replacement = os.environ.get("CAI_MPI_CUDA_DRIVER", "").strip()
     if replacement:
-        module, _, factory = replacement.partition(":")
-        return getattr(importlib.import_module(module), factory)()
+        with _replacement_lock:  # one instance per process: pointers from one driver mean nothing to another
+            if replacement not in _replacements:
+                module, _, factory = replacement.partition(":")
+                _replacements[replacement] = getattr(importlib.import_module(module), factory)()
+            return _replacements[replacement]
     try:
         return importlib.import_module("cuda.bindings.driver")
     except ImportError:
@@ -51,7 +58,12 @@ _cupy_state: list[Any] = []  # [module or None] once tried
 
 
 def load_cupy() -> Any | None:
-    """CuPy when importable (for its memory pools and copy kernels), else None; imported once."""
+    """CuPy when importable (for its memory pools and copy kernels), else None; imported once.
+
+    None under ``CAI_MPI_CUDA_DRIVER``: CuPy calls the real driver, which knows nothing of a replacement's memory.
+    """
+    if os.environ.get("CAI_MPI_CUDA_DRIVER", "").strip():
+        return None
     with _cupy_lock:
         if not _cupy_state:
             try:

@@ -43,7 +43,7 @@ class HostRuntime(Runtime):
     def stream_wait_event(self, handle: int, event: Event, ordinal: int | None) -> None:
         raise RuntimeUnavailableError(f"no stream can wait on a device event: {_NO_GPU}")
 
-    def alloc_device(self, nbytes: int, ordinal: int) -> DeviceBuffer:
+    def alloc_device(self, nbytes: int, ordinal: int, stream: Stream | None = None) -> DeviceBuffer:
         raise RuntimeUnavailableError(f"cannot allocate device memory: {_NO_GPU}; receive with device='host'")
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:

@@ -97,7 +97,6 @@ class Landing:
         else through pinned host memory."""
         nbytes = info.payload_nbytes
         if isinstance(target, RecvTarget):
-            target.sync_before_write(rt)
             if target.desc is not None:
                 assert target.ordinal is not None
                 result = Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner,
@@ -112,7 +111,7 @@ class Landing:
             host = host_receive_pool().take_array(info.shape, info.dtype, nbytes, info.fortran)
             owner = host
         else:
-            buffer = rt.alloc_device(nbytes, ordinal)
+            buffer = rt.alloc_device(nbytes, ordinal, internal_stream(rt, ordinal))
             result = Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=source, tag=tag,
                                        meta=info.meta)
             desc = result.descriptor
@@ -135,7 +134,7 @@ def _on_device(result: Array, wire: CAIDescriptor, ordinal: int, nbytes: int, rt
     if nbytes == 0:
         return Landing(0, 0, lambda: result)
     contiguous = wire.is_c_contiguous
-    tmp = None if contiguous else rt.alloc_device(nbytes, ordinal)
+    tmp = None if contiguous else rt.alloc_device(nbytes, ordinal, internal_stream(rt, ordinal))
     dptr = wire.ptr if tmp is None else tmp.ptr
     staging, cls = (None, 0) if direct else pinned_pool(rt).take(nbytes)
 
@@ -172,7 +171,7 @@ class Gathered:
             self._host = np.empty(max(offset, 1), np.uint8)
             self.address = self._host.ctypes.data
         elif direct:
-            self._device = rt.alloc_device(offset, ordinal)
+            self._device = rt.alloc_device(offset, ordinal, internal_stream(rt, ordinal))
             self.address = self._device.ptr
         else:
             self._staging = pinned_pool(rt).take(max(offset, 1))
@@ -196,7 +195,7 @@ class Gathered:
                                                     info.dtype, fortran=info.fortran)
                 out.append(Array(desc, device=self.ordinal, owner=self._device, source=rank, tag=tag, meta=info.meta))
                 continue
-            buffer = rt.alloc_device(info.payload_nbytes, self.ordinal)
+            buffer = rt.alloc_device(info.payload_nbytes, self.ordinal, stream)
             rt.copy_async(buffer.ptr, self.address + off, info.payload_nbytes, stream)
             out.append(Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=rank, tag=tag,
                                          meta=info.meta))

@@ -80,7 +80,7 @@ def plan_recv(
             result = Array._over_host(arr, source, tag, info.meta)
             landing = _into_host(result, arr.T if info.fortran else arr, info, source, ptag, inbox)
         else:
-            buffer = rt.alloc_device(info.payload_nbytes, ordinal)
+            buffer = rt.alloc_device(info.payload_nbytes, ordinal, internal_stream(rt, ordinal))
             result = Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=source, tag=tag,
                                        meta=info.meta)
             desc = result.descriptor
@@ -90,8 +90,7 @@ def plan_recv(
         result = Array._over_host(target, source, tag, info.meta)
         landing = _into_host(result, target.T if info.fortran else target, info, source, ptag, inbox)
     else:
-        assert isinstance(target, RecvTarget)
-        target.sync_before_write(rt)
+        assert isinstance(target, RecvTarget)  # its producer was synchronized by recv_target, in the caller's thread
         if target.host is not None:
             result = Array._over_host(target.host, source, tag, info.meta, target.owner)
             landing = _into_host(result, target.host.T if info.fortran else target.host, info, source, ptag, inbox)
@@ -174,7 +173,7 @@ def _into_device(
         steps = _staged_recv(rt, pc.payload, source, ptag, wire.ptr, nbytes, info.chunk_bytes or nbytes, ordinal)
         return (result, source, ptag, [], steps)
     # A strided device out=: into a contiguous temporary, then scattered on the device.
-    tmp = rt.alloc_device(nbytes, ordinal)
+    tmp = rt.alloc_device(nbytes, ordinal, internal_stream(rt, ordinal))
     result, source, ptag, payload, landed = _into_device(
         result, wire.replace(ptr=tmp.ptr, strides=None), ordinal, info, source, ptag, inbox, pc, rt
     )

@@ -1,0 +1,279 @@
+"""Ordering and ownership of device memory, end to end: the real CUDA runtime and transport on the CUDA driver
+double, a rank sending to itself. Each test plays a producer (a "kernel" still running on some stream) and checks
+that what arrives is exactly what the stream order says it must be."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cai_mpi
+from cai_mpi._src.config import reload_config
+from cai_mpi._src.runtime.cuda import CudaRuntime
+from cai_mpi._src.transport import pieces
+from cai_mpi.testing import CudaDriverDouble, double_runtime, use_runtime
+
+me = MPI.COMM_WORLD.Get_rank()
+SLOW = 0.3  # seconds a "kernel" or copy takes: long enough that a missing wait shows
+
+
+class DeviceArray:
+    """A CAI exporter over the double's device memory, as a CuPy or Numba array would be."""
+
+    def __init__(self, rt: CudaRuntime, data: Any, *, stream: int | None = None, version: int = 3,
+                 view: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> None:
+        src = np.ascontiguousarray(data)
+        self.rt, self.d = rt, double_of(rt)
+        self.buf = rt.alloc_device(src.nbytes, 0)
+        self.d.write_device(self.buf.ptr, src.tobytes())
+        self.dtype, self.version, self.stream = src.dtype, version, stream
+        self.shape, self.strides = (src.shape, None) if view is None else view
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        cai = {"shape": self.shape, "typestr": self.dtype.str, "data": (self.buf.ptr, False),
+               "version": self.version, "strides": self.strides}
+        if self.version >= 3:
+            cai["stream"] = self.stream
+        return cai
+
+
+def double_of(rt: Any) -> CudaDriverDouble:
+    return rt.driver_double  # type: ignore[no-any-return]
+
+
+def device_bytes(rt: CudaRuntime, array: cai_mpi.Array) -> bytes:
+    rt.sync_device(0)
+    return double_of(rt).read_device(array.descriptor.ptr, array.nbytes)
+
+
+def kernel_write(rt: CudaRuntime, stream: int, ptr: int, data: np.ndarray[Any, Any], delay: float = SLOW) -> None:
+    """A kernel on ``stream`` (1: the legacy default stream) that writes ``data`` at ``ptr`` after ``delay``."""
+    with rt._driver.on(0):
+        double_of(rt).kernel_write(stream, ptr, data.tobytes(), delay=delay)
+
+
+def user_stream(rt: CudaRuntime) -> int:
+    """A stream of the user's (CU_STREAM_NON_BLOCKING, like a PyTorch side stream)."""
+    d = double_of(rt)
+    with rt._driver.on(0):
+        (handle,) = rt._driver.check("cuStreamCreate", d.CUstream_flags.CU_STREAM_NON_BLOCKING)
+    return int(handle)
+
+
+@pytest.fixture(params=["direct", "staged"])
+def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[CudaRuntime, MPI.Comm]]:
+    """The runtime on a double and a communicator whose device payloads go to MPI directly (a CUDA-aware MPI,
+    host-accessible device memory) or are staged through pinned memory (device memory faults on host access)."""
+    direct = request.param == "direct"
+    monkeypatch.setenv("CAI_MPI_CUDA_AWARE", "1" if direct else "0")
+    reload_config({"CAI_MPI_INLINE_BYTES": "0", "CAI_MPI_CHUNK_BYTES": "65536"})
+    rt = double_runtime(cuda_aware=direct)
+    comm = MPI.COMM_WORLD.Dup()
+    with use_runtime(rt):
+        yield rt, comm  # type: ignore[misc]
+        gc.collect()
+    comm.Free()
+    reload_config()
+    gc.collect()
+    double_of(rt).close()
+
+
+def round_trip(obj: Any, comm: MPI.Comm, sync: bool | None = None, **kw: Any) -> cai_mpi.Array:
+    req = cai_mpi.isend_array(obj, me, 5, comm, sync=sync)
+    got = cai_mpi.recv_array(me, 5, comm, **kw)
+    req.wait()
+    return got
+
+
+N = 1 << 15  # 256 KiB of float64: four staging chunks
+OLD, NEW = np.zeros(N), np.arange(N, dtype=np.float64) + 1
+
+
+# -- defect 1: cai_mpi's own device data, and v3 exporters that give no stream ---------------------------------
+
+
+def test_v3_stream_none_on_device_waits_for_the_default_stream(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    # Numba exports "stream": None while kernels it launched on the default stream may still run.
+    rt, comm = route
+    x = DeviceArray(rt, OLD, stream=None)
+    kernel_write(rt, 1, x.buf.ptr, NEW)
+    assert np.array_equal(np.asarray(round_trip(x, comm, device="host")), NEW)
+
+
+def test_forwarding_a_received_device_array_waits_for_work_on_it(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    # cupy.asarray(got) *= 2 runs on the caller's stream; send_array(got) must send the result.
+    rt, comm = route
+    got = round_trip(DeviceArray(rt, OLD), comm, device=0)
+    assert got.device == 0
+    kernel_write(rt, user_stream(rt), got.descriptor.ptr, NEW)
+    assert np.array_equal(np.asarray(round_trip(got, comm, device="host")), NEW)
+
+
+def test_receiving_into_a_device_array_waits_for_work_on_it(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    rt, comm = route
+    out = round_trip(DeviceArray(rt, OLD), comm, device=0)
+    kernel_write(rt, user_stream(rt), out.descriptor.ptr, OLD)  # still writing when the receive starts
+    got = round_trip(NEW, comm, out=out)
+    assert got.descriptor.ptr == out.descriptor.ptr
+    assert device_bytes(rt, got) == NEW.tobytes()
+
+
+def test_numpy_of_a_device_array_sees_pending_work(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    rt, comm = route
+    got = round_trip(DeviceArray(rt, OLD), comm, device=0)
+    kernel_write(rt, 1, got.descriptor.ptr, NEW)
+    assert np.array_equal(got.numpy(), NEW)
+
+
+def test_sync_false_trusts_the_caller(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    # The opt-out is honoured: what is pending is not waited for (the caller promised there is nothing).
+    rt, comm = route
+    x = DeviceArray(rt, OLD, stream=None)
+    kernel_write(rt, user_stream(rt), x.buf.ptr, NEW, delay=1.0)
+    assert np.array_equal(np.asarray(round_trip(x, comm, device="host", sync=False)), OLD)
+    rt.sync_device(0)
+
+
+def test_a_channel_waits_for_work_on_its_array_before_the_next_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CAI_MPI_CUDA_AWARE", "1")
+    rt = double_runtime(cuda_aware=True)
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        with use_runtime(rt):
+            x = np.zeros(N)
+            with cai_mpi.send_channel(x, me, 9, comm) as tx, cai_mpi.recv_channel(me, 9, comm, device=0) as rx:
+                tx.isend()
+                first = rx.recv()
+                seen = bytearray()
+                ptr, nbytes = first.descriptor.ptr, first.nbytes
+                with rt._driver.on(0):  # a kernel still reading the first message
+                    double_of(rt).launch(user_stream(rt), lambda: seen.extend(double_of(rt).read_device(ptr, nbytes)),
+                                         delay=SLOW)
+                x[:] = NEW
+                req = tx.isend()
+                rx.recv()
+                req.wait()
+                rt.sync_device(0)
+                assert bytes(seen) == np.zeros(N).tobytes()
+                assert device_bytes(rt, first) == NEW.tobytes()
+    finally:
+        comm.Free()
+        double_of(rt).close()
+
+
+# -- defect 12: the producer's stream after a device pack, and v3 streams on the staged path -------------------
+
+
+def test_a_v3_stream_is_synchronized_before_a_send(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    rt, comm = route
+    s = user_stream(rt)
+    x = DeviceArray(rt, OLD, stream=s)
+    kernel_write(rt, s, x.buf.ptr, NEW)
+    assert np.array_equal(np.asarray(round_trip(x, comm, device="host")), NEW)
+
+
+def test_the_producer_stream_cannot_overtake_the_pack(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    # A strided v3 array is packed on cai_mpi's stream; the producer's stream must wait for the pack, so work the
+    # producer enqueues after isend_array returns cannot change what is sent.
+    rt, comm = route
+    base = np.arange(2 * N, dtype=np.float64)
+    s = user_stream(rt)
+    x = DeviceArray(rt, base, stream=s, view=((N,), (16,)))
+    double_of(rt).set_copy_delay(SLOW)
+    req = cai_mpi.isend_array(x, me, 6, comm)
+    kernel_write(rt, s, x.buf.ptr, np.full(2 * N, -1.0), delay=0)
+    double_of(rt).set_copy_delay(0)
+    got = cai_mpi.recv_array(me, 6, comm, device="host")
+    req.wait()
+    assert np.array_equal(np.asarray(got), base[::2])
+
+
+# -- defect 2: device receive buffers come from CuPy's pool under cai_mpi's stream ----------------------------
+
+
+class FakeCupy:
+    """What cai_mpi uses of CuPy, on the double: it records the current stream of every allocation."""
+
+    def __init__(self, rt: CudaRuntime) -> None:
+        self.rt, self.current_stream, self.allocated_on = rt, 0, []
+        fake = self
+
+        class Stream:
+            @staticmethod
+            def from_external(ref: Any) -> Any:
+                class Current:
+                    def __enter__(self) -> None:
+                        self.previous, fake.current_stream = fake.current_stream, ref.__cuda_stream__()[1]
+
+                    def __exit__(self, *exc: object) -> None:
+                        fake.current_stream = self.previous
+
+                return Current()
+
+        class Device:
+            def __init__(self, ordinal: int) -> None:
+                pass
+
+            def __enter__(self) -> None:
+                pass
+
+            def __exit__(self, *exc: object) -> None:
+                pass
+
+        class Memory:
+            def __init__(self, nbytes: int) -> None:
+                fake.allocated_on.append(fake.current_stream)
+                (ptr,) = rt._driver.check("cuMemAlloc", nbytes)
+                self.ptr = int(ptr)
+
+        class PinnedMemory(bytearray):  # the buffer numpy views; its address as CuPy's PinnedMemoryPointer has it
+            def __init__(self, nbytes: int) -> None:
+                super().__init__(nbytes)
+                self.ptr = np.frombuffer(self, np.uint8).ctypes.data
+
+        self.cuda = type("cuda", (), {"Stream": Stream, "Device": Device, "alloc": Memory,
+                                      "alloc_pinned_memory": PinnedMemory})
+
+
+def test_receive_buffers_are_allocated_on_cai_mpis_stream(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    rt, comm = route
+    x = DeviceArray(rt, NEW)
+    cupy = FakeCupy(rt)
+    rt._load_cupy = lambda: cupy  # type: ignore[method-assign]
+    got = round_trip(x, comm, device=0)
+    assert device_bytes(rt, got) == NEW.tobytes()
+    ours = pieces.internal_stream(rt, 0).handle  # type: ignore[attr-defined]
+    assert cupy.allocated_on and set(cupy.allocated_on) == {ours}, (cupy.allocated_on, ours)
+
+
+# -- defect 8: the per-thread default stream is synchronized by the thread that owns it -----------------------
+
+
+def test_an_out_on_the_per_thread_stream_is_synchronized_in_the_calling_thread(
+    route: tuple[CudaRuntime, MPI.Comm],
+) -> None:
+    rt, comm = route
+    out = DeviceArray(rt, OLD, stream=2)
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    def caller() -> None:  # its per-thread stream still writes into out= when the receive is posted
+        kernel_write(rt, 2, out.buf.ptr, OLD)
+        box["req"] = cai_mpi.irecv_array(me, 7, comm, out=out)
+        started.set()
+
+    t = threading.Thread(target=caller)
+    t.start()
+    started.wait()
+    cai_mpi.send_array(NEW, me, 7, comm)  # this thread's waits drive the receive
+    box["req"].wait()
+    t.join()
+    rt.sync_device(0)
+    assert double_of(rt).read_device(out.buf.ptr, NEW.nbytes) == NEW.tobytes()
