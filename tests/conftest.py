@@ -10,6 +10,7 @@ from mpi4py import MPI
 import cai_mpi  # noqa: F401  (initializes MPI and cai_mpi's private communicator)
 from cai_mpi._src.config import reload_config
 from cai_mpi._src.runtime import set_runtime
+from cai_mpi._src.runtime.host import HostRuntime
 
 _INNER_SKIPS = pytest.StashKey[list[str]]()
 
@@ -26,9 +27,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_runtime_and_config() -> Iterator[None]:
-    """Each test starts from the environment's configuration and the automatically chosen runtime."""
-    previous = set_runtime(None)
+def _fresh_runtime_and_config(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test starts from the environment's configuration, on the host runtime: placement is pinned to host
+    memory, as the tests mean it, also where cuda-python sees a GPU (received arrays would land on it).
+    ``gpu``-marked tests get the automatically chosen runtime; tests of device paths install their own."""
+    previous = set_runtime(None if request.node.get_closest_marker("gpu") else HostRuntime())
     reload_config()
     yield
     set_runtime(previous)

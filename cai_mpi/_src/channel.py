@@ -80,9 +80,10 @@ class _Channel:
             raise ValueError(f"{what} on a closed channel")
 
     def _settle(self) -> None:
-        """Wait for the message in flight."""
+        """Wait for the message in flight; its error, if any, is its own ``wait()``'s to raise (a failed ``recv()``
+        has raised it already: closing must not raise it a second time)."""
         if self._inflight is not None:
-            self._inflight.wait()
+            self._inflight._wait_quietly()
             self._inflight = None
 
     def _start(self, result: Any, keep: Any) -> Request[Any]:

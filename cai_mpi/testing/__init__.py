@@ -21,9 +21,10 @@ from .._src.runtime import Runtime, get_runtime, set_runtime
 from ._runtime import SimulatedDeviceBuffer, SimulatedRuntime
 from ._streams import SimulatedEvent, SimulatedStream
 from .cuda_driver import CudaDriverDouble
+from .double_array import DoubleDeviceArray
 
 __all__ = [
-    "CudaDriverDouble", "FakeCudaArray", "SimulatedEvent", "SimulatedRuntime", "SimulatedStream", "double_runtime",
+    "CudaDriverDouble", "DoubleDeviceArray", "FakeCudaArray", "SimulatedEvent", "SimulatedRuntime", "SimulatedStream", "double_runtime",
     "use_runtime",
 ]
 

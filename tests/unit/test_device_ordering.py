@@ -17,31 +17,10 @@ import cai_mpi
 from cai_mpi._src.config import reload_config
 from cai_mpi._src.runtime.cuda import CudaRuntime
 from cai_mpi._src.transport import pieces
-from cai_mpi.testing import CudaDriverDouble, double_runtime, use_runtime
+from cai_mpi.testing import CudaDriverDouble, DoubleDeviceArray, double_runtime, use_runtime
 
 me = MPI.COMM_WORLD.Get_rank()
 SLOW = 0.3  # seconds a "kernel" or copy takes: long enough that a missing wait shows
-
-
-class DeviceArray:
-    """A CAI exporter over the double's device memory, as a CuPy or Numba array would be."""
-
-    def __init__(self, rt: CudaRuntime, data: Any, *, stream: int | None = None, version: int = 3,
-                 view: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> None:
-        src = np.ascontiguousarray(data)
-        self.rt, self.d = rt, double_of(rt)
-        self.buf = rt.alloc_device(src.nbytes, 0)
-        self.d.write_device(self.buf.ptr, src.tobytes())
-        self.dtype, self.version, self.stream = src.dtype, version, stream
-        self.shape, self.strides = (src.shape, None) if view is None else view
-
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
-        cai = {"shape": self.shape, "typestr": self.dtype.str, "data": (self.buf.ptr, False),
-               "version": self.version, "strides": self.strides}
-        if self.version >= 3:
-            cai["stream"] = self.stream
-        return cai
 
 
 def double_of(rt: Any) -> CudaDriverDouble:
@@ -102,7 +81,7 @@ OLD, NEW = np.zeros(N), np.arange(N, dtype=np.float64) + 1
 def test_v3_stream_none_on_device_waits_for_the_default_stream(route: tuple[CudaRuntime, MPI.Comm]) -> None:
     # Numba exports "stream": None while kernels it launched on the default stream may still run.
     rt, comm = route
-    x = DeviceArray(rt, OLD, stream=None)
+    x = DoubleDeviceArray(rt, OLD, stream=None)
     kernel_write(rt, 1, x.buf.ptr, NEW)
     assert np.array_equal(np.asarray(round_trip(x, comm, device="host")), NEW)
 
@@ -110,7 +89,7 @@ def test_v3_stream_none_on_device_waits_for_the_default_stream(route: tuple[Cuda
 def test_forwarding_a_received_device_array_waits_for_work_on_it(route: tuple[CudaRuntime, MPI.Comm]) -> None:
     # cupy.asarray(got) *= 2 runs on the caller's stream; send_array(got) must send the result.
     rt, comm = route
-    got = round_trip(DeviceArray(rt, OLD), comm, device=0)
+    got = round_trip(DoubleDeviceArray(rt, OLD), comm, device=0)
     assert got.device == 0
     kernel_write(rt, user_stream(rt), got.descriptor.ptr, NEW)
     assert np.array_equal(np.asarray(round_trip(got, comm, device="host")), NEW)
@@ -118,7 +97,7 @@ def test_forwarding_a_received_device_array_waits_for_work_on_it(route: tuple[Cu
 
 def test_receiving_into_a_device_array_waits_for_work_on_it(route: tuple[CudaRuntime, MPI.Comm]) -> None:
     rt, comm = route
-    out = round_trip(DeviceArray(rt, OLD), comm, device=0)
+    out = round_trip(DoubleDeviceArray(rt, OLD), comm, device=0)
     kernel_write(rt, user_stream(rt), out.descriptor.ptr, OLD)  # still writing when the receive starts
     got = round_trip(NEW, comm, out=out)
     assert got.descriptor.ptr == out.descriptor.ptr
@@ -127,7 +106,7 @@ def test_receiving_into_a_device_array_waits_for_work_on_it(route: tuple[CudaRun
 
 def test_numpy_of_a_device_array_sees_pending_work(route: tuple[CudaRuntime, MPI.Comm]) -> None:
     rt, comm = route
-    got = round_trip(DeviceArray(rt, OLD), comm, device=0)
+    got = round_trip(DoubleDeviceArray(rt, OLD), comm, device=0)
     kernel_write(rt, 1, got.descriptor.ptr, NEW)
     assert np.array_equal(got.numpy(), NEW)
 
@@ -135,7 +114,7 @@ def test_numpy_of_a_device_array_sees_pending_work(route: tuple[CudaRuntime, MPI
 def test_sync_false_trusts_the_caller(route: tuple[CudaRuntime, MPI.Comm]) -> None:
     # The opt-out is honoured: what is pending is not waited for (the caller promised there is nothing).
     rt, comm = route
-    x = DeviceArray(rt, OLD, stream=None)
+    x = DoubleDeviceArray(rt, OLD, stream=None)
     kernel_write(rt, user_stream(rt), x.buf.ptr, NEW, delay=1.0)
     assert np.array_equal(np.asarray(round_trip(x, comm, device="host", sync=False)), OLD)
     rt.sync_device(0)
@@ -174,7 +153,7 @@ def test_a_channel_waits_for_work_on_its_array_before_the_next_message(monkeypat
 def test_a_v3_stream_is_synchronized_before_a_send(route: tuple[CudaRuntime, MPI.Comm]) -> None:
     rt, comm = route
     s = user_stream(rt)
-    x = DeviceArray(rt, OLD, stream=s)
+    x = DoubleDeviceArray(rt, OLD, stream=s)
     kernel_write(rt, s, x.buf.ptr, NEW)
     assert np.array_equal(np.asarray(round_trip(x, comm, device="host")), NEW)
 
@@ -185,7 +164,7 @@ def test_the_producer_stream_cannot_overtake_the_pack(route: tuple[CudaRuntime, 
     rt, comm = route
     base = np.arange(2 * N, dtype=np.float64)
     s = user_stream(rt)
-    x = DeviceArray(rt, base, stream=s, view=((N,), (16,)))
+    x = DoubleDeviceArray(rt, base, stream=s, view=((N,), (16,)))
     double_of(rt).set_copy_delay(SLOW)
     req = cai_mpi.isend_array(x, me, 6, comm)
     kernel_write(rt, s, x.buf.ptr, np.full(2 * N, -1.0), delay=0)
@@ -244,7 +223,7 @@ class FakeCupy:
 
 def test_receive_buffers_are_allocated_on_cai_mpis_stream(route: tuple[CudaRuntime, MPI.Comm]) -> None:
     rt, comm = route
-    x = DeviceArray(rt, NEW)
+    x = DoubleDeviceArray(rt, NEW)
     cupy = FakeCupy(rt)
     rt._load_cupy = lambda: cupy  # type: ignore[method-assign]
     got = round_trip(x, comm, device=0)
@@ -260,7 +239,7 @@ def test_an_out_on_the_per_thread_stream_is_synchronized_in_the_calling_thread(
     route: tuple[CudaRuntime, MPI.Comm],
 ) -> None:
     rt, comm = route
-    out = DeviceArray(rt, OLD, stream=2)
+    out = DoubleDeviceArray(rt, OLD, stream=2)
     started = threading.Event()
     box: dict[str, Any] = {}
 

@@ -1,0 +1,50 @@
+"""A CAI exporter over the CUDA driver double's device memory: what a CuPy or Numba array is to cai_mpi."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._src.runtime.base import Runtime
+
+__all__ = ["DoubleDeviceArray"]
+
+
+class DoubleDeviceArray:
+    """``data`` copied into device memory of ``runtime`` (a ``double_runtime()``), exported as CAI ``version``.
+
+    Args:
+        stream: the CAI v3 ``stream`` to export (an int handle, or None).
+        view: ``(shape, byte_strides)`` to export instead of ``data``'s own C-ordered layout (a strided view of
+            the same memory, element 0 at its start).
+        ordinal: the GPU to allocate on.
+
+    Attributes:
+        buf: the device buffer (``buf.ptr`` is the address); ``read()`` returns its bytes as ``data``'s dtype.
+    """
+
+    def __init__(self, runtime: Runtime, data: Any, *, stream: int | None = None, version: int = 3,
+                 view: tuple[tuple[int, ...], tuple[int, ...]] | None = None, ordinal: int = 0) -> None:
+        src = np.ascontiguousarray(data)
+        self.runtime, self.double = runtime, runtime.driver_double  # type: ignore[attr-defined]
+        self.buf = runtime.alloc_device(src.nbytes, ordinal)
+        if src.nbytes:
+            self.double.write_device(self.buf.ptr, src.tobytes())
+        self.dtype, self.version, self.stream = src.dtype, version, stream
+        self.shape, self.strides = (src.shape, None) if view is None else view
+        self._nbytes = src.nbytes
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        cai: dict[str, Any] = {"shape": self.shape, "typestr": self.dtype.str, "data": (self.buf.ptr, False),
+                               "version": self.version, "strides": self.strides}
+        if self.version >= 3:
+            cai["stream"] = self.stream
+        return cai
+
+    def read(self) -> np.ndarray[Any, Any]:
+        """The whole allocation's bytes now (after synchronizing the device), as a flat array of the dtype."""
+        self.runtime.sync_device(self.buf.ordinal)
+        raw = self.double.read_device(self.buf.ptr, self._nbytes) if self._nbytes else b""
+        return np.frombuffer(raw, self.dtype).copy()
