@@ -24,8 +24,8 @@ from .cuda_driver import CudaDriverDouble
 from .double_array import DoubleDeviceArray
 
 __all__ = [
-    "CudaDriverDouble", "DoubleDeviceArray", "FakeCudaArray", "SimulatedEvent", "SimulatedRuntime", "SimulatedStream", "double_runtime",
-    "use_runtime",
+    "CudaDriverDouble", "DoubleDeviceArray", "FakeCudaArray", "SimulatedEvent", "SimulatedRuntime", "SimulatedStream",
+    "double_runtime", "use_runtime",
 ]
 
 

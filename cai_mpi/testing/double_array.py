@@ -32,7 +32,8 @@ class DoubleDeviceArray:
         if src.nbytes:
             self.double.write_device(self.buf.ptr, src.tobytes())
         self.dtype, self.version, self.stream = src.dtype, version, stream
-        self.shape, self.strides = (src.shape, None) if view is None else view
+        self.shape: tuple[int, ...] = src.shape if view is None else view[0]
+        self.strides: tuple[int, ...] | None = None if view is None else view[1]
         self._nbytes = src.nbytes
 
     @property

@@ -72,7 +72,9 @@ def test_ring_of_device_arrays(gpu: tuple[Runtime, MPI.Comm], n: int, device: st
 
 @pytest.mark.parametrize(("shape", "strides"), [((30, 40), (4, 120)), ((40, 15), (120, 8)), ((20, 10), (240, 12))],
                          ids=["F", "every-other-column", "rows-and-columns"])
-def test_strided_device_layouts(gpu: tuple[Runtime, MPI.Comm], shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
+def test_strided_device_layouts(
+    gpu: tuple[Runtime, MPI.Comm], shape: tuple[int, ...], strides: tuple[int, ...]
+) -> None:
     rt, comm = gpu
 
     def view(r: int) -> np.ndarray[Any, Any]:
