@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
 from mpi4py import MPI
@@ -110,10 +110,17 @@ def idle() -> bool:
 
 
 def drive(steps: Generator[Waitable, None, T]) -> T:
-    """Run a transfer's steps to the end in the calling thread (what a blocking call does)."""
+    """Run a transfer's steps to the end in the calling thread (what a blocking call does). A wait that fails is
+    raised inside the steps, so they clean up (their ``finally`` runs now) before the error reaches the caller."""
     try:
+        waitable = next(steps)
         while True:
-            complete(next(steps))
+            try:
+                complete(waitable)
+            except BaseException as exc:
+                waitable = steps.throw(exc)
+                continue
+            waitable = next(steps)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
@@ -167,10 +174,12 @@ class Request(Generic[T]):
         if pending is not None and not pending.final:
             _active.add(self)
 
-    def _advance(self) -> None:
+    def _advance(self, failure: BaseException | None = None) -> None:
+        """Run the steps to their next wait; ``failure``: the pending wait failed, raise it inside the steps so
+        they clean up (their ``finally`` runs now, not when the generator is collected)."""
         assert self._gen is not None
         try:
-            self._pending = pending = next(self._gen)
+            self._pending = pending = next(self._gen) if failure is None else self._gen.throw(failure)
             if pending.final:
                 _active.discard(self)
         except StopIteration as stop:
@@ -178,6 +187,22 @@ class Request(Generic[T]):
         except BaseException as exc:
             self._finish(None, exc)
             raise
+
+    def _complete_pending(self) -> bool:
+        assert self._pending is not None
+        complete(self._pending, self)
+        return True
+
+    def _step(self, done: Callable[[], bool]) -> bool:
+        """If ``done()`` (a test or a wait of the pending step) says so, advance; a failure goes into the steps."""
+        try:
+            if not done():
+                return False
+        except BaseException as exc:
+            self._advance(exc)
+            return True
+        self._advance()
+        return True
 
     def _finish(self, result: Any, error: BaseException | None) -> None:
         self._result = result
@@ -194,9 +219,8 @@ class Request(Generic[T]):
         try:
             while self._gen is not None:
                 assert self._pending is not None
-                if not self._pending.test():
+                if not self._step(self._pending.test):
                     return
-                self._advance()
         except BaseException:
             pass  # recorded by _finish; raised by wait()
         finally:
@@ -211,8 +235,7 @@ class Request(Generic[T]):
         with self._lock:
             while self._gen is not None:
                 assert self._pending is not None
-                complete(self._pending, self)
-                self._advance()
+                self._step(self._complete_pending)
         if self._error is not None:
             raise self._error
         return self._result  # type: ignore[no-any-return]
@@ -222,9 +245,8 @@ class Request(Generic[T]):
         with self._lock:
             while self._gen is not None:
                 assert self._pending is not None
-                complete(self._pending, self)
                 try:
-                    self._advance()
+                    self._step(self._complete_pending)
                 except BaseException:
                     return
 
@@ -234,9 +256,8 @@ class Request(Generic[T]):
         with self._lock:
             while self._gen is not None:
                 assert self._pending is not None
-                if not self._pending.test():
+                if not self._step(self._pending.test):
                     return False
-                self._advance()
         return True
 
     def __repr__(self) -> str:

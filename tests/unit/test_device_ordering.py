@@ -4,6 +4,7 @@ that what arrives is exactly what the stream order says it must be."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 from collections.abc import Iterator
@@ -15,6 +16,8 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
+from cai_mpi._src.header import HEADER_BUFFER_BYTES
+from cai_mpi._src.privcomm import private_comms
 from cai_mpi._src.runtime.cuda import CudaRuntime
 from cai_mpi._src.transport import pieces
 from cai_mpi.testing import CudaDriverDouble, DoubleDeviceArray, double_runtime, use_runtime
@@ -46,11 +49,10 @@ def user_stream(rt: CudaRuntime) -> int:
     return int(handle)
 
 
-@pytest.fixture(params=["direct", "staged"])
-def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[CudaRuntime, MPI.Comm]]:
+@contextlib.contextmanager
+def on_the_double(direct: bool, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[CudaRuntime, MPI.Comm]]:
     """The runtime on a double and a communicator whose device payloads go to MPI directly (a CUDA-aware MPI,
     host-accessible device memory) or are staged through pinned memory (device memory faults on host access)."""
-    direct = request.param == "direct"
     monkeypatch.setenv("CAI_MPI_CUDA_AWARE", "1" if direct else "0")
     reload_config({"CAI_MPI_INLINE_BYTES": "0", "CAI_MPI_CHUNK_BYTES": "65536"})
     rt = double_runtime(cuda_aware=direct)
@@ -62,6 +64,18 @@ def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> It
     reload_config()
     gc.collect()
     double_of(rt).close()
+
+
+@pytest.fixture(params=["direct", "staged"])
+def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[CudaRuntime, MPI.Comm]]:
+    with on_the_double(request.param == "direct", monkeypatch) as r:
+        yield r
+
+
+@pytest.fixture
+def staged(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[CudaRuntime, MPI.Comm]]:
+    with on_the_double(False, monkeypatch) as r:
+        yield r
 
 
 def round_trip(obj: Any, comm: MPI.Comm, sync: bool | None = None, **kw: Any) -> cai_mpi.Array:
@@ -256,3 +270,47 @@ def test_an_out_on_the_per_thread_stream_is_synchronized_in_the_calling_thread(
     t.join()
     rt.sync_device(0)
     assert double_of(rt).read_device(out.buf.ptr, NEW.nbytes) == NEW.tobytes()
+
+
+# -- defects 4 and 6: pinned staging memory is bounded, and never lent out while MPI or a copy still uses it ------
+
+
+def test_pinned_staging_memory_stays_within_the_pool_budget(
+    staged: tuple[CudaRuntime, MPI.Comm], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt, comm = staged
+    budget = 128 << 10
+    monkeypatch.setattr(pieces, "_PINNED_POOLBYTES", budget)
+    d = double_of(rt)
+    for n in range(1000, 200_000, 3331):  # 60 distinct message sizes
+        x = np.arange(n, dtype=np.uint8)
+        assert np.array_equal(np.asarray(round_trip(DoubleDeviceArray(rt, x), comm, device="host")), x)
+    assert d.pinned_bytes_outstanding <= budget, d.pinned_bytes_outstanding
+    assert d.pinned_bytes_peak <= budget + 4 * 65536, d.pinned_bytes_peak  # + what two transfers hold at once
+
+
+def test_a_failed_staged_send_holds_back_the_block_mpi_still_reads(
+    staged: tuple[CudaRuntime, MPI.Comm], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt, comm = staged
+    d = double_of(rt)
+    x = DoubleDeviceArray(rt, np.arange(2 * 65536, dtype=np.uint8))  # two chunks: two staging blocks
+    synchronizations = d.cuEventSynchronize
+
+    def second_copy_fails(event: Any) -> Any:  # chunk 0 is copied and its Isend posted; chunk 1's copy fails
+        if sum(1 for name, _ in d.calls if name == "cuEventSynchronize") == 1:
+            d.fail_next("cuEventSynchronize", d.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS)
+        return synchronizations(event)
+
+    monkeypatch.setattr(d, "cuEventSynchronize", second_copy_fails)
+    with pytest.raises(cai_mpi.CudaError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
+        cai_mpi.send_array(x, me, 8, comm)
+    rt.sync_device(0)  # chunk 1's copy has finished by now
+    pool = pieces.pinned_pool(rt)
+    assert pool.idle_bytes == 65536  # chunk 1's block is back; chunk 0's is still being sent
+    pc = private_comms(comm)  # the receiver takes what was sent: the header and chunk 0
+    pc.header.Recv(bytearray(HEADER_BUFFER_BYTES), me, 8)
+    chunk = bytearray(65536)
+    pc.payload.Recv(chunk, me, MPI.ANY_TAG)
+    assert bytes(chunk) == bytes(range(256)) * 256
+    assert pieces.pinned_pool(rt).idle_bytes == 2 * 65536  # the send completed: its block is back

@@ -13,9 +13,9 @@ from mpi4py import MPI
 
 from ..pool import BlockPool
 from ..requests import Waitable
-from ..runtime.base import PinnedBuffer, Runtime, Stream
+from ..runtime.base import Event, PinnedBuffer, Runtime, Stream
 
-__all__ = ["BYTE", "Steps", "byte_chunks", "chunks", "internal_stream", "pinned_pool", "raw"]
+__all__ = ["BYTE", "Steps", "byte_chunks", "chunks", "give_back", "internal_stream", "pinned_pool", "raw"]
 
 BYTE = MPI.BYTE
 #: What is left of a transfer once its MPI operations are posted: a generator of what it waits for.
@@ -62,9 +62,43 @@ def internal_stream(runtime: Runtime, ordinal: int) -> Stream:
 
 
 def pinned_pool(runtime: Runtime) -> BlockPool[PinnedBuffer]:
+    if _quarantine:
+        _release_finished()
     pool = _pinned_pools.get(runtime)
     if pool is None:
         pool = _pinned_pools[runtime] = BlockPool(runtime.alloc_pinned, PinnedBuffer.free, budget=_PINNED_POOLBYTES)
     return pool
 
 
+
+
+# Staging blocks a failed or abandoned transfer may still have in use (an Isend or Irecv posted, a copy
+# enqueued): MPI or the GPU would read or write them after the pool lent them out again, so they wait here
+# until all of that has completed (possibly never, if the peer never matches: then they are never reused).
+_quarantine: list[tuple[BlockPool[PinnedBuffer], PinnedBuffer, int, list[MPI.Request], list[Event]]] = []
+_quarantine_lock = threading.Lock()
+
+
+def _finished(reqs: list[MPI.Request], events: list[Event]) -> bool:
+    return all(e.query() for e in events) and bool(MPI.Request.Testall(reqs))
+
+
+def give_back(pool: BlockPool[PinnedBuffer], block: PinnedBuffer, cls: int, reqs: list[MPI.Request | None],
+              events: list[Event | None]) -> None:
+    """Return a staging block to ``pool`` once the MPI operations and device copies that use it have completed."""
+    pending_reqs = [r for r in reqs if r is not None]
+    pending_events = [e for e in events if e is not None]
+    if _finished(pending_reqs, pending_events):
+        pool.give(block, cls)
+        return
+    with _quarantine_lock:
+        _quarantine.append((pool, block, cls, pending_reqs, pending_events))
+
+
+def _release_finished() -> None:
+    with _quarantine_lock:
+        done = [q for q in _quarantine if _finished(q[3], q[4])]
+        for q in done:
+            _quarantine.remove(q)
+    for pool, block, cls, _reqs, _events in done:
+        pool.give(block, cls)

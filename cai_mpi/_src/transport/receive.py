@@ -17,7 +17,7 @@ from ..pool import host_receive_pool
 from ..privcomm import PrivateComms
 from ..requests import EventWait, MPIWait
 from ..runtime.base import DeviceBuffer, Event, Runtime
-from .pieces import BYTE, Steps, byte_chunks, chunks, internal_stream, pinned_pool, raw
+from .pieces import BYTE, Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
 
 __all__ = ["Inbound", "Inbox", "plan_recv"]
 
@@ -204,6 +204,7 @@ def _staged_recv(
     pool = pinned_pool(rt)
     slots = [pool.take(chunk) for _ in range(min(2, len(pieces)))]
     recvs: list[MPI.Request | None] = [None] * len(slots)
+    last: Event | None = None  # the latest copy out of a slot (copies run in order on the stream)
 
     def post(k: int) -> None:
         _off, n = pieces[k]
@@ -213,7 +214,6 @@ def _staged_recv(
     try:
         for k in range(len(slots)):
             post(k)
-        last: Event | None = None
         for k, (off, n) in enumerate(pieces):
             slot = k % len(slots)
             req = recvs[slot]
@@ -226,9 +226,9 @@ def _staged_recv(
                 post(k + len(slots))
         if last is not None:
             yield EventWait(last)
-    finally:
-        for buf, cls in slots:
-            pool.give(buf, cls)
+    finally:  # on an error or an abandoned request, a block still in use is held back until it is not
+        for slot, (buf, cls) in enumerate(slots):
+            give_back(pool, buf, cls, [recvs[slot]], [last])
 
 
 def _discard(pc: PrivateComms, info: MessageInfo, source: int, ptag: int, error: Exception) -> Steps:

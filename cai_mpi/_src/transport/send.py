@@ -14,7 +14,7 @@ from ..operands import DeviceSource
 from ..privcomm import PrivateComms
 from ..requests import EventWait, MPIWait
 from ..runtime.base import DeviceBuffer, Event, Runtime
-from .pieces import Steps, byte_chunks, chunks, internal_stream, pinned_pool, raw
+from .pieces import Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
 
 __all__ = ["Outbound", "plan_send"]
 
@@ -158,8 +158,8 @@ def _staged_send(
         pending = [r for r in sends if r is not None]
         if pending:
             yield MPIWait(pending)
-    finally:
-        for buf, cls in slots:
-            pool.give(buf, cls)
+    finally:  # on an error or an abandoned request, a block still in use is held back until it is not
+        for slot, (buf, cls) in enumerate(slots):
+            give_back(pool, buf, cls, [sends[slot]], [copied[slot]])
 
 
