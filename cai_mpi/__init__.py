@@ -10,6 +10,10 @@ for cai_mpi's private traffic, so every rank should import it.
 
 from __future__ import annotations
 
+from ._src.bind import bind_device_early as _bind_device_early
+
+_bind_device_early()  # CAI_MPI_BIND_DEVICE=1: this rank's GPU is made current before MPI is initialized
+
 from ._src.array import Array
 from ._src.channel import RecvChannel, SendChannel, recv_channel, send_channel
 from ._src.collectives import allgather_array, alltoall_array, bcast_array, gather_array, scatter_array
