@@ -1,0 +1,22 @@
+"""What the package promises to install: the CUDA extras bring CuPy with its CUDA toolkit wheels ([ctk]), so
+the pack/unpack kernels compile (NVRTC) on GPU nodes that have only a driver."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
+PYPROJECT = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+EXTRAS = PYPROJECT["project"]["optional-dependencies"]
+
+
+@pytest.mark.parametrize(("extra", "cupy"), [("cuda12", "cupy-cuda12x[ctk]"), ("cuda13", "cupy-cuda13x[ctk]")])
+def test_cuda_extras_install_cupy_with_its_toolkit(extra: str, cupy: str) -> None:
+    assert any(req.startswith(cupy) for req in EXTRAS[extra]), EXTRAS[extra]
+    assert any(req.startswith("cuda-python") for req in EXTRAS[extra]), EXTRAS[extra]
+
+
+def test_the_test_extra_checks_the_driver_double_against_cuda_bindings() -> None:
+    assert any(req.startswith("cuda-bindings") for req in EXTRAS["test"]), EXTRAS["test"]
