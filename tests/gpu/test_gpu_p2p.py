@@ -1,8 +1,14 @@
-"""send_array / recv_array with real GPU exporters (CuPy, PyTorch, Numba), rank to itself."""
+"""Device transfers with real GPU exporters (CuPy, PyTorch, Numba), in a ring over COMM_WORLD: a rank to itself
+at 1 rank, to its neighbours at 2 or more (scripts/test-gpu.sh runs both). Each exporter's data is compared
+exactly with what was sent; direct (when the MPI is CUDA-aware) and staged routes, one chunk and many."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -10,6 +16,7 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
+from cai_mpi._src.config import reload_config
 from cai_mpi._src.runtime import get_runtime
 from cai_mpi._src.runtime.cudadriver import probe
 
@@ -20,7 +27,9 @@ pytestmark = [
     pytest.mark.skipif(not USABLE, reason=f"no usable CUDA GPU: {REASON}"),
 ]
 
-me = MPI.COMM_WORLD.Get_rank()
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+nxt, prv = (rank + 1) % size, (rank - 1) % size
 
 
 def _import(name: str) -> Any:
@@ -29,85 +38,186 @@ def _import(name: str) -> Any:
         return pytest.importorskip(name)
 
 
-def self_round_trip(obj: Any, **kw: Any) -> cai_mpi.Array:
-    req = cai_mpi.isend_array(obj, me, tag=17)
-    got = cai_mpi.recv_array(me, 17, **kw)
+@pytest.fixture
+def cp() -> Any:
+    return _import("cupy")
+
+
+def ring(obj: Any, comm: MPI.Comm = world, **kw: Any) -> cai_mpi.Array:
+    """Send ``obj`` to the next rank, receive the previous rank's (every rank at once)."""
+    req = cai_mpi.isend_array(obj, nxt, 17, comm)
+    got = cai_mpi.recv_array(prv, 17, comm, **kw)
     req.wait()
     return got
+
+
+def made_by(r: int, cp: Any, n: int = 64 * 48, dtype: Any = "float32") -> Any:
+    return (cp.arange(n, dtype=dtype) * (r + 1)).reshape(64, -1)
+
+
+@pytest.fixture(params=["direct", "staged"])
+def route(request: pytest.FixtureRequest) -> Iterator[MPI.Comm]:
+    """A communicator whose device payloads go straight to MPI (only where the MPI is CUDA-aware) or are staged
+    in several chunks. The override must be set when detection runs: at the communicator's first use."""
+    if request.param == "direct" and not cai_mpi.cuda_aware(world):
+        pytest.skip(f"this MPI is not CUDA-aware ({cai_mpi.cuda_aware(world).detail.split('.')[0]})")
+    os.environ["CAI_MPI_CUDA_AWARE"] = "1" if request.param == "direct" else "0"
+    try:
+        comm = world.Dup()
+        assert cai_mpi.cuda_aware(comm).aware is (request.param == "direct")
+    finally:
+        del os.environ["CAI_MPI_CUDA_AWARE"]
+    reload_config({"CAI_MPI_CHUNK_BYTES": str(1 << 20)})  # several chunks at a few MiB
+    yield comm
+    reload_config()
+    comm.Free()
 
 
 def test_runtime_is_cuda() -> None:
     assert get_runtime().name == "cuda"
 
 
+@pytest.mark.parametrize("rows", [0, 7, 1 << 18])  # 1 << 18 rows: 3 MiB, several staging chunks
 @pytest.mark.parametrize("layout", ["C", "F", "strided"])
-def test_cupy_round_trip_lands_on_device(layout: str) -> None:
-    cp = _import("cupy")
-    base = cp.arange(64 * 48, dtype=cp.float32).reshape(64, 48)
-    x = {"C": base, "F": cp.asfortranarray(base), "strided": base[::-2, 1::3]}[layout]
-    got = self_round_trip(x)
+def test_cupy_ring_lands_on_the_device(cp: Any, route: MPI.Comm, layout: str, rows: int) -> None:
+    def made(r: int) -> Any:
+        a = (cp.arange(rows * 6, dtype=cp.uint16) + r).reshape(rows, 6)
+        return {"C": a, "F": cp.asfortranarray(a), "strided": a[::-2, 1::3]}[layout]
+
+    got = ring(made(rank), route)
     assert got.device == 0
     y = cp.asarray(got)  # zero-copy adoption through __cuda_array_interface__
-    assert y.data.ptr == got.descriptor.ptr
-    assert cp.array_equal(y, x)
+    assert got.nbytes == 0 or y.data.ptr == got.descriptor.ptr
+    assert y.shape == made(prv).shape and cp.array_equal(y, made(prv))
 
 
-def test_cupy_stream_is_synchronized_before_send() -> None:
-    """A kernel still running on a non-blocking stream when send_array is called must finish first."""
-    cp = _import("cupy")
+def test_a_busy_non_blocking_stream_is_synchronized_before_sending(cp: Any, route: MPI.Comm) -> None:
     s = cp.cuda.Stream(non_blocking=True)
     with s:
-        x = cp.zeros(1 << 24, dtype=cp.float64)
+        x = cp.zeros(1 << 22, dtype=cp.float64)
         for _ in range(20):
-            x += 1.0  # queue a lot of work on s
-        # CuPy exports the current stream (s) in its CAI while inside the block.
-        got = self_round_trip(x)
+            x += 1.0  # much work queued on s; CuPy exports s while it is current
+        got = ring(x, route)
     assert float(cp.asarray(got).min()) == 20.0
 
 
-def test_torch_v2_export_is_synchronized_conservatively() -> None:
+def test_forwarding_after_work_on_a_received_array(cp: Any, route: MPI.Comm) -> None:
+    # Defect 1's rule: cai_mpi's own device Arrays are synchronized before they are sent again.
+    got = ring(made_by(rank, cp), route)
+    y = cp.asarray(got)
+    for _ in range(10):
+        y *= 2  # on CuPy's current stream, still running when the Array is forwarded
+    again = ring(got, route)
+    assert cp.array_equal(cp.asarray(again), made_by((rank - 2) % size, cp) * 1024)
+
+
+def test_array_numpy_sees_pending_work(cp: Any) -> None:
+    got = ring(made_by(rank, cp))
+    y = cp.asarray(got)
+    with cp.cuda.Stream(non_blocking=True):
+        y += 1
+        assert np.array_equal(got.numpy(), cp.asnumpy(made_by(prv, cp)) + 1)
+
+
+@pytest.mark.parametrize("layout", ["F", "strided"])
+def test_device_out_of_any_layout(cp: Any, route: MPI.Comm, layout: str) -> None:
+    base = cp.zeros((64, 96), dtype=cp.float32)
+    out = cp.asfortranarray(base[:, :48]) if layout == "F" else base[:, ::2]
+    got = ring(made_by(rank, cp), route, out=out)
+    assert got.descriptor.ptr == out.data.ptr and cp.array_equal(out, made_by(prv, cp))
+    if layout == "strided":
+        assert not base[:, 1::2].any()
+
+
+def test_host_to_device_and_back(cp: Any, route: MPI.Comm) -> None:
+    got = ring(np.arange(1 << 20, dtype=np.int64) + rank, route, device=0)
+    assert got.device == 0 and cp.array_equal(cp.asarray(got), cp.arange(1 << 20, dtype=cp.int64) + prv)
+    back = ring(made_by(rank, cp), route, device="host")
+    assert back.device == "host" and np.array_equal(np.asarray(back), cp.asnumpy(made_by(prv, cp)))
+
+
+def test_managed_memory(cp: Any, route: MPI.Comm) -> None:
+    mem = cp.cuda.malloc_managed(4096 * 8)
+    x = cp.ndarray((4096,), cp.float64, memptr=mem)
+    x[:] = cp.arange(4096) + rank
+    got = ring(x, route)
+    assert np.array_equal(np.asarray(got) if got.device == "host" else got.numpy(), np.arange(4096) + prv)
+
+
+def test_a_second_device(cp: Any, route: MPI.Comm) -> None:
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    with cp.cuda.Device(1):
+        x = made_by(rank, cp)
+    got = ring(x, route, device=1)
+    assert got.device == 1
+    with cp.cuda.Device(1):
+        assert cp.array_equal(cp.asarray(got), made_by(prv, cp))
+    assert cp.cuda.Device().id == 0  # the caller's current device is left alone
+
+
+def test_device_channels(cp: Any, route: MPI.Comm) -> None:
+    x = cp.zeros(1 << 16, dtype=cp.float32)
+    if not cai_mpi.cuda_aware(route):
+        with pytest.raises(ValueError, match="contiguous device memory through a CUDA-aware MPI"):
+            cai_mpi.send_channel(x, nxt, 9, route)
+        return
+    with cai_mpi.send_channel(x, nxt, 9, route) as tx, cai_mpi.recv_channel(prv, 9, route, device=0) as rx:
+        for step in range(1, 4):
+            x[:] = step * (rank + 1)
+            req = tx.isend()
+            got = rx.recv()
+            req.wait()
+            assert got.device == 0 and bool((cp.asarray(got) == step * (prv + 1)).all())
+
+
+def test_torch_tensors(route: MPI.Comm) -> None:
     torch = _import("torch")
     if not torch.cuda.is_available():
         pytest.skip("this torch build has no CUDA")
-    x = torch.arange(1000, device="cuda", dtype=torch.float64) * 3
-    got = self_round_trip(x)
+    x = torch.arange(1000, device="cuda", dtype=torch.float64).reshape(20, 50).t() * (rank + 1)  # CAI v2, strided
+    got = ring(x, route)
     t = torch.as_tensor(got, device="cuda")
-    assert torch.equal(t, x)
+    expected = torch.arange(1000, device="cuda", dtype=torch.float64).reshape(20, 50).t() * (prv + 1)
+    assert torch.equal(t, expected)
 
 
-def test_numba_device_array() -> None:
+def test_numba_default_stream_producer(route: MPI.Comm) -> None:
     cuda = _import("numba.cuda")
-    x = cuda.to_device(np.arange(100, dtype=np.int32))
-    got = self_round_trip(x)
-    assert np.array_equal(cuda.as_cuda_array(got).copy_to_host(), np.arange(100, dtype=np.int32))
+    if not cuda.is_available():
+        pytest.skip("Numba sees no GPU")
+
+    @cuda.jit
+    def fill(a: Any, value: int) -> None:
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] = value
+
+    x = cuda.device_array(1 << 20, dtype=np.int32)
+    fill[(x.size + 255) // 256, 256](x, rank + 1)  # on the default stream: still running when sent
+    got = ring(x, route)
+    assert np.array_equal(cuda.as_cuda_array(got).copy_to_host(), np.full(1 << 20, prv + 1, np.int32))
 
 
-def test_receive_into_cupy_out_and_host() -> None:
-    cp = _import("cupy")
-    x = cp.random.standard_normal((33, 17))
-    out = cp.empty_like(x)
-    got = self_round_trip(x, out=out)
-    assert got.descriptor.ptr == out.data.ptr and cp.array_equal(out, x)
-    host = self_round_trip(x, device="host")
-    assert np.array_equal(np.asarray(host), cp.asnumpy(x))
+CUPY_PER_THREAD = """
+import cupy as cp, numpy as np, cai_mpi
+x = cp.zeros(1 << 22, dtype=cp.float64)
+for _ in range(10):
+    x += 1.0  # on the per-thread default stream (CAI v3 stream 2)
+assert x.__cuda_array_interface__["stream"] == 2, x.__cuda_array_interface__["stream"]
+req = cai_mpi.isend_array(x, 0)
+got = cai_mpi.recv_array(0)
+req.wait()
+assert float(cp.asarray(got).min()) == 10.0
+print("ok")
+"""
 
 
-def test_staged_path_forced() -> None:
-    """CAI_MPI_CUDA_AWARE=0 on a CUDA-aware MPI still works, through pinned staging."""
-    import os
-
-    cp = _import("cupy")
-    os.environ["CAI_MPI_CUDA_AWARE"] = "0"
-    try:
-        comm = MPI.COMM_WORLD.Dup()
-    finally:
-        del os.environ["CAI_MPI_CUDA_AWARE"]
-    try:
-        assert not cai_mpi.cuda_aware(comm)
-        x = cp.arange(3 << 20, dtype=cp.uint8)
-        req = cai_mpi.isend_array(x, me, comm=comm)
-        got = cai_mpi.recv_array(me, comm=comm)
-        req.wait()
-        assert cp.array_equal(cp.asarray(got), x)
-    finally:
-        comm.Free()
+def test_cupy_with_the_per_thread_default_stream() -> None:
+    _import("cupy")
+    if size > 1:
+        pytest.skip("runs its own one-rank interpreter; covered by the 1-rank run")
+    env = {**os.environ, "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": "1"}
+    done = subprocess.run([sys.executable, "-c", CUPY_PER_THREAD], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
