@@ -84,8 +84,8 @@ def test_latency_json_and_osu_text(tmp_path: Path) -> None:
     block = proc.stdout.split("# mode raw:")[1].split("\n\n")[0].splitlines()[2:]
     assert [int(line.split()[0]) for line in block] == SMALL
     assert all(float(line.split()[1]) > 0 for line in block)
-    # --check-targets prints a verdict per target; the bw ones cannot be judged from a latency run.
-    assert proc.stdout.count("n/a") == 3
+    # --check-targets prints a verdict per target; the bw, collective and pipeline ones cannot be judged here.
+    assert proc.stdout.count("n/a") == 3 + 7
     assert sum(proc.stdout.count(w) for w in ("PASS ", "FAIL ")) == 4
     assert [t["key"] for t in doc["targets"]][:4] == ["lat8-cai-raw", "lat8-cai-pickle", "lat8-out-raw",
                                                       "lat8-channel-raw"]
@@ -108,9 +108,36 @@ def test_pipeline_three_ranks(tmp_path: Path) -> None:
     proc = _bench(3, "pipeline", "--max-size", "1K", "--min-size", "256", "--iters", "20", "--samples", "2",
                   "--json", str(out))
     doc = _load(out)
-    _check_doc(doc, "pipeline", DEFAULT_MODES, [256, 512, 1024], 3)
+    _check_doc(doc, "pipeline", [*DEFAULT_MODES, "cai-pipeline"], [256, 512, 1024], 3)
     assert all(r["items_per_s"] > 0 for m in doc["results"].values() for r in m.values())
-    assert "Items/s" in proc.stdout
+    assert "Items/s" in proc.stdout and "# mode cai-pipeline: cai_mpi.Pipeline" in proc.stdout
+
+
+@pytest.mark.parametrize("test", ["bcast", "allreduce", "allgather"])
+def test_collectives_side_by_side_with_mpi4py(tmp_path: Path, test: str) -> None:
+    out = tmp_path / f"{test}.json"
+    proc = _bench(3, test, "--sizes", "1,8,4K", "--iters", "10", "--samples", "2", "--json", str(out),
+                  "--check-targets")
+    doc = _load(out)
+    modes = ["raw", "cai"] if test == "allgather" else ["raw", "cai", "cai-out"]
+    _check_doc(doc, test, modes, [1, 8, 4096], 3)
+    assert "Time/op (us)" in proc.stdout and "# ratio of each mode's time to raw's" in proc.stdout
+    if test == "allgather":
+        assert doc["skipped"] == {"cai-out": "allgather_array has no out="}
+    verdicts = {t["key"]: t for t in doc["targets"]}
+    assert verdicts[f"{test}8-cai-raw"]["status"] in ("PASS", "FAIL")
+    assert verdicts[f"{test}1m-cai-raw"]["status"] == "n/a"  # no size >= 1 MiB in this run
+
+
+def test_a_mode_of_another_test_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    out = tmp_path / "lat.json"
+    _bench(2, "latency", "--sizes", "8", "--iters", "5", "--samples", "1", "--modes", "raw,cai-pipeline",
+           "--json", str(out))
+    assert _load(out)["skipped"] == {"cai-pipeline": "only a mode of the pipeline test"}
+    out = tmp_path / "bcast.json"
+    _bench(2, "bcast", "--sizes", "8", "--iters", "5", "--samples", "1", "--modes", "raw,channel",
+           "--json", str(out))
+    assert _load(out)["skipped"] == {"channel": "not a mode of the bcast test"}
 
 
 def test_simulated_buffer_and_extra_modes(tmp_path: Path) -> None:
@@ -239,6 +266,26 @@ def test_targets_from_figures() -> None:
     assert "PASS" in render_targets(list(verdicts.values()))
 
 
+def test_collective_and_pipeline_targets_from_figures() -> None:
+    def doc(test: str, rows: dict[str, dict[int, float]], ranks: int = 2) -> dict[str, Any]:
+        return {"benchmark": {"test": test, "buffer": "host", "ranks": ranks},
+                "results": {m: {str(s): {"median_us": t} for s, t in r.items()} for m, r in rows.items()}}
+
+    docs = [doc("allreduce", {"raw": {8: 2.0, 1 << 20: 100.0, 4 << 20: 400.0},
+                              "cai": {8: 5.0, 1 << 20: 105.0, 4 << 20: 500.0}}),
+            doc("bcast", {"raw": {8: 2.0}, "cai": {8: 7.0}}),
+            doc("pipeline", {"raw": {1 << 20: 100.0}, "cai-pipeline": {1 << 20: 108.0}}, ranks=4),
+            doc("pipeline", {"raw": {1 << 20: 100.0}, "cai-pipeline": {1 << 20: 300.0}}, ranks=3)]
+    verdicts = {v.key: v for v in check_targets(docs)}
+    assert verdicts["allreduce8-cai-raw"].status == "PASS" and verdicts["allreduce8-cai-raw"].value == 2.5
+    assert verdicts["bcast8-cai-raw"].status == "FAIL" and verdicts["bcast8-cai-raw"].value == 3.5
+    assert verdicts["allreduce1m-cai-raw"].status == "FAIL"  # worst: 400 / 500 = 0.8 at 4 MiB
+    assert verdicts["allreduce1m-cai-raw"].value == pytest.approx(0.8)
+    assert verdicts["allgather8-cai-raw"].status == "n/a"
+    assert verdicts["pipe1m-raw"].status == "PASS"  # the 4-stage run only: 100 / 108
+    assert verdicts["pipe1m-raw"].value == pytest.approx(100 / 108)
+
+
 def test_targets_take_the_median_of_repeated_runs() -> None:
     def bw(raw_1m: float, out_1m: float, buffer: str = "host") -> dict[str, Any]:
         rows = {"raw": {1 << 20: raw_1m}, "cai-out": {1 << 20: out_1m}, "cai": {1 << 20: out_1m}}
@@ -332,7 +379,7 @@ def test_plot_draws_every_mode_in_a_color_of_its_own(tmp_path: Path, monkeypatch
     from cai_mpi._src.bench.report import plot
 
     out, png = tmp_path / "lat.json", tmp_path / "lat.png"
-    host_modes = [m for m in MODES if m != "raw-staged"]  # every mode that runs on host buffers
+    host_modes = [m for m in MODES if m not in ("raw-staged", "cai-pipeline")]  # every host-buffer latency mode
     _bench(2, "latency", "--sizes", "8,4K", "--iters", "3", "--samples", "2", "--modes", ",".join(host_modes),
            "--json", str(out), "--quiet")
     _bench(1, "report", str(out), "--quiet", "--plot", str(png))

@@ -19,14 +19,15 @@ from typing import Any, NoReturn
 from mpi4py import MPI
 
 from .buffers import BUFFER_KINDS, BufferUnavailable, make_buffer_kind
-from .kernels import TESTS, Plan, run_plan
+from .kernels import TESTS, Plan, mode_table, run_plan
 from .modes import DEFAULT_MODES, MODES, Context
+from .multirank import COLLECTIVE_MODES, COLLECTIVE_TESTS, DEFAULT_COLLECTIVE_MODES
 from .progress import Progress
 from .report import SCHEMA, check_targets, plot, render_markdown, render_targets, render_text, results_json
 
 __all__ = ["main", "parse_size", "size_list"]
 
-_DEFAULT_ITERS = {"latency": 1000, "bw": 20, "bibw": 20, "pipeline": 500}
+_DEFAULT_ITERS = {"latency": 1000, "bw": 20, "bibw": 20, "pipeline": 500, **dict.fromkeys(COLLECTIVE_TESTS, 1000)}
 _UNITS = {"": 0, "K": 10, "M": 20, "G": 30}
 
 
@@ -55,9 +56,10 @@ def size_list(lo: int, hi: int) -> list[int]:
 
 def _modes(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in MODES]
+    known = {**MODES, **COLLECTIVE_MODES}
+    bad = [n for n in names if n not in known]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown mode(s) {bad}: choose from {', '.join(MODES)}")
+        raise argparse.ArgumentTypeError(f"unknown mode(s) {bad}: choose from {', '.join(known)}")
     return list(dict.fromkeys(names))
 
 
@@ -91,12 +93,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 _MODE_HELP = "\n".join(f"  {name:<13} {spec.description}" for name, spec in MODES.items())
-_EPILOG = f"""modes:
+_COLLECTIVE_MODE_HELP = "\n".join(f"  {name:<13} {spec.description}" for name, spec in COLLECTIVE_MODES.items())
+_EPILOG = f"""modes (latency, bw, bibw, pipeline):
 {_MODE_HELP}
 
+modes (bcast, allreduce, allgather):
+{_COLLECTIVE_MODE_HELP}
+
 Run under mpiexec: latency, bw and bibw need an even number of ranks (pairs 0-1, 2-3, ...;
-rank 0's pair is reported); pipeline needs at least 2. Every rank runs; rank 0 prints.
+rank 0's pair is reported); pipeline and the collectives need at least 2. Every rank runs; rank 0 prints.
 Example: mpiexec -n 2 python -m cai_mpi bench latency --max-size 1M --json lat.json --check-targets
+Example: mpiexec -n 4 python -m cai_mpi bench allreduce --sizes 8,1M,16M --check-targets
 """
 
 
@@ -104,12 +111,14 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m cai_mpi bench", epilog=_EPILOG,
                 description="cai_mpi benchmarks, side by side with raw mpi4py.",
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="test", required=True, metavar="{latency,bw,bibw,pipeline,report}")
+    sub = p.add_subparsers(dest="test", required=True, metavar="{" + ",".join([*TESTS, "report"]) + "}")
     for test, what in TESTS.items():
         s = sub.add_parser(test, help=what, description=f"{test}: {what}", epilog=_EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        s.add_argument("--modes", type=_modes, default=list(DEFAULT_MODES),
-                       help=f"comma-separated modes (default {','.join(DEFAULT_MODES)})")
+        defaults = {**dict.fromkeys(COLLECTIVE_TESTS, DEFAULT_COLLECTIVE_MODES),
+                    "pipeline": (*DEFAULT_MODES, "cai-pipeline")}.get(test, DEFAULT_MODES)
+        s.add_argument("--modes", type=_modes, default=list(defaults),
+                       help=f"comma-separated modes (default {','.join(defaults)})")
         s.add_argument("--buffer", choices=list(BUFFER_KINDS), default="host",
                        help="array kind to send (default host numpy)")
         s.add_argument("--min-size", type=parse_size, default=1,
@@ -150,8 +159,8 @@ def _output_args(s: argparse.ArgumentParser) -> None:
 
 
 def _world_problem(test: str, nranks: int) -> str | None:
-    if test == "pipeline":
-        return None if nranks >= 2 else "pipeline needs at least 2 ranks (mpiexec -n 3 ...)"
+    if test == "pipeline" or test in COLLECTIVE_TESTS:
+        return None if nranks >= 2 else f"{test} needs at least 2 ranks (mpiexec -n 4 ...)"
     if nranks < 2 or nranks % 2:
         return (f"{test} needs exactly 2 ranks, or an even number (pairs); this run has {nranks}: "
                 f"mpiexec -n 2 python -m cai_mpi bench {test} ...")
@@ -323,11 +332,12 @@ def _run(args: argparse.Namespace, kind: Any, rank: int, nranks: int, argv: list
     world = MPI.COMM_WORLD
     comm = world.Dup()
     comm.Set_name("cai_mpi-bench")
-    ctx = Context(comm=comm, kind=kind, aware=cai_mpi.cuda_aware().aware)
+    ctx = Context(comm=comm, kind=kind, aware=cai_mpi.cuda_aware().aware, test=args.test)
+    table = mode_table(args.test)
     skipped = {}
     modes = []
     for name in args.modes:
-        why = MODES[name].unavailable(ctx)
+        why = table[name].unavailable(ctx) if name in table else f"not a mode of the {args.test} test"
         if why is None:
             modes.append(name)
         else:
@@ -370,9 +380,9 @@ def _run(args: argparse.Namespace, kind: Any, rank: int, nranks: int, argv: list
                 "description": TESTS[args.test],
                 "buffer": args.buffer,
                 "ranks": nranks,
-                "pairs": nranks // 2 if args.test != "pipeline" else None,
+                "pairs": nranks // 2 if args.test in ("latency", "bw", "bibw") else None,
                 "modes": modes,
-                "mode_descriptions": {m: MODES[m].description for m in args.modes},
+                "mode_descriptions": {m: table[m].description for m in args.modes if m in table},
                 "sizes": sizes,
                 "samples": plan.samples,
                 "iters": plan.iters,

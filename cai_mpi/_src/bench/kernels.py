@@ -9,10 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from .modes import MODES, Context, Mode, SharedBuffers
+from .modes import MODES, Context, Mode, ModeSpec, SharedBuffers
+from .multirank import COLLECTIVE_MODES, COLLECTIVE_TESTS, collective_loop
 from .progress import Progress
 
-__all__ = ["TESTS", "Plan", "SizeResult", "run_plan", "ops_per_iteration"]
+__all__ = ["TESTS", "Plan", "SizeResult", "mode_table", "ops_per_iteration", "run_plan"]
 
 ACK_TAG = 8
 _perf = time.perf_counter
@@ -22,7 +23,13 @@ TESTS = {
     "bw": "windowed unidirectional bandwidth (like osu_bw): rank 0 sends a window, rank 1 acks",
     "bibw": "windowed bidirectional bandwidth (like osu_bibw): both ranks send a window at once",
     "pipeline": "items through a chain 0 -> 1 -> ... -> N-1; time per item at steady state",
+    **COLLECTIVE_TESTS,
 }
+
+
+def mode_table(test: str) -> dict[str, ModeSpec]:
+    """The modes ``test`` can compare: point-to-point ones, or the collectives' own."""
+    return COLLECTIVE_MODES if test in COLLECTIVE_TESTS else MODES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +66,7 @@ class Plan:
 
 def ops_per_iteration(test: str, window: int) -> int:
     """How many one-way messages one iteration times (the unit of ``median_us``)."""
-    return {"latency": 2, "bw": window, "bibw": 2 * window, "pipeline": 1}[test]
+    return {"latency": 2, "bw": window, "bibw": 2 * window}.get(test, 1)  # pipeline: items; collectives: calls
 
 
 @dataclasses.dataclass
@@ -152,6 +159,7 @@ _LOOPS: dict[str, Callable[[Mode, Context, int, int], float]] = {
     "bw": _bw,
     "bibw": _bibw,
     "pipeline": _pipeline,
+    **dict.fromkeys(COLLECTIVE_TESTS, collective_loop),
 }
 
 
@@ -170,7 +178,8 @@ def run_plan(plan: Plan, ctx: Context, progress: Progress) -> dict[str, dict[int
         progress.status(f"{plan.test} {size_label(size)}")
         in_flight = window if plan.test in ("bw", "bibw") else 1
         mctx = dataclasses.replace(ctx, window=in_flight, buffers=SharedBuffers(ctx.kind, size))
-        modes = {name: MODES[name].make(mctx, size) for name in plan.modes}
+        table = mode_table(plan.test)
+        modes = {name: table[name].make(mctx, size) for name in plan.modes}
         comm.Barrier()
         for name, m in modes.items():
             results[name][size] = SizeResult([], iters, window)

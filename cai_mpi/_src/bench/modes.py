@@ -21,6 +21,7 @@ class Context:
     """What every mode needs: the bench's private communicator, the buffer kind, CUDA-awareness.
 
     ``window``: how many messages one side keeps in flight (bw/bibw windows; 1 otherwise).
+    ``test``: the benchmark (latency, bw, ..., bcast: modes that belong to one test say so).
     ``buffers``: the memory every mode of one message size sends from and receives into (None: each
     mode allocates its own).
     """
@@ -30,6 +31,7 @@ class Context:
     aware: bool
     window: int = 1
     buffers: SharedBuffers | None = None
+    test: str = ""  # the benchmark being run (some modes belong to one test only)
 
 
 class SharedBuffers:
@@ -393,6 +395,16 @@ def _raw_header_unavailable(ctx: Context) -> str | None:
     return None
 
 
+def _pipeline_mode(ctx: Context, nbytes: int) -> Mode:
+    from .multirank import PipelineMode
+
+    return PipelineMode(ctx, nbytes)
+
+
+def _pipeline_only(ctx: Context) -> str | None:
+    return None if ctx.test == "pipeline" else "only a mode of the pipeline test"
+
+
 def _raw_staged_unavailable(ctx: Context) -> str | None:
     if ctx.kind.device:
         return None
@@ -428,6 +440,8 @@ MODES: dict[str, ModeSpec] = {
                  lambda c, n: CaiMode(c, n, sync=False)),
         ModeSpec("channel", "cai_mpi send_channel / recv_channel(out=) (persistent: described once)",
                  ChannelMode, _channel_unavailable),
+        ModeSpec("cai-pipeline", "cai_mpi.Pipeline(depth=2): send with back-pressure, recv the next item",
+                 _pipeline_mode, _pipeline_only),
     )
 }
 

@@ -64,11 +64,14 @@ _COLUMN = {
     "bw": "Bandwidth (MB/s)",
     "bibw": "Bandwidth (MB/s)",
     "pipeline": "Items/s",
+    "bcast": "Time/op (us)",
+    "allreduce": "Time/op (us)",
+    "allgather": "Time/op (us)",
 }
 
 
 def _value(test: str, row: dict[str, Any]) -> float:
-    if test == "latency":
+    if test in ("latency", "bcast", "allreduce", "allgather"):
         return float(row["median_us"])
     if test == "pipeline":
         return float(row["items_per_s"])
@@ -140,7 +143,7 @@ def render_text(doc: Doc, *, full: bool = False) -> str:
             row_text = "".join(f"{_value(test, v):>14.2f}" if v else f"{'-':>14}" for v in vals)
             lines.append(f"{size:<10d}{row_text}")
         if "raw" in modes:
-            what = "time" if test == "latency" else "throughput"
+            what = "throughput" if test in ("bw", "bibw", "pipeline") else "time"
             lines += ["", f"# ratio of each mode's {what} to raw's (median)"]
             others = [m for m in modes if m != "raw"]
             lines.append("# Size (B)" + "".join(f"{m:>14}" for m in others))
@@ -170,7 +173,8 @@ def render_markdown(doc: Doc, sizes: Sequence[int] | None = None) -> str:
     test = b["test"]
     results: dict[str, dict[str, Any]] = doc["results"]
     modes = [m for m in b["modes"] if m in results]
-    unit = {"latency": "us", "pipeline": "items/s"}.get(test, "MB/s")
+    unit = {"latency": "us", "pipeline": "items/s", "bcast": "us", "allreduce": "us", "allgather": "us"}.get(test,
+                                                                                                     "MB/s")
     others = [m for m in modes if m != "raw"] if "raw" in modes else []
     head = ["size", *(f"{m} ({unit})" for m in modes), *(f"{m} / raw" for m in others)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -244,21 +248,22 @@ def _median_ratio(
     return mid, min(pairs, key=lambda p: abs(p[0] / p[1] - mid)), ratios
 
 
-def _latency_ratio(mode: str, base: str) -> Callable[[Sequence[Doc]], tuple[float | None, str]]:
+def _latency_ratio(mode: str, base: str, test: str = "latency") -> Callable[[Sequence[Doc]], tuple[float | None, str]]:
     def ev(docs: Sequence[Doc]) -> tuple[float | None, str]:
-        found = _median_ratio(_runs(docs, "latency"), mode, base, 8)
+        found = _median_ratio(_runs(docs, test), mode, base, 8)
         if found is None:
-            return None, f"needs a host-buffer latency run with modes {mode},{base} and size 8"
+            return None, f"needs a host-buffer {test} run with modes {mode},{base} and size 8"
         mid, (a, r), ratios = found
-        return mid, f"{mode} {a:.2f} us / {base} {r:.2f} us at 8 B ({_where('latency', len(ratios))}){_each(ratios)}"
+        return mid, f"{mode} {a:.2f} us / {base} {r:.2f} us at 8 B ({_where(test, len(ratios))}){_each(ratios)}"
     return ev
 
 
-def _bw_ratio(mode: str) -> Callable[[Sequence[Doc]], tuple[float | None, str]]:
+def _bw_ratio(mode: str, test: str = "bw") -> Callable[[Sequence[Doc]], tuple[float | None, str]]:
+    """The worst size >= 1 MiB of ``mode``'s throughput over raw's (the inverse of their times)."""
     def ev(docs: Sequence[Doc]) -> tuple[float | None, str]:
         per_size: dict[int, list[float]] = {}
         runs = 0
-        for d in _runs(docs, "bw"):
+        for d in _runs(docs, test):
             sizes = [int(s) for s in d["results"].get(mode, {}) if int(s) >= 1 << 20]
             used = False
             for s in sizes:
@@ -268,13 +273,23 @@ def _bw_ratio(mode: str) -> Callable[[Sequence[Doc]], tuple[float | None, str]]:
                     used = True
             runs += used
         if not per_size:
-            return None, f"needs a host-buffer bw run with modes {mode},raw and sizes >= 1M"
+            return None, f"needs a host-buffer {test} run with modes {mode},raw and sizes >= 1M"
         ratios = sorted((statistics.median(v), s) for s, v in per_size.items())
         worst = ratios[0]
         each = ", ".join(f"{_fmt_size(s)} {x:.3f}" for x, s in sorted(ratios, key=lambda r: r[1]))
-        return worst[0], (f"worst at {_fmt_size(worst[1])}iB; per size: {each} ({_where('bw', runs)})"
+        return worst[0], (f"worst at {_fmt_size(worst[1])}iB; per size: {each} ({_where(test, runs)})"
                           f"{_each(per_size[worst[1]])}")
     return ev
+
+
+def _pipeline_throughput(docs: Sequence[Doc]) -> tuple[float | None, str]:
+    runs = [d for d in _runs(docs, "pipeline") if d["benchmark"]["ranks"] == 4]
+    found = _median_ratio(runs, "raw", "cai-pipeline", 1 << 20)
+    if found is None:
+        return None, "needs a 4-rank host-buffer pipeline run with modes raw,cai-pipeline and size 1M"
+    mid, (r, p), ratios = found
+    return mid, (f"cai-pipeline {1e6 / p:.0f} items/s / raw {1e6 / r:.0f} items/s at 1 MiB, 4 stages "
+                 f"({_where('pipeline', len(ratios))}){_each(ratios)}")
 
 
 def _vs_pickle(docs: Sequence[Doc]) -> tuple[float | None, str]:
@@ -300,6 +315,12 @@ _TARGETS: list[tuple[str, str, str, float, Callable[[Sequence[Doc]], tuple[float
     ("bw1m-cai-raw", "bandwidth >= 1 MiB, recv_array without out= (steady state) vs raw", ">=", 0.9,
      _bw_ratio("cai")),
     ("16m-cai-pickle", "16 MiB, recv_array without out= faster than pickle by", ">=", 6.0, _vs_pickle),
+    *[(f"{t}8-cai-raw", f"8 B {t}_array vs mpi4py {t.capitalize()} (shapes known)", "<=", 3.0,
+       _latency_ratio("cai", "raw", t)) for t in ("bcast", "allreduce", "allgather")],
+    *[(f"{t}1m-cai-raw", f"{t}_array throughput >= 1 MiB vs mpi4py {t.capitalize()}", ">=", 0.9,
+       _bw_ratio("cai", t)) for t in ("bcast", "allreduce", "allgather")],
+    ("pipe1m-raw", "4-stage Pipeline of 1 MiB items vs a raw mpi4py pipeline, throughput", ">=", 0.9,
+     _pipeline_throughput),
 ]
 
 
