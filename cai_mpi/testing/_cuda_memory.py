@@ -93,6 +93,13 @@ class Memory:
         return Block(kind, address, twin, nbytes, self._ordinal_of(ctx), ctx, fd=fd,
                       maps=((address, size), (twin, size)))
 
+    def _finish_device_work(self) -> None:
+        """Wait for the work enqueued on every stream (the calling worker's own aside: a finalizer may run there)."""
+        me = threading.current_thread()
+        for stream in self._all_streams():  # type: ignore[attr-defined]
+            if not stream.runs_in(me):
+                stream.tail.wait()
+
     def _drop(self, block: Block) -> None:
         for address, size in block.maps:
             libc.munmap(address, size)
@@ -122,6 +129,7 @@ class Memory:
             if block is None or block.kind not in ("device", "managed"):
                 failure = CUresult.CUDA_ERROR_INVALID_VALUE
             else:
+                self._finish_device_work()  # cuMemFree, like cudaFree, waits for work that may use the memory
                 self._unregister(block.address)
                 self._drop(block)
         return (failure or CUresult.CUDA_SUCCESS,)
@@ -186,6 +194,7 @@ class Memory:
             failure = CUresult.CUDA_ERROR_INVALID_VALUE
         if failure is None:
             assert block is not None
+            self._finish_device_work()
             self._unregister(block.address)
             if block.alias:
                 self._unregister(block.alias)

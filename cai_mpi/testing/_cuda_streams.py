@@ -77,6 +77,9 @@ class Stream:
         """Pending work still runs (as cuStreamDestroy documents); then the worker ends."""
         self._queue.put(None)
 
+    def runs_in(self, thread: threading.Thread) -> bool:
+        return thread is self._thread
+
     def join(self, timeout: float) -> None:
         """Wait until the worker has run what was enqueued before ``close()``."""
         self._thread.join(timeout)

@@ -129,6 +129,20 @@ def test_a_stream_runs_in_order_and_reports_pending_work(d: CudaDriverDouble) ->
     assert d.cuStreamDestroy(s) == (OK,) and d.cuStreamSynchronize(s) == (CUresult.CUDA_ERROR_INVALID_HANDLE,)
 
 
+def test_freeing_memory_waits_for_the_work_that_uses_it(d: CudaDriverDouble) -> None:
+    # cuMemFree / cuMemFreeHost synchronize, as cudaFree does: a kernel still writing is not cut off.
+    on(d, 0)
+    s = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
+    dptr = d.cuMemAlloc(64)[1]
+    host = d.cuMemHostAlloc(64, 0)[1]
+    done: list[str] = []
+    d.kernel_write(s, dptr, b"x" * 64, delay=0.2)
+    d.launch(s, lambda: done.append("kernel"))
+    assert d.cuMemFree(dptr) == (OK,) and done == ["kernel"]
+    d.launch(s, lambda: done.append("second"), delay=0.2)
+    assert d.cuMemFreeHost(host) == (OK,) and done == ["kernel", "second"]
+
+
 @pytest.mark.parametrize(("flags", "waits"), [(0, True), (1, False)], ids=["blocking", "non-blocking"])
 def test_the_legacy_stream_orders_blocking_streams_only(d: CudaDriverDouble, flags: int, waits: bool) -> None:
     on(d, 0)
