@@ -21,16 +21,6 @@ from cai_mpi.testing._streams import resolve_stream
 # SimulatedRuntime
 
 
-@pytest.fixture
-def stream() -> Any:
-    s = SimulatedStream("test-stream")
-    yield s
-    try:
-        s.close()
-    except StreamError:
-        s.close()
-
-
 @pytest.mark.parametrize("handle", [1, 2])
 def test_sync_default_handles_without_simulated_streams_is_a_noop(
     handle: int, monkeypatch: pytest.MonkeyPatch

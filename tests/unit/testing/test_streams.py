@@ -18,16 +18,6 @@ from cai_mpi.testing._streams import resolve_stream
 # SimulatedStream
 
 
-@pytest.fixture
-def stream() -> Any:
-    s = SimulatedStream("test-stream")
-    yield s
-    try:
-        s.close()
-    except StreamError:
-        s.close()
-
-
 def test_stream_runs_work_in_order_after_the_delay(stream: SimulatedStream) -> None:
     log: list[int] = []
     stream.enqueue(log.append, 1, delay=0.05)
