@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CollectiveMismatchError
-from .header import MessageInfo, decode_header, encode_header
+from .header import MessageInfo, decode, encode_header
 from .operands import DeviceSource
 
 __all__ = ["Contribution", "describe_source", "pack", "raise_failures", "read", "unpack"]
@@ -63,7 +63,7 @@ def read(blob: bytes) -> MessageInfo | str:
     """A contribution's description: the decoded header, or the text of the failure it reports."""
     if blob.startswith(_ERROR):
         return blob[len(_ERROR):].decode(errors="replace")
-    info, _tag = decode_header(blob, len(blob), max_payload_bytes=_UNLIMITED)
+    info, _tag = decode(blob, len(blob), _UNLIMITED)  # (the cached decoder: collectives repeat their headers)
     return info
 
 

@@ -34,7 +34,8 @@ from .validation import PROC_NULL, check_comm, check_rank, check_sync
 __all__ = ["allgather_array", "alltoall_array", "bcast_array", "gather_array", "scatter_array"]
 
 _NO_TAG = -1  # collectives have no tag: the Arrays they return say so
-_BLOCK = 1024  # bytes: what bcast_array broadcasts first (a header, with a small payload inline)
+_BLOCK = 512  # bytes: what bcast_array broadcasts first (a header, with a small payload inline)
+_SLOT = 256  # bytes per rank of the agreement Allgather: the length of a rank's header and its start
 _LEN = struct.Struct("<q")
 
 
@@ -182,16 +183,27 @@ def _nbytes(c: Contribution) -> int:
 def _agree_all(fn: str, comm_: MPI.Intracomm, mine: Contribution) -> tuple[list[MessageInfo], np.ndarray[Any, Any]]:
     """Every rank's description, everywhere (failures raised on every rank): ``(infos, payload sizes)``."""
     size = comm_.Get_size()
-    head = np.array([len(mine.blob), _nbytes(mine)], np.int64)
-    heads = np.empty((size, 2), np.int64)
-    comm_.Allgather(head, heads)
-    data = bytearray(max(int(heads[:, 0].sum()), 1))
-    counts = [int(n) for n in heads[:, 0]]
-    displs = [sum(counts[:i]) for i in range(size)]
-    comm_.Allgatherv(mine.blob, [data, (counts, displs), MPI.BYTE])
-    described = [read(b) for b in unpack(data, counts)]
+    # One Allgather of fixed slots (header length, payload size, the header's start) usually says it all;
+    # only headers longer than a slot (meta, structured dtypes) send their rest in a second step.
+    room = _SLOT - 16
+    slot = bytearray(_SLOT)
+    _LEN.pack_into(slot, 0, len(mine.blob))
+    _LEN.pack_into(slot, 8, _nbytes(mine))
+    slot[16 : 16 + min(len(mine.blob), room)] = mine.blob[:room]
+    slots = bytearray(_SLOT * size)
+    comm_.Allgather(slot, slots)
+    lengths = [_LEN.unpack_from(slots, _SLOT * r)[0] for r in range(size)]
+    sizes = np.array([_LEN.unpack_from(slots, _SLOT * r + 8)[0] for r in range(size)], np.int64)
+    blobs = [bytes(slots[_SLOT * r + 16 : _SLOT * r + 16 + min(n, room)]) for r, n in enumerate(lengths)]
+    if any(n > room for n in lengths):
+        counts = [max(n - room, 0) for n in lengths]
+        rest = bytearray(max(sum(counts), 1))
+        displs = [sum(counts[:i]) for i in range(size)]
+        comm_.Allgatherv(mine.blob[room:], [rest, (counts, displs), MPI.BYTE])
+        blobs = [b + tail for b, tail in zip(blobs, unpack(rest, counts), strict=True)]
+    described = [read(b) for b in blobs]
     raise_failures(fn, described, mine, comm_.Get_rank())
-    return described, heads[:, 1]  # type: ignore[return-value]
+    return described, sizes  # type: ignore[return-value]
 
 
 def _small(sizes: Any, infos: Sequence[MessageInfo]) -> bool:

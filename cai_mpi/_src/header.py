@@ -154,7 +154,14 @@ def _dtype_field(dtype: np.dtype[Any]) -> tuple[bytes, int]:
     return dtype.str.encode(), 0
 
 
+_plain_dtypes: dict[bytes, np.dtype[Any]] = {}  # typestr field -> dtype, for the few plain dtypes a program uses
+
+
 def _dtype_from_field(field: bytes, structured: bool) -> np.dtype[Any]:
+    if not structured:
+        known = _plain_dtypes.get(field)
+        if known is not None:
+            return known
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # numpy deprecations for odd typestrs must not escape
         if structured:
@@ -168,6 +175,8 @@ def _dtype_from_field(field: bytes, structured: bool) -> np.dtype[Any]:
         raise ValueError("object dtypes cannot travel between processes")
     if dtype.itemsize == 0:
         raise ValueError("zero-itemsize dtype")
+    if not structured and len(_plain_dtypes) < 256:
+        _plain_dtypes[field] = dtype
     return dtype
 
 
@@ -357,7 +366,7 @@ _decoded: dict[bytes, MessageInfo] = {}
 _NOTHING = MessageInfo(np.dtype(np.uint8), (), False, 0, 0, None, False, False, 0)
 
 
-def decode(buf: bytearray, nbytes: int, max_payload_bytes: int) -> tuple[MessageInfo, int]:
+def decode(buf: bytes | bytearray, nbytes: int, max_payload_bytes: int) -> tuple[MessageInfo, int]:
     """``decode_header``, reusing the decoding of an identical header (but for the payload tag) seen before.
 
     Only headers without meta are reused (a meta dict is the receiver's to change), and the payload

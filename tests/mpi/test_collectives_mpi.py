@@ -151,6 +151,18 @@ def test_allgather_per_rank_shapes_and_dtypes_and_empty_pieces() -> None:
         same(a, piece(r))
 
 
+def test_allgather_and_alltoall_with_headers_longer_than_an_agreement_slot() -> None:
+    # Odd ranks describe a 40-field structured dtype (a header of ~1 KiB): its rest follows the fixed slots.
+    def piece(r: int) -> np.ndarray[Any, Any]:
+        dtype = np.dtype([(f"field{i}", "<f4") for i in range(40)]) if r % 2 else np.dtype("<i8")
+        return make(dtype, (r + 1,), 7 + r)
+
+    for r, a in enumerate(cai_mpi.allgather_array(piece(rank))):
+        same(a, piece(r))
+    for r, a in enumerate(cai_mpi.alltoall_array([piece(rank)] * size)):
+        same(a, piece(r))
+
+
 @pytest.mark.parametrize("version", [0, 1, 2, 3])
 def test_allgather_takes_any_cai_version(version: int) -> None:
     got = cai_mpi.allgather_array(FakeCudaArray(make("<f4", (2, 5), rank), version=version))
