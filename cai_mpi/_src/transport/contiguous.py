@@ -25,6 +25,7 @@ from .pieces import internal_stream, pinned_pool
 __all__ = ["ALIGN", "Gathered", "Landing", "Outgoing", "outgoing"]
 
 ALIGN = 64  # bytes: where each rank's piece starts in a gathered buffer (any dtype's alignment)
+_BYTES = np.dtype(np.uint8)
 
 
 class Outgoing:
@@ -167,9 +168,10 @@ class Gathered:
         self._host: np.ndarray[Any, Any] | None = None
         self._device: Any = None
         self._staging: Any = None
-        if ordinal is None:
-            self._host = np.empty(max(offset, 1), np.uint8)
-            self.address = self._host.ctypes.data
+        if ordinal is None:  # a pooled block (fresh memory would page-fault on every call); views keep it alive
+            n = max(offset, 1)
+            self._host = host_receive_pool().take_array((n,), _BYTES, n)
+            self.address = self._host.__array_interface__["data"][0]
         elif direct:
             self._device = rt.alloc_device(offset, ordinal, internal_stream(rt, ordinal))
             self.address = self._device.ptr
