@@ -21,7 +21,7 @@ from mpi4py import MPI
 from .buffers import BUFFER_KINDS, BufferUnavailable, make_buffer_kind
 from .kernels import TESTS, Plan, mode_table, run_plan
 from .modes import DEFAULT_MODES, MODES, Context
-from .multirank import COLLECTIVE_MODES, COLLECTIVE_TESTS, DEFAULT_COLLECTIVE_MODES
+from .multirank import COLLECTIVE_MODES, COLLECTIVE_TESTS, DEFAULT_COLLECTIVE_MODES, PIPELINE_MODES
 from .progress import Progress
 from .report import SCHEMA, check_targets, plot, render_markdown, render_targets, render_text, results_json
 
@@ -56,7 +56,7 @@ def size_list(lo: int, hi: int) -> list[int]:
 
 def _modes(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    known = {**MODES, **COLLECTIVE_MODES}
+    known = {**MODES, **PIPELINE_MODES, **COLLECTIVE_MODES}
     bad = [n for n in names if n not in known]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"unknown mode(s) {bad}: choose from {', '.join(known)}")
@@ -92,7 +92,7 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-_MODE_HELP = "\n".join(f"  {name:<13} {spec.description}" for name, spec in MODES.items())
+_MODE_HELP = "\n".join(f"  {name:<13} {spec.description}" for name, spec in {**MODES, **PIPELINE_MODES}.items())
 _COLLECTIVE_MODE_HELP = "\n".join(f"  {name:<13} {spec.description}" for name, spec in COLLECTIVE_MODES.items())
 _EPILOG = f"""modes (latency, bw, bibw, pipeline):
 {_MODE_HELP}

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .modes import MODES, Context, Mode, ModeSpec, SharedBuffers
-from .multirank import COLLECTIVE_MODES, COLLECTIVE_TESTS, collective_loop
+from .multirank import COLLECTIVE_MODES, COLLECTIVE_TESTS, PIPELINE_MODES, collective_loop
 from .progress import Progress
 
 __all__ = ["TESTS", "Plan", "SizeResult", "mode_table", "ops_per_iteration", "run_plan"]
@@ -28,8 +28,8 @@ TESTS = {
 
 
 def mode_table(test: str) -> dict[str, ModeSpec]:
-    """The modes ``test`` can compare: point-to-point ones, or the collectives' own."""
-    return COLLECTIVE_MODES if test in COLLECTIVE_TESTS else MODES
+    """The modes ``test`` can compare: point-to-point ones (and the Pipeline's), or the collectives' own."""
+    return COLLECTIVE_MODES if test in COLLECTIVE_TESTS else {**MODES, **PIPELINE_MODES}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -395,16 +395,6 @@ def _raw_header_unavailable(ctx: Context) -> str | None:
     return None
 
 
-def _pipeline_mode(ctx: Context, nbytes: int) -> Mode:
-    from .multirank import PipelineMode
-
-    return PipelineMode(ctx, nbytes)
-
-
-def _pipeline_only(ctx: Context) -> str | None:
-    return None if ctx.test == "pipeline" else "only a mode of the pipeline test"
-
-
 def _raw_staged_unavailable(ctx: Context) -> str | None:
     if ctx.kind.device:
         return None
@@ -440,8 +430,6 @@ MODES: dict[str, ModeSpec] = {
                  lambda c, n: CaiMode(c, n, sync=False)),
         ModeSpec("channel", "cai_mpi send_channel / recv_channel(out=) (persistent: described once)",
                  ChannelMode, _channel_unavailable),
-        ModeSpec("cai-pipeline", "cai_mpi.Pipeline(depth=2): send with back-pressure, recv the next item",
-                 _pipeline_mode, _pipeline_only),
     )
 }
 

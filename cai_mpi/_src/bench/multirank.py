@@ -11,7 +11,10 @@ from mpi4py import MPI
 
 from .modes import Context, Mode, ModeSpec
 
-__all__ = ["COLLECTIVE_MODES", "COLLECTIVE_TESTS", "DEFAULT_COLLECTIVE_MODES", "PipelineMode", "collective_loop"]
+__all__ = [
+    "COLLECTIVE_MODES", "COLLECTIVE_TESTS", "DEFAULT_COLLECTIVE_MODES", "PIPELINE_MODES", "PipelineMode",
+    "collective_loop",
+]
 
 COLLECTIVE_TESTS = {
     "bcast": "rank 0's array to every rank: bcast_array vs mpi4py Bcast into a buffer of known shape",
@@ -151,3 +154,13 @@ class PipelineMode(Mode):
     def wait_sends(self, handles: list[Any]) -> None:
         pass  # the Pipeline completes its own sends (at most depth in flight)
 
+
+def _pipeline_only(ctx: Context) -> str | None:
+    return None if ctx.test == "pipeline" else "only a mode of the pipeline test"
+
+
+#: Modes of the pipeline test beside the point-to-point ones.
+PIPELINE_MODES: dict[str, ModeSpec] = {
+    "cai-pipeline": ModeSpec("cai-pipeline", "cai_mpi.Pipeline(depth=2): send with back-pressure, recv the next item",
+                             PipelineMode, _pipeline_only),
+}

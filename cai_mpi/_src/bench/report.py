@@ -365,9 +365,10 @@ def plot(docs: Sequence[Doc], path: str) -> None:
     lat_docs = _docs(docs, ["latency", "pipeline"]) or list(docs)
     bw_docs = _docs(docs, ["bw", "bibw"]) or list(docs)
     from .modes import MODES
+    from .multirank import PIPELINE_MODES
 
     # One color per mode, the same in every plot (more modes than the default cycle's ten colors).
-    mode_names = list(MODES)
+    mode_names = [*MODES, *PIPELINE_MODES]
     colors = [*plt.rcParams["axes.prop_cycle"].by_key()["color"], *_EXTRA_COLORS]
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(13, 5.2))
     multi = len({d["benchmark"]["test"] for d in docs}) > 1 or len(docs) > 1
