@@ -3,8 +3,8 @@ drives the steps, and the rule that any cai_mpi wait drives every pending reques
 
 from __future__ import annotations
 
+import os
 import threading
-import time
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
@@ -145,7 +145,7 @@ def complete(waitable: Waitable, me: object = None) -> None:
         if not others_pending(me):
             waitable.wait()
             return
-        time.sleep(0)  # let other Python threads (and simulated streams) run
+        os.sched_yield()  # let other threads run (it releases the GIL; time.sleep(0) costs ~80 us of timer slack)
 
 
 class Request(Generic[T]):
