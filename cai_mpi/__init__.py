@@ -31,6 +31,7 @@ from ._src.errors import (
     RecvMismatchError,
     RuntimeUnavailableError,
     StreamError,
+    TimeoutError,
 )
 from ._src.p2p import irecv_array, isend_array, recv_array, send_array, sendrecv_array
 from ._src.pipeline import Pipeline
@@ -63,6 +64,7 @@ __all__ = [
     "RuntimeUnavailableError",
     "SendChannel",
     "StreamError",
+    "TimeoutError",
     "allgather_array",
     "allreduce_array",
     "alltoall_array",

@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 from .array import Array
 from .config import config
+from .deadlines import Awaited, deadline
 from .operands import DeviceSource, RecvTarget, recv_target, send_source
 from .p2p import _inbox, _inboxes, _meta, _pick_device
 from .requests import MPIWait, PostedRequest, Request, RequestWait, Waitable, _active
@@ -69,8 +70,9 @@ class _Channel:
     queues behind it (the persistent request is single), so windows of isends or irecvs never block.
     """
 
-    __slots__ = ("__weakref__", "_closed", "_inflight", "_req")
+    __slots__ = ("__weakref__", "_about", "_closed", "_inflight", "_req")
 
+    _about: Awaited  # what a timeout says this channel was waiting for
     _closed: bool
     _req: MPI.Prequest | None
     _inflight: Request[Any] | None
@@ -86,14 +88,15 @@ class _Channel:
             self._inflight._wait_quietly()
             self._inflight = None
 
-    def _start(self, result: Any, keep: Any) -> Request[Any]:
-        """Start the persistent request now (nothing in flight): a Request with nothing left to drive."""
+    def _start(self, result: Any, keep: Any, about: Awaited) -> Request[Any]:
+        """Start the persistent request now (nothing in flight): a Request with nothing left to drive. A receive's
+        may be withdrawn by a timeout (its message then waits for the next start)."""
         assert self._req is not None
         self._req.Start()
-        return PostedRequest([self._req], result, keep=keep)
+        return PostedRequest([self._req], result, keep=keep, about=about, cancellable=not about.sends)
 
     def _queued(self) -> bool:
-        return self._inflight is not None and not self._inflight.done
+        return self._inflight is not None and not self._inflight._settled
 
     def close(self) -> None:
         """Wait for a message in flight and free the channel's MPI request (idempotent)."""
@@ -158,6 +161,7 @@ class SendChannel(_Channel):
             not isinstance(obj, (np.ndarray, Array)) and hasattr(obj, "__cuda_array_interface__"))
         self._opened = self._closed = False
         self._inflight = None
+        self._about = Awaited("SendChannel.send", True, self.dest, self.tag, pc.header)
         _open_channels.add(self)
 
     def _sync_producer(self) -> None:
@@ -170,7 +174,7 @@ class SendChannel(_Channel):
 
     def _steps(self, previous: Request[Any] | None) -> Generator[Waitable, None, None]:
         """One message: after the previous one, the header (first message only), then the payload."""
-        if previous is not None and not previous.done:
+        if previous is not None and not previous._settled:
             yield RequestWait(previous)
         assert self._req is not None
         reqs: list[MPI.Request] = [self._req]
@@ -180,15 +184,22 @@ class SendChannel(_Channel):
         self._req.Start()
         yield MPIWait(reqs, final=True)
 
-    def send(self) -> None:
-        """Send the array's current contents (the first send also carries the description)."""
-        if self._opened and not self._sync_each and not self._closed and not self._queued() and not _active:
+    def send(self, timeout: float | None = None) -> None:
+        """Send the array's current contents (the first send also carries the description).
+
+        Args:
+            timeout: seconds to wait at most (None: ``CAI_MPI_TIMEOUT``, off by default). Past it,
+                ``TimeoutError``; the message stays posted and later ones queue behind it.
+        """
+        due = deadline("SendChannel.send", timeout)
+        if due is None and self._opened and not self._sync_each and not self._closed and not self._queued() \
+                and not _active:
             req = self._req
             assert req is not None
             req.Start()  # the common case: one persistent send, nothing else
             req.Wait()
             return
-        self.isend().wait()
+        self.isend()._wait_until(due)
 
     def isend(self) -> Request[None]:
         """Start sending the array's current contents; modifying it before ``wait()`` is an error.
@@ -199,10 +210,11 @@ class SendChannel(_Channel):
         self._check_open("send")
         if self._sync_each:
             self._sync_producer()
+        about = self._about
         if self._opened and not self._queued():
-            req: Request[None] = self._start(None, keep=(self, self._obj))
+            req: Request[None] = self._start(None, keep=(self, self._obj), about=about)
         else:
-            req = Request(self._steps(self._inflight), keep=(self, self._obj, self._inflight))
+            req = Request(self._steps(self._inflight), keep=(self, self._obj, self._inflight), about=about)
         self._inflight = req
         return req
 
@@ -244,6 +256,7 @@ class RecvChannel(_Channel):
         self._array: Array | None = None
         self._inflight = None
         self._closed = False
+        self._about = Awaited("RecvChannel.recv", False, self.source, self.tag, pc.header)
         _open_channels.add(self)
         self.shape: tuple[int, ...] | None = None
         self.dtype: np.dtype[Any] | None = None
@@ -253,7 +266,7 @@ class RecvChannel(_Channel):
         """The first message: its header says what the channel carries; bind its payload's landing."""
         pc = self._pc
         inbox = _inbox()
-        yield MPIWait([pc.header.Irecv(inbox.msg, self.source, self.tag)], inbox.status)
+        yield MPIWait([pc.header.Irecv(inbox.msg, self.source, self.tag)], inbox.status, cancellable=True)
         try:
             array, sender, ptag, payload, steps = plan_recv(
                 "recv_channel", inbox, self._target, self._ordinal, pc, config(), self._rt, channel=True
@@ -269,6 +282,7 @@ class RecvChannel(_Channel):
         self._sync_target = self._sync_target or array._host is None
         self.source, self.tag, self.shape, self.dtype, self.meta = array.source, array.tag, array.shape, \
             array.dtype, array.meta
+        self._about = Awaited("RecvChannel.recv", False, self.source, self.tag, pc.header)
         yield MPIWait([req], final=True)
         return array
 
@@ -279,19 +293,25 @@ class RecvChannel(_Channel):
         if self._req is None:
             return (yield from self._open())
         self._req.Start()
-        yield MPIWait([self._req], final=True)
+        yield MPIWait([self._req], final=True, cancellable=True)
         return self._array  # type: ignore[return-value]
 
-    def recv(self) -> Array:
-        """Receive the next array of the channel (the same Array object, overwritten, every time)."""
+    def recv(self, timeout: float | None = None) -> Array:
+        """Receive the next array of the channel (the same Array object, overwritten, every time).
+
+        Args:
+            timeout: seconds to wait at most (None: ``CAI_MPI_TIMEOUT``, off by default). Past it,
+                ``TimeoutError``, and the receive is withdrawn: the late message is the next ``recv()``'s.
+        """
         self._check_open("recv")
+        due = deadline("RecvChannel.recv", timeout)
         self._wait_for_users()
         req = self._req
-        if req is not None and not self._queued() and not _active:
+        if due is None and req is not None and not self._queued() and not _active:
             req.Start()  # the common case: one persistent receive, nothing else
             req.Wait()
             return self._array  # type: ignore[return-value]
-        return self._post().wait()
+        return self._post()._wait_until(due)
 
     def irecv(self) -> Request[Array]:
         """Start receiving the next array; ``wait()`` returns the channel's Array.
@@ -304,10 +324,11 @@ class RecvChannel(_Channel):
         return self._post()
 
     def _post(self) -> Request[Array]:
+        about = self._about
         if self._req is not None and not self._queued():
-            req: Request[Array] = self._start(self._array, keep=(self,))
+            req: Request[Array] = self._start(self._array, keep=(self,), about=about)
         else:
-            req = Request(self._steps(self._inflight), keep=(self, self._out, self._inflight))
+            req = Request(self._steps(self._inflight), keep=(self, self._out, self._inflight), about=about)
         self._inflight = req
         return req
 

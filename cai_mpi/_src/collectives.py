@@ -19,11 +19,13 @@ from mpi4py import MPI
 from .agreement import Contribution, describe_source, pack, raise_failures, read, unpack
 from .array import Array
 from .config import Config, config
+from .deadlines import Deadline, deadline
 from .errors import CollectiveMismatchError, RecvMismatchError
 from .header import MessageInfo, inline_message
 from .operands import DeviceSource, Target, describe_target, mismatch, recv_target, send_source
 from .p2p import _meta, _pick_device
 from .privcomm import PrivateComms
+from .requests import joined
 from .runtime import get_runtime
 from .runtime.base import Runtime
 from .transport import internal_stream
@@ -39,8 +41,12 @@ _SLOT = 256  # bytes per rank of the agreement Allgather: the length of a rank's
 _LEN = struct.Struct("<q")
 
 
-def setup(fn: str, comm: Any, root: Any = None) -> tuple[PrivateComms, MPI.Intracomm, int, Runtime, Config]:
-    """Validate the arguments every collective shares: ``(private comms, the communicator to use, root, ...)``."""
+def setup(fn: str, comm: Any, root: Any = None, timeout: Any = None) -> tuple[
+    PrivateComms, MPI.Intracomm, int, Runtime, Config, Deadline | None
+]:
+    """Validate the arguments every collective shares: ``(private comms, the communicator to use, root, ...,
+    the deadline for every rank to join)``."""
+    due = deadline(fn, timeout)
     pc = check_comm(fn, comm)
     if pc.header.Is_inter():
         raise TypeError(f"{fn}: collectives need an intracommunicator, got an MPI.Intercomm")
@@ -48,7 +54,7 @@ def setup(fn: str, comm: Any, root: Any = None) -> tuple[PrivateComms, MPI.Intra
         root = check_rank(fn, "root", root, pc, wildcard=False)
         if root == PROC_NULL:
             raise ValueError(f"{fn}: root must be a rank of the communicator, not PROC_NULL")
-    return pc, pc.header, -1 if root is None else root, get_runtime(), config()  # type: ignore[return-value]
+    return pc, pc.header, -1 if root is None else root, get_runtime(), config(), due  # type: ignore[return-value]
 
 
 def _receiver(fn: str, out: Any, device: Any, rt: Runtime) -> tuple[Target | None, int | None, Exception | None]:
@@ -89,7 +95,7 @@ def _own_array(src: np.ndarray[Any, Any] | DeviceSource, owner: Any, rank: int, 
 
 def bcast_array(
     obj: Any = None, root: int = 0, comm: MPI.Comm | None = None, *, out: Any = None, sync: bool | None = None,
-    meta: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None, timeout: float | None = None,
 ) -> Array:
     """Broadcast ``obj`` from ``root`` to every rank of ``comm``; non-roots need no shape or dtype.
 
@@ -99,6 +105,7 @@ def bcast_array(
         comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
         out: on a non-root, a buffer to receive into (checked against what the root sends).
         sync: the root's stream policy, as in ``send_array``.
+        timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
         meta: a JSON dict given on the root; every rank's Array carries it.
 
     Returns:
@@ -108,9 +115,11 @@ def bcast_array(
     Raises:
         CollectiveMismatchError: on the non-roots, when the root could not send (the root raises its own error).
         RecvMismatchError: on a non-root whose ``out=`` does not fit (after the broadcast completed).
+        TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
+            step: end the job).
     """
     fn = "bcast_array"
-    pc, comm_, root, rt, cfg = setup(fn, comm, root)
+    pc, comm_, root, rt, cfg, due = setup(fn, comm, root, timeout)
     me = comm_.Get_rank()
     block = bytearray(_BLOCK)
     mine = Contribution(b"")
@@ -127,7 +136,7 @@ def bcast_array(
         _LEN.pack_into(block, 0, len(mine.blob))
         head = mine.blob[: _BLOCK - _LEN.size]
         block[_LEN.size : _LEN.size + len(head)] = head
-    comm_.Bcast(block, root)
+    joined(fn, comm_, due, "Bcast", block, root)
     nblob = _LEN.unpack_from(block)[0]
     blob = bytes(block[_LEN.size : _LEN.size + min(nblob, _BLOCK - _LEN.size)])
     if nblob > _BLOCK - _LEN.size:  # a long header (meta, a structured dtype): the rest follows
@@ -180,7 +189,9 @@ def _nbytes(c: Contribution) -> int:
     return 0 if src is None else (src.nbytes if isinstance(src, np.ndarray) else src.desc.nbytes)
 
 
-def _agree_all(fn: str, comm_: MPI.Intracomm, mine: Contribution) -> tuple[list[MessageInfo], np.ndarray[Any, Any]]:
+def _agree_all(fn: str, comm_: MPI.Intracomm, mine: Contribution, due: Deadline | None) -> tuple[
+    list[MessageInfo], np.ndarray[Any, Any]
+]:
     """Every rank's description, everywhere (failures raised on every rank): ``(infos, payload sizes)``."""
     size = comm_.Get_size()
     # One Allgather of fixed slots (header length, payload size, the header's start) usually says it all;
@@ -191,7 +202,7 @@ def _agree_all(fn: str, comm_: MPI.Intracomm, mine: Contribution) -> tuple[list[
     _LEN.pack_into(slot, 8, _nbytes(mine))
     slot[16 : 16 + min(len(mine.blob), room)] = mine.blob[:room]
     slots = bytearray(_SLOT * size)
-    comm_.Allgather(slot, slots)
+    joined(fn, comm_, due, "Allgather", slot, slots)
     lengths = [_LEN.unpack_from(slots, _SLOT * r)[0] for r in range(size)]
     sizes = np.array([_LEN.unpack_from(slots, _SLOT * r + 8)[0] for r in range(size)], np.int64)
     blobs = [bytes(slots[_SLOT * r + 16 : _SLOT * r + 16 + min(n, room)]) for r, n in enumerate(lengths)]
@@ -213,14 +224,14 @@ def _small(sizes: Any, infos: Sequence[MessageInfo]) -> bool:
 
 
 def gather_array(
-    obj: Any, root: int = 0, comm: MPI.Comm | None = None, *, sync: bool | None = None
+    obj: Any, root: int = 0, comm: MPI.Comm | None = None, *, sync: bool | None = None, timeout: float | None = None
 ) -> list[Array] | None:
     """Gather every rank's array at ``root``; shapes and dtypes may differ from rank to rank.
 
     Args:
         obj: this rank's contribution: anything ``send_array`` takes.
         root: the gathering rank.
-        comm, sync: as in ``bcast_array``.
+        comm, sync, timeout: as in ``bcast_array``.
 
     Returns:
         On the root, one Array per rank in rank order (``source`` is the rank; on its GPU when the root has
@@ -229,11 +240,13 @@ def gather_array(
     Raises:
         CollectiveMismatchError: on every rank, when some rank could not contribute (that rank raises its
         own error).
+        TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
+            step: end the job).
     """
     fn = "gather_array"
-    pc, comm_, root, rt, _cfg = setup(fn, comm, root)
+    pc, comm_, root, rt, _cfg, due = setup(fn, comm, root, timeout)
     mine = _contribute(fn, obj, sync, rt)
-    infos, sizes = _agree_all(fn, comm_, mine)
+    infos, sizes = _agree_all(fn, comm_, mine, due)
     me = comm_.Get_rank()
     place = Gathered(infos, rt.default_device, rt, direct=pc.aware.aware) if me == root else None
     piece = outgoing(mine.source, rt, direct=pc.aware.aware)
@@ -243,12 +256,14 @@ def gather_array(
     return None if place is None else place.finish(rt, _NO_TAG)
 
 
-def allgather_array(obj: Any, comm: MPI.Comm | None = None, *, sync: bool | None = None) -> list[Array]:
+def allgather_array(
+    obj: Any, comm: MPI.Comm | None = None, *, sync: bool | None = None, timeout: float | None = None
+) -> list[Array]:
     """Every rank's array, on every rank; shapes and dtypes may differ from rank to rank.
 
     Args:
         obj: this rank's contribution: anything ``send_array`` takes.
-        comm, sync: as in ``bcast_array``.
+        comm, sync, timeout: as in ``bcast_array``.
 
     Returns:
         One Array per rank in rank order (``source`` is the rank), on this rank's GPU when it has one.
@@ -256,11 +271,13 @@ def allgather_array(obj: Any, comm: MPI.Comm | None = None, *, sync: bool | None
     Raises:
         CollectiveMismatchError: on every rank, when some rank could not contribute (that rank raises its
         own error).
+        TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
+            step: end the job).
     """
     fn = "allgather_array"
-    pc, comm_, _root, rt, _cfg = setup(fn, comm)
+    pc, comm_, _root, rt, _cfg, due = setup(fn, comm, None, timeout)
     mine = _contribute(fn, obj, sync, rt)
-    infos, sizes = _agree_all(fn, comm_, mine)
+    infos, sizes = _agree_all(fn, comm_, mine, due)
     place = Gathered(infos, rt.default_device, rt, direct=pc.aware.aware)
     piece = outgoing(mine.source, rt, direct=pc.aware.aware)
     allgatherv(comm_, (piece.address, piece.nbytes), (place.address, [int(n) for n in sizes], place.displacements),
@@ -283,14 +300,14 @@ def _per_rank(fn: str, objs: Any, size: int, sync: Any, rt: Runtime) -> list[Con
 
 def scatter_array(
     objs: Sequence[Any] | None = None, root: int = 0, comm: MPI.Comm | None = None, *, out: Any = None,
-    sync: bool | None = None,
+    sync: bool | None = None, timeout: float | None = None,
 ) -> Array:
     """Send ``objs[r]`` from ``root`` to rank ``r``; shapes and dtypes may differ from rank to rank.
 
     Args:
         objs: on the root, ``comm.size`` arrays (anything ``send_array`` takes); ignored elsewhere.
         root: the scattering rank.
-        comm, sync: as in ``bcast_array``.
+        comm, sync, timeout: as in ``bcast_array``.
         out: a buffer to receive this rank's piece into (checked against it).
 
     Returns:
@@ -299,14 +316,16 @@ def scatter_array(
     Raises:
         CollectiveMismatchError: on the non-roots, when the root could not send (the root raises its own error).
         RecvMismatchError: on a rank whose ``out=`` does not fit (after the scatter completed).
+        TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
+            step: end the job).
     """
     fn = "scatter_array"
-    pc, comm_, root, rt, _cfg = setup(fn, comm, root)
+    pc, comm_, root, rt, _cfg, due = setup(fn, comm, root, timeout)
     me, size = comm_.Get_rank(), comm_.Get_size()
     parts = _per_rank(fn, objs, size, sync, rt) if me == root else []
     heads = np.array([[len(c.blob), _nbytes(c)] for c in parts], np.int64) if parts else None
     head = np.empty(2, np.int64)
-    comm_.Scatter(heads, head, root)
+    joined(fn, comm_, due, "Scatter", heads, head, root)
     blob = bytearray(max(int(head[0]), 1))
     data, counts, displs = pack([c.blob for c in parts]) if parts else (None, None, None)
     comm_.Scatterv(None if data is None else [data, (counts, displs), MPI.BYTE], [blob, int(head[0]), MPI.BYTE], root)
@@ -330,12 +349,14 @@ def scatter_array(
     return landing.finish()
 
 
-def alltoall_array(objs: Sequence[Any], comm: MPI.Comm | None = None, *, sync: bool | None = None) -> list[Array]:
+def alltoall_array(
+    objs: Sequence[Any], comm: MPI.Comm | None = None, *, sync: bool | None = None, timeout: float | None = None
+) -> list[Array]:
     """Send ``objs[r]`` to rank ``r`` and receive one array from every rank; shapes and dtypes may differ.
 
     Args:
         objs: ``comm.size`` arrays, one per destination rank (anything ``send_array`` takes).
-        comm, sync: as in ``bcast_array``.
+        comm, sync, timeout: as in ``bcast_array``.
 
     Returns:
         One Array per source rank in rank order (``source`` is the rank), on this rank's GPU when it has one.
@@ -343,14 +364,16 @@ def alltoall_array(objs: Sequence[Any], comm: MPI.Comm | None = None, *, sync: b
     Raises:
         CollectiveMismatchError: on every rank, when some rank could not contribute (that rank raises its
         own error).
+        TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
+            step: end the job).
     """
     fn = "alltoall_array"
-    pc, comm_, _root, rt, _cfg = setup(fn, comm)
+    pc, comm_, _root, rt, _cfg, due = setup(fn, comm, None, timeout)
     me, size = comm_.Get_rank(), comm_.Get_size()
     parts = _per_rank(fn, objs, size, sync, rt)
     heads = np.array([[len(c.blob), _nbytes(c)] for c in parts], np.int64)
     theirs = np.empty((size, 2), np.int64)
-    comm_.Alltoall(heads, theirs)
+    joined(fn, comm_, due, "Alltoall", heads, theirs)
     data, counts, displs = pack([c.blob for c in parts])
     rcounts = [int(n) for n in theirs[:, 0]]
     rdispls = [sum(rcounts[:i]) for i in range(size)]

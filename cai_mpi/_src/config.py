@@ -23,6 +23,7 @@ ENV_VARS: Mapping[str, str] = types.MappingProxyType({
     "CAI_MPI_DEVICE_DATATYPES": "1: strided device arrays use MPI derived datatypes when CUDA-aware (else packed)",
     "CAI_MPI_BIND_DEVICE": "1: make this rank's GPU current when cai_mpi is imported, before MPI is initialized",
     "CAI_MPI_CUDA_DRIVER": "module:factory replacing cuda-python's driver module (the driver double in tests)",
+    "CAI_MPI_TIMEOUT": "seconds any cai_mpi wait may last before it raises cai_mpi.TimeoutError; default off",
 })
 
 
@@ -51,6 +52,19 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ValueError(f"{name}={raw!r}: expected 1 or 0")
 
 
+def _seconds(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name)
+    if raw is None or raw.strip().lower() in ("", "off", "none"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name}={raw!r}: expected a positive number of seconds (or off), e.g. {name}=60")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     sync: bool
@@ -60,6 +74,7 @@ class Config:
     inline_bytes: int
     max_payload_bytes: int
     device_datatypes: bool
+    timeout: float | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config:
@@ -74,6 +89,7 @@ class Config:
             inline_bytes=min(_int(env, "CAI_MPI_INLINE_BYTES", 8192), 1 << 16),
             max_payload_bytes=_int(env, "CAI_MPI_MAX_PAYLOAD_BYTES", 1 << 40),
             device_datatypes=_bool(env, "CAI_MPI_DEVICE_DATATYPES", False),
+            timeout=_seconds(env, "CAI_MPI_TIMEOUT"),
         )
 
 

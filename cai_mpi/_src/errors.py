@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 __all__ = [
     "CaiMpiError",
     "CAIError",
@@ -12,6 +14,7 @@ __all__ = [
     "RecvMismatchError",
     "RuntimeUnavailableError",
     "StreamError",
+    "TimeoutError",
 ]
 
 CAI_PREFIX = "__cuda_array_interface__: "
@@ -73,3 +76,14 @@ class PipelineError(CaiMpiError):
         super().__init__(message)
         self.rank = rank
         self.meta = meta
+
+
+class TimeoutError(CaiMpiError, builtins.TimeoutError):  # the name users expect; builtin handlers catch it too
+    """A wait passed its ``timeout=`` (or ``CAI_MPI_TIMEOUT``). The message says what was awaited: the peer, tag,
+    communicator and how long. ``seconds`` is the timeout; ``cancelled`` is True when the operation was withdrawn
+    (an unmatched receive: nothing was consumed), False when it could not be and completes in the background."""
+
+    def __init__(self, message: str, seconds: float, cancelled: bool) -> None:
+        super().__init__(message)
+        self.seconds = seconds
+        self.cancelled = cancelled

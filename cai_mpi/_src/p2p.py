@@ -12,6 +12,7 @@ from mpi4py import MPI
 
 from .array import Array
 from .config import config
+from .deadlines import Awaited, deadline
 from .header import encode_meta
 from .operands import recv_target, send_source
 from .privcomm import PrivateComms
@@ -65,15 +66,16 @@ def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta
     return pc, dest, tag, plan_send(src, pc, meta_bytes, config(), rt, dest), src
 
 
-def _post(out: Outbound, pc: PrivateComms, dest: int, tag: int, keep: Any) -> Request[None]:
+def _post(fn: str, out: Outbound, pc: PrivateComms, dest: int, tag: int, keep: Any) -> Request[None]:
     """Post ``out`` with Isend: a Request that completes when the MPI operations (and steps) have."""
     header, ptag, payload, steps, _in_place = out
     reqs = [pc.header.Isend([header, _BYTE], dest, tag)]
     for spec in payload:
         reqs.append(pc.payload.Isend(spec, dest, ptag))
+    about = Awaited(fn, True, dest, tag, pc.header)
     if steps is None:
-        return PostedRequest(reqs, None, keep=(keep, payload))
-    return Request(_then_wait(steps, reqs), keep=(keep, payload))
+        return PostedRequest(reqs, None, keep=(keep, payload), about=about)
+    return Request(_then_wait(steps, reqs), keep=(keep, payload), about=about)
 
 
 def _then_wait(steps: Generator[Waitable, None, None], reqs: list[MPI.Request]) -> Generator[Waitable, None, None]:
@@ -108,7 +110,7 @@ def isend_array(
     pc, dest, tag, out, src = _outbound("isend_array", obj, dest, tag, comm, sync, meta)
     if out is None:
         return PostedRequest([], None)
-    return _post(out, pc, dest, tag, keep=(obj, src))
+    return _post("isend_array", out, pc, dest, tag, keep=(obj, src))
 
 
 def send_array(
@@ -119,6 +121,7 @@ def send_array(
     *,
     sync: bool | None = None,
     meta: dict[str, Any] | None = None,
+    timeout: float | None = None,
 ) -> None:
     """Send any CAI object (or host array, or Array) to rank ``dest``; the message describes itself.
 
@@ -135,6 +138,8 @@ def send_array(
         sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer synchronization
             (the CAI v3 consumer opt-out).
         meta: a small JSON dict delivered as ``Array.meta``.
+        timeout: seconds to wait at most for MPI to be done with ``obj`` (None: ``CAI_MPI_TIMEOUT``, off by
+            default).
 
     Returns:
         None, once MPI no longer needs ``obj``'s memory (you may modify it).
@@ -143,20 +148,24 @@ def send_array(
         TypeError, ValueError: a bad argument (the message names it).
         CAIError: ``obj``'s ``__cuda_array_interface__`` breaks the specification.
         StreamError: the producer's stream cannot be synchronized.
+        TimeoutError: ``timeout`` passed; MPI cannot withdraw a send, so it stays posted (``obj`` is kept
+            alive and must not be modified) and completes if the receiver receives it.
 
     Example:
         >>> send_array(cupy.arange(10), dest=1, meta={"step": 3})  # doctest: +SKIP
     """
+    due = deadline("send_array", timeout)
     pc, dest, tag, out, src = _outbound("send_array", obj, dest, tag, comm, sync, meta)
     if out is None:
         return
     header, ptag, payload, steps, _in_place = out
-    if steps is None and not _active:
+    if steps is None and not _active and due is None:
         pc.header.Send([header, _BYTE], dest, tag)
         for spec in payload:
             pc.payload.Send(spec, dest, ptag)
         return
-    _post(out, pc, dest, tag, keep=(obj, src)).wait()  # other requests need driving meanwhile, or steps do
+    # Other requests need driving meanwhile, steps do, or the wait has a deadline.
+    _post("send_array", out, pc, dest, tag, keep=(obj, src))._wait_until(due)
 
 
 # -- receiving ------------------------------------------------------------------------------------------------
@@ -220,6 +229,7 @@ def recv_array(
     *,
     out: Any = None,
     device: Device = None,
+    timeout: float | None = None,
 ) -> Array:
     """Receive an array sent with ``send_array``; no shape or dtype needed.
 
@@ -230,6 +240,8 @@ def recv_array(
         out: a writable CAI object or host array to receive into. The header is checked against it
             first; on a mismatch the payload is received and discarded, then RecvMismatchError raised.
         device: without ``out=``: None (a GPU when this rank has one, else host), "host", or a GPU ordinal.
+        timeout: seconds to wait at most for the message (None: ``CAI_MPI_TIMEOUT``, off by default); once it
+            has arrived, its payload gets as long again.
 
     Returns:
         An Array carrying the data, its descriptor, ``source``, ``tag`` and ``meta`` (over ``out=``
@@ -239,7 +251,12 @@ def recv_array(
         TypeError, ValueError: a bad argument (the message names it).
         RecvMismatchError: the message does not fit ``out=`` (nothing is left unreceived).
         ProtocolError: the header cannot be decoded, or announces more than CAI_MPI_MAX_PAYLOAD_BYTES.
+        TimeoutError: no message came within ``timeout``: the receive was cancelled, so a later message is
+            not swallowed and the communicator stays usable.
     """
+    due = deadline("recv_array", timeout)
+    if due is not None:
+        return _start_recv("recv_array", source, tag, comm, out, device)._wait_until(due)
     pc = check_comm("recv_array", comm)
     if type(source) is not int or not 0 <= source < pc.size:
         source = check_rank("recv_array", "source", source, pc, wildcard=True)
@@ -290,20 +307,25 @@ def irecv_array(
     Raises:
         See ``recv_array`` (errors about the message itself are raised by ``wait()``).
     """
-    pc, source, tag, target, ordinal, rt = _receive_args("irecv_array", source, tag, comm, out, device)
+    return _start_recv("irecv_array", source, tag, comm, out, device)
+
+
+def _start_recv(fn: str, source: Any, tag: Any, comm: Any, out: Any, device: Any) -> Request[Array]:
+    pc, source, tag, target, ordinal, rt = _receive_args(fn, source, tag, comm, out, device)
     if source == PROC_NULL:
         return PostedRequest([], _from_proc_null(target, tag))
     inbox = _inbox()
     hreq = pc.header.Irecv(inbox.msg, source, tag)
-    return Request(_receive_steps(hreq, inbox, target, ordinal, pc, rt), keep=(out, inbox))
+    return Request(_receive_steps(fn, hreq, inbox, target, ordinal, pc, rt), keep=(out, inbox),
+                   about=Awaited(fn, False, source, tag, pc.header))
 
 
 def _receive_steps(
-    hreq: MPI.Request, inbox: Inbox, target: Any, ordinal: int | None, pc: PrivateComms, rt: Runtime
+    fn: str, hreq: MPI.Request, inbox: Inbox, target: Any, ordinal: int | None, pc: PrivateComms, rt: Runtime
 ) -> Generator[Waitable, None, Array]:
     try:
-        yield MPIWait([hreq], inbox.status)
-        result, sender, ptag, payload, steps = plan_recv("irecv_array", inbox, target, ordinal, pc, config(), rt)
+        yield MPIWait([hreq], inbox.status, cancellable=True)
+        result, sender, ptag, payload, steps = plan_recv(fn, inbox, target, ordinal, pc, config(), rt)
     finally:
         _inboxes.append(inbox)
     if payload:
@@ -325,6 +347,7 @@ def sendrecv_array(
     out: Any = None,
     sync: bool | None = None,
     meta: dict[str, Any] | None = None,
+    timeout: float | None = None,
 ) -> Array:
     """Send ``obj`` to ``dest`` and receive an array from ``source`` at once, deadlock-free (halo exchanges).
 
@@ -334,6 +357,7 @@ def sendrecv_array(
         source, recvtag: what to receive, as in ``recv_array``; ``source=PROC_NULL`` receives nothing.
         comm: None for COMM_WORLD.
         out: a buffer to receive into, as in ``recv_array``.
+        timeout: seconds each half may wait at most, as in ``recv_array`` and ``send_array``.
 
     Returns:
         The received Array (from PROC_NULL: ``out=`` unchanged, or an empty uint8 array).
@@ -341,9 +365,10 @@ def sendrecv_array(
     Raises:
         As ``send_array`` and ``recv_array``.
     """
+    deadline("sendrecv_array", timeout)  # a bad timeout fails before anything is sent
     sent = isend_array(obj, dest, sendtag, comm, sync=sync, meta=meta)
     try:
-        got = recv_array(source, recvtag, comm, out=out)
+        got = recv_array(source, recvtag, comm, out=out, timeout=timeout)
     finally:
-        sent.wait()
+        sent.wait(timeout)
     return got

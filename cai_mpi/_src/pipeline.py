@@ -23,7 +23,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .array import Array
-from .errors import PipelineError
+from .deadlines import deadline
+from .errors import PipelineError, TimeoutError
 from .p2p import irecv_array, isend_array, recv_array
 from .privcomm import private_comms
 from .requests import Request
@@ -49,6 +50,10 @@ class Pipeline:
     ``send`` keeps a reference to what it sends until MPI is done with it: dropping yours is safe,
     modifying the array in place before then is an error, as with any nonblocking send.
 
+    ``timeout``: seconds a ``send`` or ``recv`` waits at most for a credit or an item (None:
+    ``CAI_MPI_TIMEOUT``, off by default); past it, ``TimeoutError`` on that stage, which the others
+    then see as its failure (``PipelineError``) on leaving the ``with`` block.
+
     Example:
         >>> with cai_mpi.Pipeline() as pipe:  # doctest: +SKIP
         ...     if pipe.first:
@@ -60,7 +65,9 @@ class Pipeline:
         ...                 pipe.send(work(item))  # keeps item.meta
     """
 
-    def __init__(self, comm: MPI.Comm | None = None, *, depth: int = 2) -> None:
+    def __init__(self, comm: MPI.Comm | None = None, *, depth: int = 2, timeout: float | None = None) -> None:
+        self._timeout = timeout
+        deadline("Pipeline", timeout)  # a bad timeout fails here, not at the first wait
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"Pipeline: comm must be an mpi4py intracommunicator or None, got {comm!r}")
@@ -100,7 +107,7 @@ class Pipeline:
             raise ValueError(f"Pipeline.send: stage {self.stage} is the last stage: there is no next stage")
         if self._closed:
             raise ValueError(f"Pipeline.send: stage {self.stage} already closed its stream")
-        self._wait(lambda: self._sent - self._acked < self.depth)
+        self._wait(lambda: self._sent - self._acked < self.depth, "a credit from the next stage")
         if meta is None and isinstance(obj, Array):
             meta = obj.meta
         self._sends.append(isend_array(obj, self.stage + 1, _ITEM, self._data, meta=meta))
@@ -116,7 +123,7 @@ class Pipeline:
         if self._prefetch is None:
             self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)
         pending = self._prefetch
-        self._wait(pending.test)
+        self._wait(pending.test, "an item from the previous stage")
         self._prefetch = None
         item = pending.wait()
         self._received += 1
@@ -142,8 +149,9 @@ class Pipeline:
 
     # -- waiting, credits and failures ---------------------------------------------------------------------
 
-    def _wait(self, done: Callable[[], bool]) -> None:
-        """Until ``done()``, keep everything moving and watch for a failure anywhere.
+    def _wait(self, done: Callable[[], bool], what: str) -> None:
+        """Until ``done()``, keep everything moving and watch for a failure anywhere; past the timeout (``what``
+        did not come), TimeoutError, which reaches the other stages as this stage's failure.
 
         For the first ``_SPIN_SECONDS`` it only yields the core between polls (an item or a credit usually
         comes within microseconds, and any ``time.sleep``, even of 0, costs tens of them); then it sleeps,
@@ -151,9 +159,13 @@ class Pipeline:
         """
         spin_until = time.perf_counter() + _SPIN_SECONDS
         pause = 0.0
+        due = deadline("Pipeline", self._timeout)
         while not done():
             self._check_notice()
             self._reap()
+            if due is not None and time.monotonic() > due.at:
+                raise TimeoutError(f"Pipeline: stage {self.stage} waited {due.seconds:g} s for {what}", due.seconds,
+                                   False)
             if pause or time.perf_counter() > spin_until:
                 pause = min(pause * 2 + 1e-6, 1e-4)
                 time.sleep(pause)

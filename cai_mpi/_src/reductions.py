@@ -20,6 +20,7 @@ from .collectives import setup
 from .errors import CollectiveMismatchError
 from .header import MessageInfo, encode_header
 from .operands import DeviceSource, RecvTarget, describe_target, mismatch, recv_target, send_source
+from .requests import joined
 from .transport.collective import reduce
 from .transport.contiguous import Landing, outgoing
 from .validation import check_sync
@@ -63,8 +64,10 @@ def _fingerprint(info: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(info, digest_size=8).digest(), "little", signed=True)
 
 
-def _reduce(fn: str, obj: Any, op: Any, root: int | None, comm: Any, out: Any, sync: Any) -> Array | None:
-    pc, comm_, _root, rt, cfg = setup(fn, comm, root)
+def _reduce(
+    fn: str, obj: Any, op: Any, root: int | None, comm: Any, out: Any, sync: Any, timeout: Any
+) -> Array | None:
+    pc, comm_, _root, rt, cfg, due = setup(fn, comm, root, timeout)
     me = comm_.Get_rank()
     gets_result = root is None or me == root
     target: Any = None
@@ -88,7 +91,7 @@ def _reduce(fn: str, obj: Any, op: Any, root: int | None, comm: Any, out: Any, s
     print_ = _fingerprint(mine.blob)
     failed = mine.error is not None
     votes = np.array([print_, -print_, -int(failed)], np.int64)
-    comm_.Allreduce(MPI.IN_PLACE, votes, MPI.MIN)
+    joined(fn, comm_, due, "Allreduce", MPI.IN_PLACE, votes, MPI.MIN)
     if votes[0] != -votes[1] or votes[2] != 0:
         _disagree(fn, comm_, mine)
     src, mpi_op, datatype = mine.source
@@ -128,7 +131,7 @@ def _disagree(fn: str, comm_: MPI.Intracomm, mine: Contribution) -> None:
 
 def reduce_array(
     obj: Any, op: Any = "sum", root: int = 0, comm: MPI.Comm | None = None, *, out: Any = None,
-    sync: bool | None = None,
+    sync: bool | None = None, timeout: float | None = None,
 ) -> Array | None:
     """Reduce every rank's array element by element onto ``root``.
 
@@ -139,6 +142,7 @@ def reduce_array(
         comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
         out: on the root, where to put the result (same shape and dtype).
         sync: the stream policy, as in ``send_array``.
+        timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
 
     Returns:
         On the root an Array holding the result, in ``obj``'s dtype, on the device ``obj`` is on (or over
@@ -147,24 +151,27 @@ def reduce_array(
     Raises:
         CollectiveMismatchError: on every rank, when shapes or dtypes differ (naming every rank's), or a rank
             could not take part (that rank raises its own error: a structured or bool dtype, a bad ``op``...).
+        TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
+            step: end the job).
     """
-    return _reduce("reduce_array", obj, op, root, comm, out, sync)
+    return _reduce("reduce_array", obj, op, root, comm, out, sync, timeout)
 
 
 def allreduce_array(
-    obj: Any, op: Any = "sum", comm: MPI.Comm | None = None, *, out: Any = None, sync: bool | None = None
+    obj: Any, op: Any = "sum", comm: MPI.Comm | None = None, *, out: Any = None, sync: bool | None = None,
+    timeout: float | None = None,
 ) -> Array:
     """Reduce every rank's array element by element; every rank gets the result.
 
     Args:
-        obj, op, comm, out, sync: as in ``reduce_array`` (``out=`` on every rank).
+        obj, op, comm, out, sync, timeout: as in ``reduce_array`` (``out=`` on every rank).
 
     Returns:
         An Array holding the result, in ``obj``'s dtype, on the device ``obj`` is on (or over ``out=``).
 
     Raises:
-        CollectiveMismatchError: as in ``reduce_array``.
+        CollectiveMismatchError, TimeoutError: as in ``reduce_array``.
     """
-    got = _reduce("allreduce_array", obj, op, None, comm, out, sync)
+    got = _reduce("allreduce_array", obj, op, None, comm, out, sync, timeout)
     assert got is not None
     return got

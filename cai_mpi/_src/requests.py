@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
 from mpi4py import MPI
 
+from .deadlines import Awaited, Deadline, collective_expired, deadline
 from .runtime.base import Event
 
 __all__ = [
-    "EventWait", "MPIWait", "PostedRequest", "Request", "RequestWait", "Steps", "Waitable", "complete", "drive", "idle",
+    "EventWait", "MPIWait", "PostedRequest", "Request", "RequestWait", "Steps", "Waitable", "complete", "complete_by",
+    "drive", "idle", "joined",
 ]
 
 T = TypeVar("T")
@@ -24,6 +27,8 @@ class Waitable:
     #: True when this is a transfer's last step and nothing is left for cai_mpi to do but let MPI finish
     #: (the request then needs no driving by other waits: see ``_active``).
     final = False
+    #: True for a receive that has matched nothing yet, which a timeout may withdraw (``cancel``).
+    cancellable = False
 
     def wait(self) -> None:
         raise NotImplementedError
@@ -35,15 +40,28 @@ class Waitable:
 class MPIWait(Waitable):
     """Completion of MPI requests; with ``status``, the (single) request's status is filled in.
 
-    ``final``: the transfer has nothing left to do once these complete (see ``Waitable.final``).
+    ``final``: the transfer has nothing left to do once these complete (see ``Waitable.final``);
+    ``cancellable``: the (single) request receives a message's header, which nothing has matched yet.
     """
 
-    __slots__ = ("final", "reqs", "status")
+    __slots__ = ("cancellable", "final", "reqs", "status")
 
-    def __init__(self, reqs: list[MPI.Request], status: MPI.Status | None = None, *, final: bool = False) -> None:
+    def __init__(
+        self, reqs: list[MPI.Request], status: MPI.Status | None = None, *, final: bool = False,
+        cancellable: bool = False,
+    ) -> None:
         self.reqs = reqs
         self.status = status
         self.final = final
+        self.cancellable = cancellable
+
+    def cancel(self) -> bool:
+        """Withdraw the receive: True if it was cancelled (nothing consumed), False if a message matched it first
+        (then it has completed, with ``status`` filled in)."""
+        status = self.status if self.status is not None else MPI.Status()
+        self.reqs[0].Cancel()
+        self.reqs[0].Wait(status)
+        return bool(status.Is_cancelled())
 
     def wait(self) -> None:
         if self.status is not None:
@@ -83,12 +101,12 @@ class RequestWait(Waitable):
 
     def test(self) -> bool:
         req = self.req
-        if not req.done and req not in _active:
+        if not req._settled and req not in _active:
             # A request with only final steps left is polled by nobody else. One still in the
             # progress set is poked there: poking it from here too would walk a queue of W
             # requests once per member, W^2 tests per round.
             req._poke()
-        return req.done
+        return req._settled
 
 
 _DONE = object()
@@ -97,7 +115,8 @@ _DONE = object()
 # next chunk...). Any cai_mpi wait drives all of them, so "irecv_array then send_array" on two ranks, or a
 # staged isend_array followed by a blocking recv_array, cannot deadlock. A request whose remaining step is
 # final (all its MPI operations posted) leaves the set: MPI completes it without us, and a window of sends
-# must not make every other wait poll each of them.
+# must not make every other wait poll each of them. A request abandoned by a timeout stays until MPI is done with
+# its memory, whatever its step: nobody else would complete it, and it holds that memory.
 _active: set[Request[Any]] = set()
 
 
@@ -140,12 +159,45 @@ def complete(waitable: Waitable, me: object = None) -> None:
     if not others_pending(me):
         waitable.wait()
         return
-    while not waitable.test():
+    while True:
         _progress_others(me)
+        if waitable.test():
+            return
         if not others_pending(me):
             waitable.wait()
             return
         os.sched_yield()  # let other threads run (it releases the GIL; time.sleep(0) costs ~80 us of timer slack)
+
+
+def complete_by(waitable: Waitable, due: Deadline, me: object = None) -> bool:
+    """Like ``complete``, but give up at ``due``: True if ``waitable`` completed, False if time ran out first.
+    Polls with a yield for a millisecond, then sleeps, backing off to a millisecond."""
+    spin_until = time.monotonic() + 1e-3
+    pause = 0.0
+    while not waitable.test():
+        _progress_others(me)
+        now = time.monotonic()
+        if now >= due.at:
+            return False
+        if now < spin_until:
+            os.sched_yield()
+        else:
+            pause = min(pause * 2 + 1e-5, 1e-3, due.at - now)
+            time.sleep(pause)
+    return True
+
+
+def joined(fn: str, comm: MPI.Intracomm, due: Deadline | None, collective: str, *args: Any) -> None:
+    """A collective's first step, where every rank must arrive: ``comm.<collective>(*args)``; with a deadline its
+    nonblocking form, which is abandoned (its buffers kept alive) with TimeoutError if some rank has not come."""
+    if due is None:
+        getattr(comm, collective)(*args)
+        return
+    req = getattr(comm, "I" + collective[0].lower() + collective[1:])(*args)
+    if not complete_by(MPIWait([req]), due):
+        error = collective_expired(fn, comm, due)
+        PostedRequest([req], None, keep=args)._abandon(error)
+        raise error
 
 
 class Request(Generic[T]):
@@ -158,13 +210,20 @@ class Request(Generic[T]):
     returns is an error, as with any MPI nonblocking call. Progress happens
     inside cai_mpi calls (any wait, test, send or receive drives every
     pending request of the process).
+
+    ``wait(timeout)`` gives up with ``cai_mpi.TimeoutError``: a receive whose
+    message has not arrived is cancelled (nothing consumed); anything already
+    under way is finished in the background, its memory kept alive, its
+    result dropped. Either way the request is then done.
     """
 
-    __slots__ = ("__weakref__", "_error", "_gen", "_keep", "_lock", "_pending", "_result")
+    __slots__ = ("__weakref__", "_about", "_error", "_expired", "_gen", "_keep", "_lock", "_pending", "_result")
 
-    def __init__(self, gen: Generator[Waitable, None, T], keep: Any = None) -> None:
+    def __init__(self, gen: Generator[Waitable, None, T], keep: Any = None, about: Awaited | None = None) -> None:
         self._gen: Generator[Waitable, None, T] | None = gen
         self._keep = keep
+        self._about = about
+        self._expired: BaseException | None = None
         self._result: Any = _DONE
         self._error: BaseException | None = None
         self._pending: Waitable | None = None
@@ -180,7 +239,7 @@ class Request(Generic[T]):
         assert self._gen is not None
         try:
             self._pending = pending = next(self._gen) if failure is None else self._gen.throw(failure)
-            if pending.final:
+            if pending.final and self._expired is None:
                 _active.discard(self)
         except StopIteration as stop:
             self._finish(stop.value, None)
@@ -206,7 +265,7 @@ class Request(Generic[T]):
 
     def _finish(self, result: Any, error: BaseException | None) -> None:
         self._result = result
-        self._error = error
+        self._error = error if self._expired is None else self._expired
         self._gen = None
         self._pending = None
         self._keep = None
@@ -228,20 +287,69 @@ class Request(Generic[T]):
 
     @property
     def done(self) -> bool:
+        return self._gen is None or self._expired is not None
+
+    @property
+    def _settled(self) -> bool:
+        """Nothing of it is left under way (unlike ``done``, which a timeout makes true at once)."""
         return self._gen is None
 
-    def wait(self) -> T:
-        """Block until the operation completes; return its result (the Array for receives, else None)."""
+    def wait(self, timeout: float | None = None) -> T:
+        """Block until the operation completes; return its result (the Array for receives, else None).
+
+        Args:
+            timeout: seconds to wait at most (None: ``CAI_MPI_TIMEOUT``, off by default).
+
+        Raises:
+            TimeoutError: ``timeout`` passed (see the class docstring for what happens to the operation).
+        """
+        return self._wait_until(deadline("Request.wait", timeout))
+
+    def _wait_until(self, due: Deadline | None) -> T:
         with self._lock:
-            while self._gen is not None:
+            while self._gen is not None and self._expired is None:
                 assert self._pending is not None
-                self._step(self._complete_pending)
+                if due is None:
+                    self._step(self._complete_pending)
+                else:
+                    due = self._step_until(due)
+        if self._expired is not None:
+            raise self._expired
         if self._error is not None:
             raise self._error
         return self._result  # type: ignore[no-any-return]
 
+    def _step_until(self, due: Deadline) -> Deadline:
+        """One step, giving up at ``due``: then an unmatched receive is cancelled, anything else abandoned to
+        finish in the background. A header that matched gives the rest of the transfer a timeout of its own."""
+        pending = self._pending
+        assert pending is not None
+        if self._step(lambda: complete_by(pending, due, self)):
+            return due.renewed() if pending.cancellable else due
+        about = self._about or Awaited("Request.wait", False, -1, -1, MPI.COMM_NULL)
+        if pending.cancellable:
+            try:
+                withdrawn = pending.cancel()  # type: ignore[attr-defined]
+            except BaseException as exc:
+                self._advance(exc)
+                return due
+            if not withdrawn:  # the message matched after all: receive it, with time of its own
+                self._advance()
+                return due.renewed()
+            assert self._gen is not None
+            self._gen.close()  # its cleanup runs now
+            self._finish(None, about.expired(due, cancelled=True))
+            return due
+        self._abandon(about.expired(due, cancelled=False, matched=True))
+        return due
+
+    def _abandon(self, error: BaseException) -> None:
+        """Give the caller ``error`` now; MPI still owns this request's memory, so keep it and finish it later."""
+        self._expired = error
+        _active.add(self)
+
     def _wait_quietly(self) -> None:
-        """Block until completed; an error stays for this request's own ``wait()`` to raise."""
+        """Block until completed, even in the background after a timeout; an error stays for ``wait()`` to raise."""
         with self._lock:
             while self._gen is not None:
                 assert self._pending is not None
@@ -254,7 +362,7 @@ class Request(Generic[T]):
         """Make progress without blocking; True once the operation has completed (then ``wait()`` returns)."""
         _progress_others(self)
         with self._lock:
-            while self._gen is not None:
+            while self._gen is not None and self._expired is None:
                 assert self._pending is not None
                 if not self._step(self._pending.test):
                     return False
@@ -271,14 +379,22 @@ class PostedRequest(Request[T]):
     common nonblocking sends (a contiguous host array, a small one inline) and started channel
     messages. Creating and completing one costs about a third of a generator-driven Request.
     Its waits still drive the other pending cai_mpi requests, like any Request's.
+
+    ``cancellable``: the single request is a receive a timeout may withdraw (a channel's next message).
     """
 
-    __slots__ = ("_reqs",)
+    __slots__ = ("_cancellable", "_reqs")
 
-    def __init__(self, reqs: list[MPI.Request], result: T, keep: Any = None) -> None:
+    def __init__(
+        self, reqs: list[MPI.Request], result: T, keep: Any = None, about: Awaited | None = None,
+        cancellable: bool = False,
+    ) -> None:
         self._reqs: list[MPI.Request] | None = reqs
+        self._cancellable = cancellable
         self._result = result
         self._keep = keep
+        self._about = about
+        self._expired = None
         self._error = None
         self._gen = None
         self._pending = None
@@ -286,6 +402,10 @@ class PostedRequest(Request[T]):
 
     @property
     def done(self) -> bool:
+        return self._reqs is None or self._expired is not None
+
+    @property
+    def _settled(self) -> bool:
         return self._reqs is None
 
     def _complete(self) -> None:
@@ -297,21 +417,40 @@ class PostedRequest(Request[T]):
             else:
                 MPI.Request.Waitall(reqs)
             self._reqs = self._keep = None
+            _active.discard(self)  # (it is there only if a timeout abandoned it)
 
     def _test(self) -> bool:
         """Complete the MPI requests if they can be without blocking (the caller holds the lock)."""
         reqs = self._reqs
         if reqs is not None and MPI.Request.Testall(reqs):
             self._reqs = self._keep = None
+            if self._expired is not None:
+                _active.discard(self)  # finished in the background after a timeout
         return self._reqs is None
 
-    def wait(self) -> T:
+    def _wait_until(self, due: Deadline | None) -> T:
         with self._lock:
-            self._complete()
+            if due is None:
+                self._complete()
+            elif self._reqs is not None and self._expired is None:
+                waiting = MPIWait(self._reqs)
+                if complete_by(waiting, due, self):
+                    self._reqs = self._keep = None
+                else:
+                    about = self._about or Awaited("Request.wait", not self._cancellable, -1, -1, MPI.COMM_NULL)
+                    if not self._cancellable:
+                        self._abandon(about.expired(due, cancelled=False))
+                    else:
+                        if waiting.cancel():
+                            self._expired = about.expired(due, cancelled=True)
+                        self._reqs = self._keep = None  # cancelled, or a message completed it meanwhile
+        if self._expired is not None:
+            raise self._expired
         return self._result  # type: ignore[no-any-return]
 
     def _wait_quietly(self) -> None:
-        self.wait()  # nothing is raised later: there are no steps of ours to fail
+        with self._lock:
+            self._complete()  # nothing is raised later: there are no steps of ours to fail
 
     def _poke(self) -> None:
         if self._lock.acquire(blocking=False):
@@ -323,4 +462,4 @@ class PostedRequest(Request[T]):
     def test(self) -> bool:
         _progress_others(self)
         with self._lock:
-            return self._test()
+            return self._test() or self._expired is not None

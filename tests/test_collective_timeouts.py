@@ -1,0 +1,64 @@
+"""A collective that some rank never joins ends in cai_mpi.TimeoutError instead of a hang. MPI cannot withdraw a
+collective, so the communicator is out of step afterwards: the program here does what the error advises (abort),
+under mpiexec, and the job ends at once with the message."""
+
+from __future__ import annotations
+
+import pytest
+from launch import run_ranks
+
+PROGRAM = r"""
+import sys, time
+import numpy as np
+import cai_mpi
+from mpi4py import MPI
+
+world = MPI.COMM_WORLD
+calls = {
+    "bcast_array": lambda c: cai_mpi.bcast_array(None, root=1, comm=c, timeout=0.5),
+    "gather_array": lambda c: cai_mpi.gather_array(np.arange(3), root=0, comm=c, timeout=0.5),
+    "allgather_array": lambda c: cai_mpi.allgather_array(np.arange(3), comm=c, timeout=0.5),
+    "scatter_array": lambda c: cai_mpi.scatter_array(None, root=1, comm=c, timeout=0.5),
+    "alltoall_array": lambda c: cai_mpi.alltoall_array([np.arange(2)] * c.Get_size(), comm=c, timeout=0.5),
+    "reduce_array": lambda c: cai_mpi.reduce_array(np.arange(3), root=0, comm=c, timeout=0.5),
+    "allreduce_array": lambda c: cai_mpi.allreduce_array(np.arange(3), comm=c, timeout=0.5),
+}
+comms = {name: world.Dup() for name in calls}  # one per collective: a timed-out one leaves its own out of step
+for c in comms.values():
+    cai_mpi.cuda_aware(c)  # (cai_mpi's first use of a communicator is collective: done while everyone is here)
+if world.Get_rank() == 1:
+    time.sleep(120)  # never joins
+else:
+    for name, call in calls.items():
+        start = time.monotonic()
+        try:
+            call(comms[name])
+            print(f"{name}: returned", flush=True)
+        except cai_mpi.TimeoutError as exc:
+            print(f"{name}: TimeoutError after {time.monotonic() - start:.1f} s: {exc}", flush=True)
+    world.Abort(3)
+"""
+
+
+def test_collectives_that_a_rank_never_joins_time_out() -> None:
+    done = run_ranks(2, ["-c", PROGRAM], timeout=100)
+    assert done.returncode != 0 and done.seconds < 60, done.output
+    lines = [line for line in done.stdout.splitlines() if ": " in line]
+    for name in ("bcast_array", "gather_array", "allgather_array", "scatter_array", "alltoall_array", "reduce_array",
+                 "allreduce_array"):
+        said = next((line for line in lines if line.startswith(name + ":")), None)
+        assert said is not None, done.output
+        waited = float(said.split("TimeoutError after ")[1].split(" s")[0])
+        assert 0.45 <= waited < 10, said
+        assert f"{name}: not every rank of" in said and "joined within 0.5 s" in said and "abort" in said, said
+
+
+@pytest.mark.parametrize("seconds", ["0.5"])
+def test_the_environment_timeout_reaches_the_collectives(seconds: str) -> None:
+    program = ("import time, numpy as np, cai_mpi\nfrom mpi4py import MPI\nw = MPI.COMM_WORLD\n"
+               "if w.Get_rank() == 1: time.sleep(120)\n"
+               "try: cai_mpi.allreduce_array(np.ones(2))\n"
+               "except cai_mpi.TimeoutError as e: print('timed out:', e, flush=True); w.Abort(3)\n")
+    done = run_ranks(2, ["-c", program], timeout=100, env={"CAI_MPI_TIMEOUT": seconds})
+    assert done.returncode != 0 and done.seconds < 60, done.output
+    assert f"timed out: allreduce_array: not every rank of MPI_COMM_WORLD joined within {seconds} s" in done.stdout

@@ -1,0 +1,102 @@
+"""Request.wait(timeout): an unmatched receive is withdrawn; anything under way is finished in the background with
+its memory kept alive; a message that matched gets time of its own for the rest. Steps stand in for MPI here."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from collections.abc import Generator
+
+import pytest
+from mpi4py import MPI
+
+import cai_mpi
+from cai_mpi._src.deadlines import Awaited
+from cai_mpi._src.requests import Request, Waitable, _active, complete
+
+
+class Flag(Waitable):
+    """A step that completes once ``set``; a cancellable one reports ``withdrawn`` when cancelled."""
+
+    def __init__(self, *, cancellable: bool = False, withdrawn: bool = True) -> None:
+        self.event = threading.Event()
+        self.cancellable = cancellable
+        self.withdrawn = withdrawn
+        self.cancelled = False
+
+    def set(self) -> None:
+        self.event.set()
+
+    def test(self) -> bool:
+        return self.event.is_set()
+
+    def wait(self) -> None:
+        self.event.wait()
+
+    def cancel(self) -> bool:
+        self.cancelled = self.withdrawn
+        return self.withdrawn
+
+
+class Memory:
+    """Stands for a buffer MPI is using."""
+
+
+RECEIVE = Awaited("irecv_array", False, 1, 5, MPI.COMM_WORLD)
+
+
+def receive(header: Flag, payload: Flag, cleaned: list[str]) -> Generator[Waitable, None, str]:
+    try:
+        yield header
+    finally:
+        cleaned.append("inbox")
+    yield payload
+    return "data"
+
+
+def test_an_unmatched_receive_is_withdrawn_and_cleaned_up() -> None:
+    header, payload, cleaned = Flag(cancellable=True), Flag(), []
+    req = Request(receive(header, payload, cleaned), about=RECEIVE)
+    with pytest.raises(cai_mpi.TimeoutError) as info:
+        req.wait(timeout=0.05)
+    assert info.value.cancelled and header.cancelled and cleaned == ["inbox"]
+    assert "irecv_array: the message from rank 1 with tag 5 on MPI_COMM_WORLD did not arrive within 0.05 s" in str(
+        info.value)
+    assert req.done and req not in _active
+
+
+def test_a_message_that_matched_while_being_cancelled_is_received() -> None:
+    header, payload, cleaned = Flag(cancellable=True, withdrawn=False), Flag(), []
+    payload.set()
+    req = Request(receive(header, payload, cleaned), about=RECEIVE)
+    assert req.wait(timeout=0.05) == "data"
+
+
+def test_a_payload_past_its_time_is_finished_in_the_background_with_its_memory_kept() -> None:
+    header, payload, cleaned = Flag(cancellable=True), Flag(), []
+    header.set()
+    memory = Memory()
+    alive = weakref.ref(memory)
+    req = Request(receive(header, payload, cleaned), keep=memory, about=RECEIVE)
+    del memory
+    with pytest.raises(cai_mpi.TimeoutError) as info:
+        req.wait(timeout=0.05)
+    assert not info.value.cancelled and "arrived, but its payload did not complete" in str(info.value)
+    del req
+    gc.collect()
+    assert alive() is not None and any(r._keep is alive() for r in _active)  # MPI still owns it
+    payload.set()
+    done = Flag()
+    done.set()
+    complete(done)  # any later wait drives the abandoned request to its end
+    gc.collect()
+    assert alive() is None and not _active
+
+
+def test_the_rest_of_a_matched_transfer_gets_its_own_timeout() -> None:
+    header, payload, cleaned = Flag(cancellable=True), Flag(), []
+    threading.Timer(0.6, header.set).start()
+    threading.Timer(1.2, payload.set).start()  # past the first deadline, within the renewed one
+    req = Request(receive(header, payload, cleaned), about=RECEIVE)
+    assert req.wait(timeout=1.0) == "data"
