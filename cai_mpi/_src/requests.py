@@ -110,6 +110,7 @@ class RequestWait(Waitable):
 
 
 _DONE = object()
+_DROPPED = RuntimeError("the request was dropped before it completed")
 
 # Requests that still need the library to act (post the payload receive once the header is in, stage the
 # next chunk...). Any cai_mpi wait drives all of them, so "irecv_array then send_array" on two ranks, or a
@@ -174,8 +175,10 @@ def complete_by(waitable: Waitable, due: Deadline, me: object = None) -> bool:
     Polls with a yield for a millisecond, then sleeps, backing off to a millisecond."""
     spin_until = time.monotonic() + 1e-3
     pause = 0.0
-    while not waitable.test():
+    while True:
         _progress_others(me)
+        if waitable.test():
+            return True
         now = time.monotonic()
         if now >= due.at:
             return False
@@ -184,7 +187,6 @@ def complete_by(waitable: Waitable, due: Deadline, me: object = None) -> bool:
         else:
             pause = min(pause * 2 + 1e-5, 1e-3, due.at - now)
             time.sleep(pause)
-    return True
 
 
 def joined(fn: str, comm: MPI.Intracomm, due: Deadline | None, collective: str, *args: Any) -> None:
@@ -348,6 +350,22 @@ class Request(Generic[T]):
         self._expired = error
         _active.add(self)
 
+    def __del__(self) -> None:
+        """Dropped before it completed: MPI must not be left with memory that is about to be freed (mpi4py frees an
+        active request, and MPI would go on reading or writing its buffer). A receive that matched nothing is
+        withdrawn, so it cannot swallow a later message; anything else is kept, and finished by later waits."""
+        if self._settled or MPI.Is_finalized():
+            return
+        pending = self._pending
+        if pending is not None and pending.cancellable and self._gen is not None:
+            try:
+                if pending.cancel():  # type: ignore[attr-defined]
+                    self._gen.close()
+                    return
+            except Exception:
+                pass
+        self._abandon(_DROPPED)
+
     def _wait_quietly(self) -> None:
         """Block until completed, even in the background after a timeout; an error stays for ``wait()`` to raise."""
         with self._lock:
@@ -407,6 +425,17 @@ class PostedRequest(Request[T]):
     @property
     def _settled(self) -> bool:
         return self._reqs is None
+
+    def __del__(self) -> None:
+        if self._reqs is None or MPI.Is_finalized():
+            return
+        if self._cancellable:
+            try:
+                MPIWait(self._reqs).cancel()  # withdrawn, or completed by a message meanwhile: either way settled
+                return
+            except Exception:
+                pass
+        self._abandon(_DROPPED)
 
     def _complete(self) -> None:
         """Block until the MPI requests complete (the caller holds the lock)."""
