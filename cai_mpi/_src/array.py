@@ -29,11 +29,9 @@ class Array:
     copy. Pass an Array straight back to ``send_array`` to forward it.
 
     Attributes:
-        descriptor: the CAIDescriptor of the data (``ptr`` is its address).
         source: rank it came from (in the communicator it was received on).
         tag: the user tag it was sent with.
         meta: the sender's ``meta`` dict, or None.
-        device: ``"host"`` or the GPU ordinal holding the data.
     """
 
     # Host Arrays set only _host, source, tag and meta (one is built per received message); the other
@@ -105,6 +103,7 @@ class Array:
 
     @property
     def descriptor(self) -> CAIDescriptor:
+        """The CAIDescriptor of the data (``ptr`` is its address)."""
         try:
             return self._descriptor
         except AttributeError:  # a host Array describes itself on first use

@@ -109,7 +109,7 @@ class SimulatedRuntime(Runtime):
     """A GPU-free stand-in for the CUDA runtime with ``devices`` simulated GPUs.
 
     Device memory is host memory registered in a map, so ``locate`` tells it apart; CAI stream handles
-    resolve to ``SimulatedStream``s (1 and 2 to the simulated legacy and per-thread default streams).
+    resolve to ``SimulatedStream`` objects (1 and 2 to the simulated legacy and per-thread default streams).
     """
 
     name = "simulated"
