@@ -65,48 +65,6 @@ nitpick_ignore = [
     )
 ]
 
-# Docstring markup that Napoleon misreads, in modules that others were editing while this site was built
-# (issue 17): a Raises entry must start with exception names, and its continuation lines are indented.
-# Each entry is (a line as written, what replaces it: the fix to make in the module). A fix applies only
-# while the module still has the old line; delete the entries once the modules are fixed.
-_PENDING_DOCSTRING_FIXES: dict[str, list[tuple[str, str]]] = {
-    "cai_mpi.isend_array": [
-        ("    See ``send_array``.", "    TypeError, ValueError, CAIError, StreamError: as in ``send_array``."),
-    ],
-    "cai_mpi.irecv_array": [
-        (
-            "    See ``recv_array`` (errors about the message itself are raised by ``wait()``).",
-            "    TypeError, ValueError: a bad argument, as in ``recv_array``. Errors about the message itself\n"
-            "        (RecvMismatchError, ProtocolError, TimeoutError) are raised by ``wait()``.",
-        ),
-    ],
-    "cai_mpi.sendrecv_array": [
-        (
-            "    As ``send_array`` and ``recv_array``.",
-            "    TypeError, ValueError, CAIError, StreamError, RecvMismatchError, ProtocolError, TimeoutError: as in\n"
-            "        ``send_array`` and ``recv_array``.",
-        ),
-    ],
-    "cai_mpi.recv_channel": [
-        (
-            "    ProtocolError for a message the channel cannot take (its payload is discarded).",
-            "        ProtocolError for a message the channel cannot take (its payload is discarded).",
-        ),
-    ],
-    **{
-        f"cai_mpi.{name}": [("    own error).", "        own error).")]
-        for name in ("gather_array", "allgather_array", "alltoall_array")
-    },
-}
-
-
-def _apply_pending_docstring_fixes(app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
-    for old, new in _PENDING_DOCSTRING_FIXES.get(name, []):
-        if old in lines:
-            i = lines.index(old)
-            lines[i : i + 1] = new.split("\n")
-
-
 # --- The API reference: every name of cai_mpi.__all__ and cai_mpi.testing.__all__, grouped by the module that
 # defines it, so that a new public name is documented without anyone listing it. In docs/api.md, what GitHub
 # shows between `<!-- public-api: MODULE -->` and `<!-- /public-api -->` (a pointer to the source) is
@@ -202,5 +160,4 @@ def _link_repository_pages(app: Any, docname: str, source: list[str]) -> None:
 def setup(app: Any) -> dict[str, Any]:
     app.connect("source-read", _expand_public_api)
     app.connect("source-read", _link_repository_pages)
-    app.connect("autodoc-process-docstring", _apply_pending_docstring_fixes, priority=100)  # before Napoleon
     return {"parallel_read_safe": True}

@@ -415,7 +415,7 @@ def recv_channel(
 
     Raises:
         TypeError, ValueError: a bad argument. The first ``recv()`` raises RecvMismatchError or
-        ProtocolError for a message the channel cannot take (its payload is discarded).
+            ProtocolError for a message the channel cannot take (its payload is discarded).
 
     Example:
         >>> with recv_channel(source=0) as rx:  # doctest: +SKIP

@@ -239,7 +239,7 @@ def gather_array(
 
     Raises:
         CollectiveMismatchError: on every rank, when some rank could not contribute (that rank raises its
-        own error).
+            own error).
         TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
             step: end the job).
     """
@@ -270,7 +270,7 @@ def allgather_array(
 
     Raises:
         CollectiveMismatchError: on every rank, when some rank could not contribute (that rank raises its
-        own error).
+            own error).
         TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
             step: end the job).
     """
@@ -363,7 +363,7 @@ def alltoall_array(
 
     Raises:
         CollectiveMismatchError: on every rank, when some rank could not contribute (that rank raises its
-        own error).
+            own error).
         TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
             step: end the job).
     """

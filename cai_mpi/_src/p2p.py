@@ -105,7 +105,7 @@ def isend_array(
         A Request: ``wait()`` returns None, ``test()`` says whether the send completed.
 
     Raises:
-        See ``send_array``.
+        TypeError, ValueError, CAIError, StreamError: as in ``send_array``.
     """
     pc, dest, tag, out, src = _outbound("isend_array", obj, dest, tag, comm, sync, meta)
     if out is None:
@@ -305,7 +305,8 @@ def irecv_array(
         A Request: ``wait()`` returns the Array, ``test()`` says whether it arrived.
 
     Raises:
-        See ``recv_array`` (errors about the message itself are raised by ``wait()``).
+        TypeError, ValueError: a bad argument, as in ``recv_array``. Errors about the message itself
+            (RecvMismatchError, ProtocolError, TimeoutError) are raised by ``wait()``.
     """
     return _start_recv("irecv_array", source, tag, comm, out, device)
 
@@ -363,7 +364,8 @@ def sendrecv_array(
         The received Array (from PROC_NULL: ``out=`` unchanged, or an empty uint8 array).
 
     Raises:
-        As ``send_array`` and ``recv_array``.
+        TypeError, ValueError, CAIError, StreamError, RecvMismatchError, ProtocolError, TimeoutError: as in
+            ``send_array`` and ``recv_array``.
     """
     deadline("sendrecv_array", timeout)  # a bad timeout fails before anything is sent
     sent = isend_array(obj, dest, sendtag, comm, sync=sync, meta=meta)
