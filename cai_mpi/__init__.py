@@ -14,6 +14,7 @@ from ._src.bind import bind_device_early as _bind_device_early
 
 _bind_device_early()  # CAI_MPI_BIND_DEVICE=1: this rank's GPU is made current before MPI is initialized
 
+from ._src.abort import abort_on_error
 from ._src.array import Array
 from ._src.channel import RecvChannel, SendChannel, recv_channel, send_channel
 from ._src.collectives import allgather_array, alltoall_array, bcast_array, gather_array, scatter_array
@@ -65,6 +66,7 @@ __all__ = [
     "SendChannel",
     "StreamError",
     "TimeoutError",
+    "abort_on_error",
     "allgather_array",
     "allreduce_array",
     "alltoall_array",

@@ -42,4 +42,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    cai_mpi.abort_on_error()  # an exception on one rank ends the job, with its traceback, instead of a hang
     sys.exit(main())
