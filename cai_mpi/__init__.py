@@ -10,6 +10,8 @@ for cai_mpi's private traffic, so every rank should import it.
 
 from __future__ import annotations
 
+from importlib.metadata import version as _package_version
+
 from ._src.bind import bind_device_early as _bind_device_early
 
 _bind_device_early()  # CAI_MPI_BIND_DEVICE=1: this rank's GPU is made current before MPI is initialized
@@ -41,7 +43,7 @@ from ._src.reductions import allreduce_array, reduce_array
 from ._src.requests import Request
 from ._src.validation import ANY_SOURCE, ANY_TAG, PROC_NULL
 
-__version__ = "0.1.0"
+__version__ = _package_version("cai_mpi")  # one place for the version: pyproject.toml
 
 __all__ = [
     "ANY_SOURCE",

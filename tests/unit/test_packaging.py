@@ -20,3 +20,14 @@ def test_cuda_extras_install_cupy_with_its_toolkit(extra: str, cupy: str) -> Non
 
 def test_the_test_extra_checks_the_driver_double_against_cuda_bindings() -> None:
     assert any(req.startswith("cuda-bindings") for req in EXTRAS["test"]), EXTRAS["test"]
+
+
+def test_the_version_has_one_source_pyproject() -> None:
+    import importlib.metadata
+    import tomllib
+    from pathlib import Path
+
+    import cai_mpi
+
+    declared = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["version"]
+    assert cai_mpi.__version__ == importlib.metadata.version("cai_mpi") == declared
