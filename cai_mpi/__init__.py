@@ -43,7 +43,10 @@ from ._src.reductions import allreduce_array, reduce_array
 from ._src.requests import Request
 from ._src.validation import ANY_SOURCE, ANY_TAG, PROC_NULL
 
-__version__ = _package_version("cai_mpi")  # one place for the version: pyproject.toml
+try:  # one place for the version: pyproject.toml, read back from the installed package's metadata
+    __version__ = _package_version("cai_mpi")
+except ModuleNotFoundError:  # importlib.metadata.PackageNotFoundError: a source tree on sys.path, never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "ANY_SOURCE",

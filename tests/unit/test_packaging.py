@@ -32,3 +32,21 @@ def test_the_version_has_one_source_pyproject() -> None:
     pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
     declared = re.search(r'^version = "([^"]+)"$', pyproject, re.MULTILINE).group(1)  # (tomllib is 3.11+)
     assert cai_mpi.__version__ == importlib.metadata.version("cai_mpi") == declared
+
+
+def test_a_source_tree_without_package_metadata_still_imports() -> None:
+    """A checkout on PYTHONPATH (common on clusters) has no metadata for cai_mpi: the version says so, and the
+    import does not fail over it."""
+    import subprocess
+    import sys
+
+    hide_metadata = (
+        "import importlib.metadata as md\n"
+        "def version(name):\n"
+        "    raise md.PackageNotFoundError(name)\n"
+        "md.version = version\n"
+        "import cai_mpi\n"
+        "print(cai_mpi.__version__)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", hide_metadata], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "0+unknown"), proc.stderr
