@@ -136,9 +136,9 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--window", type=_positive, default=64,
                        help="bw/bibw: messages in flight (default 64)")
         _output_args(s)
-        s.add_argument("--progress", action="store_true",
-                       help="draw the progress bar even if stderr is no tty")
-        s.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+        s.add_argument("--progress", action=argparse.BooleanOptionalAction,
+                       help="draw a progress bar on stderr (rank 0), or never; by default only when stderr is a "
+                       "terminal, which under mpiexec it seldom is")
     r = sub.add_parser("report", help="re-render saved --json files (tables, --check-targets, --plot)")
     r.add_argument("files", nargs="+", help="JSON files written by --json")
     r.add_argument("--markdown", action="store_true",
@@ -346,7 +346,7 @@ def _run(args: argparse.Namespace, kind: Any, rank: int, nranks: int, argv: list
     warmup = args.warmup if args.warmup is not None else max(1, args.iters // 10)
     plan = Plan(test=args.test, sizes=sizes, modes=modes, samples=args.samples, iters=args.iters,
                 warmup=warmup, window=args.window)
-    progress = Progress(rank == 0 and not args.no_progress and (args.progress or sys.stderr.isatty()))
+    progress = Progress(args.progress if rank == 0 else False)  # None: only on a terminal
     env = _environment(ctx, args.buffer)
     started = datetime.datetime.now(datetime.timezone.utc)
     world.Barrier()

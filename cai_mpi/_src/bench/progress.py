@@ -1,79 +1,81 @@
-"""A dependency-free progress bar on stderr, drawn only once a run has lasted a few seconds."""
+"""Progress of long runs (bench, soak) on stderr, drawn by tqdm: only on a terminal, and only after a few seconds."""
 
 from __future__ import annotations
 
 import sys
-import time
-from typing import TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
+
+from tqdm import tqdm
 
 __all__ = ["Progress"]
 
+if TYPE_CHECKING:
+    _Tqdm = tqdm[NoReturn]  # generic in its type stubs only; a bar over no iterable
+else:
+    _Tqdm = tqdm
 
-def _clock(seconds: float) -> str:
-    s = int(seconds + 0.5)
-    return f"{s // 60}:{s % 60:02d}"
+
+class _Bar(_Tqdm):
+    # tqdm's monitor is a thread per process that wakes every 10 s to repaint stalled bars; every draw here comes
+    # from the loop being measured, and an MPI rank is better off without an extra thread.
+    monitor_interval = 0
 
 
 class Progress:
     """``start(total)``, then ``advance(amount, label)``; ``close()`` erases the bar.
 
-    Nothing is drawn when disabled, nor before ``delay`` seconds have passed (short runs stay
-    silent), and at most ``1 / interval`` times per second.
+    Amounts are any positive numbers (bench counts estimated work, not items), so the bar shows a percentage,
+    the label of the current step, the time elapsed and an estimate of the time left.
+
+    Args:
+        enabled: ``True`` draws (``--progress``), ``False`` never does; ``None`` draws only when ``stream``
+            is a terminal, so logs and pipes stay free of carriage returns.
+        stream: where to draw (default ``sys.stderr``).
+        delay: nothing is drawn before this many seconds have passed since ``start`` (short runs stay silent).
+        interval: at most one redraw per this many seconds.
+        width: the bar's width in characters.
     """
 
     def __init__(
-        self, enabled: bool, stream: TextIO | None = None, *, delay: float = 2.0, interval: float = 0.2,
-        width: int = 28,
+        self, enabled: bool | None = None, stream: TextIO | None = None, *, delay: float = 2.0,
+        interval: float = 0.2, width: int = 28,
     ) -> None:
-        self.enabled = enabled
         self.stream = sys.stderr if stream is None else stream
+        self.enabled = self.stream.isatty() if enabled is None else enabled
         self.delay = delay
         self.interval = interval
         self.width = width
-        self.total = 0.0
-        self.done = 0.0
         self.label = ""
-        self._t0 = time.monotonic()
-        self._last = 0.0
-        self._drawn = False
+        self._bar: _Bar | None = None
 
     def start(self, total: float) -> None:
-        self.total = max(total, 1e-9)
-        self.done = 0.0
-        self._t0 = time.monotonic()
+        """A new run of ``total`` units of work (a bar still open is closed first)."""
+        self.close()
+        if self.enabled:
+            self._bar = _Bar(
+                total=max(total, 1e-9), desc=self.label, file=self.stream, leave=False, delay=self.delay,
+                mininterval=self.interval, miniters=0,  # miniters=0: redraw by time only, however small a step
+                bar_format=f"{{percentage:3.0f}}%|{{bar:{self.width}}}| {{desc}} [{{elapsed}}<{{remaining}}]",
+            )
 
     def status(self, label: str) -> None:
-        self.label = label
-        self._draw()
+        """Show ``label`` as what is being done now."""
+        self.advance(0, label)
 
     def advance(self, amount: float, label: str | None = None) -> None:
-        self.done += amount
+        """``amount`` more units are done; ``label`` (if given) says what is being done now."""
         if label is not None:
             self.label = label
-        self._draw()
+        if self._bar is not None:
+            self._bar.set_description_str(self.label, refresh=False)
+            self._bar.update(amount)  # draws when the delay and the interval have passed
 
     def line(self) -> str:
-        """The bar's text (without the carriage return)."""
-        frac = min(1.0, self.done / self.total) if self.total else 0.0
-        filled = int(frac * self.width)
-        bar = "=" * filled + (">" if filled < self.width else "") + " " * (self.width - filled - 1)
-        elapsed = time.monotonic() - self._t0
-        eta = f", ~{_clock(elapsed / frac - elapsed)} left" if frac > 0.02 else ""
-        return f"[{bar}] {frac * 100:3.0f}% {self.label:<34.34} {_clock(elapsed)} elapsed{eta}"
-
-    def _draw(self) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if now - self._t0 < self.delay or now - self._last < self.interval:
-            return
-        self._last = now
-        self.stream.write("\r" + self.line() + "\x1b[K")
-        self.stream.flush()
-        self._drawn = True
+        """The bar's text as drawn (empty when nothing is being drawn)."""
+        return str(self._bar) if self._bar is not None else ""
 
     def close(self) -> None:
-        if self._drawn:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
-            self._drawn = False
+        """Erase the bar (if one was drawn)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
