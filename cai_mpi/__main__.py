@@ -1,4 +1,4 @@
-"""Command line: `python -m cai_mpi {info,demo,bench,run}` (also installed as `cai-mpi`)."""
+"""Command line: `python -m cai_mpi {info,demo,bench,soak,run}` (also installed as `cai-mpi`)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,25 @@ import sys
 
 __all__ = ["main"]
 
-_USAGE = """usage: python -m cai_mpi COMMAND [options]   (run under mpiexec for several ranks)
+_USAGE = """usage: python -m cai_mpi [--version] COMMAND [options]   (run under mpiexec for several ranks)
 
 commands:
   info    what this MPI/GPU setup looks like to cai_mpi (CUDA-aware?, GPUs, versions, settings)
   demo    send arrays of many layouts around a ring of ranks and check them exactly
   bench   latency / bandwidth / pipeline benchmarks, side by side with raw mpi4py
+  soak    every rank sends to and receives from every other, checks every payload, samples memory
   run     run a script so that an uncaught exception on any rank ends the whole job (MPI Abort)
+
+examples:
+  mpiexec -n 2 python -m cai_mpi info
+  mpiexec -n 4 python -m cai_mpi demo
+  python -m cai_mpi bench --help    # each command's --help has its own examples
 """
 
-
-_COMMANDS = {"info": "._src.info", "demo": "._src.demo", "bench": "._src.bench", "run": "._src.run"}
+# Each command is a module with main(argv) -> exit status, imported only when asked for.
+_COMMANDS = {
+    "info": "._src.info", "demo": "._src.demo", "bench": "._src.bench", "soak": "._src.soak", "run": "._src.run",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_USAGE)
         return 0 if args else 2
+    if args[0] == "--version":
+        from . import __version__
+
+        print(f"cai_mpi {__version__}")
+        return 0
     command, rest = args[0], args[1:]
     if command not in _COMMANDS:
         print(f"unknown command {command!r}\n\n{_USAGE}", file=sys.stderr)

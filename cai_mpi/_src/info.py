@@ -123,10 +123,18 @@ def _text(reports: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+_EXAMPLES = """examples:
+  mpiexec -n 2 python -m cai_mpi info    # every rank's view, then the verdict: direct or staged GPU transfers
+  srun -n 8 python -m cai_mpi info --json > info.json
+
+Run it first on a new machine, with the launcher and the environment your jobs use."""
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m cai_mpi info", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m cai_mpi info", description=__doc__, epilog=_EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print one JSON document (all ranks) on rank 0")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD

@@ -102,18 +102,30 @@ modes (bcast, allreduce, allgather):
 
 Run under mpiexec: latency, bw and bibw need an even number of ranks (pairs 0-1, 2-3, ...;
 rank 0's pair is reported); pipeline and the collectives need at least 2. Every rank runs; rank 0 prints.
-Example: mpiexec -n 2 python -m cai_mpi bench latency --max-size 1M --json lat.json --check-targets
-Example: mpiexec -n 4 python -m cai_mpi bench allreduce --sizes 8,1M,16M --check-targets
 """
+# One example per command, each checked by the tests to parse as written.
+_EXAMPLES = {
+    "latency": "mpiexec -n 2 python -m cai_mpi bench latency --max-size 1M --json lat.json --check-targets",
+    "bw": "mpiexec -n 2 python -m cai_mpi bench bw --sizes 8,64K,1M,16M --modes raw,cai,cai-out --json bw.json",
+    "bibw": "mpiexec -n 2 python -m cai_mpi bench bibw --max-size 16M --plot bibw.png",
+    "pipeline": "mpiexec -n 4 python -m cai_mpi bench pipeline --sizes 8,1M --modes raw,cai-pipeline",
+    **{test: f"mpiexec -n 4 python -m cai_mpi bench {test} --sizes 8,1M,16M --check-targets"
+       for test in COLLECTIVE_TESTS},
+    "report": "python -m cai_mpi bench report lat.json bw.json --markdown --rows 8,4K,1M",
+}
+
+
+def _examples(*commands: str) -> str:
+    return "examples:\n" + "\n".join(f"  {_EXAMPLES[c]}" for c in commands) + "\n"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m cai_mpi bench", epilog=_EPILOG,
+    p = _Parser(prog="python -m cai_mpi bench", epilog=_EPILOG + "\n" + _examples("latency", "allreduce", "report"),
                 description="cai_mpi benchmarks, side by side with raw mpi4py.",
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="test", required=True, metavar="{" + ",".join([*TESTS, "report"]) + "}")
     for test, what in TESTS.items():
-        s = sub.add_parser(test, help=what, description=f"{test}: {what}", epilog=_EPILOG,
+        s = sub.add_parser(test, help=what, description=f"{test}: {what}", epilog=_EPILOG + "\n" + _examples(test),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         defaults = {**dict.fromkeys(COLLECTIVE_TESTS, DEFAULT_COLLECTIVE_MODES),
                     "pipeline": (*DEFAULT_MODES, "cai-pipeline")}.get(test, DEFAULT_MODES)
@@ -139,7 +151,8 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--progress", action=argparse.BooleanOptionalAction,
                        help="draw a progress bar on stderr (rank 0), or never; by default only when stderr is a "
                        "terminal, which under mpiexec it seldom is")
-    r = sub.add_parser("report", help="re-render saved --json files (tables, --check-targets, --plot)")
+    r = sub.add_parser("report", help="re-render saved --json files (tables, --check-targets, --plot)",
+                       epilog=_examples("report"), formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("files", nargs="+", help="JSON files written by --json")
     r.add_argument("--markdown", action="store_true",
                    help="print each file's modes side by side as a Markdown table (as in docs/benchmarks.md)")

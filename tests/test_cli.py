@@ -1,0 +1,64 @@
+"""Every ``python -m cai_mpi`` command answers ``--help`` with its usage and an example to copy."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from cai_mpi.__main__ import _COMMANDS
+from cai_mpi._src.bench import cli as bench_cli
+from cai_mpi._src.bench.kernels import TESTS
+
+
+def examples(help_text: str) -> list[str]:
+    """The lines of the help's examples, from the first line that starts with ``example(s):`` on."""
+    lines = help_text.splitlines()
+    for i, line in enumerate(lines):
+        head, _, rest = line.strip().partition(":")
+        if head.lower() in ("example", "examples"):
+            return [text for text in (rest.strip(), *(x.strip() for x in lines[i + 1:])) if text]
+    return []
+
+
+def help_of(*command: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "cai_mpi", *command, "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, f"python -m cai_mpi {' '.join(command)} --help: exit {proc.returncode}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_the_top_level_help_lists_every_command_with_examples() -> None:
+    text = help_of()
+    for command in _COMMANDS:
+        assert f"\n  {command} " in text, f"{command} is not listed in python -m cai_mpi --help:\n{text}"
+    assert any("python -m cai_mpi" in line for line in examples(text)), text
+
+
+@pytest.mark.parametrize("command", list(_COMMANDS))
+def test_every_command_has_help_with_an_example(command: str) -> None:
+    text = help_of(command)
+    assert f"python -m cai_mpi {command}" in text.splitlines()[0], f"not its usage line:\n{text}"
+    assert any(f"python -m cai_mpi {command}" in line for line in examples(text)), f"no example:\n{text}"
+
+
+@pytest.mark.parametrize("test", [*TESTS, "report"])
+def test_every_benchmark_has_help_with_an_example_that_parses(test: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_cli.main([test, "--help"]) == 0
+    text = capsys.readouterr().out
+    mine = [line for line in examples(text) if f"python -m cai_mpi bench {test} " in line]
+    assert mine, f"python -m cai_mpi bench {test} --help shows no example of itself:\n{text}"
+    for line in mine:
+        words = shlex.split(line, comments=True)
+        args = bench_cli._parser().parse_args(words[words.index("bench") + 1:])
+        assert args.test == test
+
+
+def test_version_option_prints_the_package_version() -> None:
+    import cai_mpi
+
+    proc = subprocess.run([sys.executable, "-m", "cai_mpi", "--version"], capture_output=True, text=True,
+                          timeout=120)
+    assert (proc.returncode, proc.stdout.strip()) == (0, f"cai_mpi {cai_mpi.__version__}"), proc
