@@ -37,6 +37,8 @@ echo "== docs: Sphinx into the Open MPI venv; its pytest run builds the site wit
 .venv-test-openmpi/bin/python -m pip install -q --disable-pip-version-check -e ".[docs]"
 
 status=0
+echo "== release files: sdist and wheel built, twine-checked, the wheel installed in a venv of its own and run there"
+bash scripts/check-wheel.sh mpich || status=1
 echo "== tests with the Open MPI wheel"
 .venv-test-openmpi/bin/python -m pytest -m "not slurm" "$@" || status=1
 echo "== tests with the MPICH wheel (and the Slurm templates)"
