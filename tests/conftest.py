@@ -1,7 +1,10 @@
-"""Shared pytest setup: the MPI identity in the header, the runtime reset between tests, inner skips."""
+"""Shared pytest setup: the MPI identity in the header, the runtime reset between tests, and a summary of what
+ran where: in this process, under mpiexec at which world sizes (with the inner skips), and what was not collected
+here and why (MPI-only tests in one process, GPU tests without a GPU), said once instead of once per test."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -13,17 +16,51 @@ from cai_mpi._src.runtime import set_runtime
 from cai_mpi._src.runtime.host import HostRuntime
 
 _INNER_SKIPS = pytest.StashKey[list[str]]()
+_MPIEXEC_RUNS = pytest.StashKey[list[str]]()
+_NOT_HERE = pytest.StashKey[list[str]]()
 
+ONE_PROCESS = MPI.COMM_WORLD.Get_size() == 1
 # tests/mpi runs under mpiexec (tests/test_under_mpiexec.py starts it); in a single process it would only skip.
-collect_ignore = ["mpi"] if MPI.COMM_WORLD.Get_size() == 1 else []
+collect_ignore = ["mpi"] if ONE_PROCESS else []
+
+
+def mpi_library() -> str:
+    return MPI.Get_library_version().splitlines()[0].strip().strip(chr(0))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     comm = MPI.COMM_WORLD
-    return [
-        f"MPI: {MPI.Get_library_version().splitlines()[0].strip().strip(chr(0))}",
-        f"MPI rank {comm.Get_rank()} of {comm.Get_size()}, thread level {MPI.Query_thread()}",
-    ]
+    lines = [f"MPI: {mpi_library()}",
+             f"MPI rank {comm.Get_rank()} of {comm.Get_size()}, thread level {MPI.Query_thread()}"]
+    if ONE_PROCESS:
+        lines.append("tests/mpi: not collected in one process; tests/test_under_mpiexec.py runs them under mpiexec")
+    return lines
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that cannot run in this process are deselected and named once in the summary, not skipped one by one."""
+    if ONE_PROCESS and not config.getoption("with_mpi", False):
+        # pytest-mpi would skip each with "need --with-mpi"; they belong in tests/mpi, which runs under mpiexec.
+        _deselect(config, items, [item for item in items if item.get_closest_marker("mpi")],
+                  "marked mpi: they run under mpiexec (tests/test_under_mpiexec.py), not in one process")
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu and not re.search(r"(?<!not )\bgpu\b", config.getoption("markexpr")):
+        # Unless asked for by -m gpu (scripts/test-gpu.sh, the driver double's run): then each says why it skips.
+        from cai_mpi._src.runtime.cudadriver import probe
+
+        usable, reason = probe()
+        if not usable:
+            _deselect(config, items, gpu, f"marked gpu: no usable CUDA GPU here ({reason}); on a GPU node run "
+                                          "bash scripts/test-gpu.sh")
+
+
+def _deselect(config: pytest.Config, items: list[pytest.Item], chosen: list[pytest.Item], why: str) -> None:
+    if not chosen:
+        return
+    gone = set(chosen)
+    items[:] = [item for item in items if item not in gone]
+    config.hook.pytest_deselected(items=chosen)
+    config.stash.setdefault(_NOT_HERE, []).append(f"{len(chosen)} tests {why}")
 
 
 @pytest.fixture(autouse=True)
@@ -44,9 +81,29 @@ def inner_skips(request: pytest.FixtureRequest) -> list[str]:
     return request.config.stash.setdefault(_INNER_SKIPS, [])
 
 
+@pytest.fixture
+def mpiexec_runs(request: pytest.FixtureRequest) -> list[str]:
+    """Where a test that runs pytest under mpiexec says what ran there (world size, counts), shown in the summary."""
+    return request.config.stash.setdefault(_MPIEXEC_RUNS, [])
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    runs, not_here = config.stash.get(_MPIEXEC_RUNS, []), config.stash.get(_NOT_HERE, [])
+    if ONE_PROCESS and (runs or not_here):
+        terminalreporter.section("what ran where")
+        terminalreporter.write_line(f"MPI: {mpi_library()}")
+        terminalreporter.write_line(f"in this process (1 rank): {_counts(terminalreporter)}")
+        for line in runs:
+            terminalreporter.write_line(line)
+        for line in not_here:
+            terminalreporter.write_line(f"not collected here: {line}")
     skips = config.stash.get(_INNER_SKIPS, [])
     if skips:
         terminalreporter.section(f"skipped inside mpiexec runs ({len(skips)})")
         for line in skips:
             terminalreporter.write_line(line)
+
+
+def _counts(terminalreporter: pytest.TerminalReporter) -> str:
+    counts = {word: len(terminalreporter.stats.get(word, [])) for word in ("passed", "failed", "error", "skipped")}
+    return ", ".join(f"{n} {word}" for word, n in counts.items() if n) or "no tests"

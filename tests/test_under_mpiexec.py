@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from launch import ROOT, Finished, run_ranks
@@ -21,7 +22,7 @@ MPIEXEC_TIMEOUT = int(os.environ.get("CAI_MPI_TEST_MPIEXEC_TIMEOUT", "600"))
 
 
 def run_pytest(nprocs: int, paths: list[str], report_dir: Path, *extra: str, timeout: float = MPIEXEC_TIMEOUT,
-               test_timeout: int = INNER_TEST_TIMEOUT) -> tuple[Finished, list[dict[str, object]]]:
+               test_timeout: int = INNER_TEST_TIMEOUT) -> tuple[Finished, list[dict[str, Any]]]:
     """pytest under mpiexec; returns the run and each rank's summary (tests/mpi/conftest.py)."""
     args = ["-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider", "-rs",
             f"--timeout={test_timeout}", "--timeout-method=thread", *extra, *paths]
@@ -33,16 +34,27 @@ def run_pytest(nprocs: int, paths: list[str], report_dir: Path, *extra: str, tim
     return run, summaries
 
 
+def describe(summaries: list[dict[str, Any]]) -> str:
+    """What ran on every rank: '401 passed, 2 skipped on each of 3 ranks' (or each rank's counts where they differ)."""
+    counts = [", ".join([f"{s['passed']} passed", *(f"{len(s[k])} {k}" for k in ("failed", "skipped") if s[k])])
+              if s else "no summary" for s in summaries]
+    if len(set(counts)) == 1:
+        return f"{counts[0]} on each of {len(counts)} ranks"
+    return "; ".join(f"rank {rank}: {text}" for rank, text in enumerate(counts))
+
+
 def tail(run: Finished, lines: int = 80) -> str:
     return "\n".join(run.output.splitlines()[-lines:])
 
 
 @pytest.mark.timeout(MPIEXEC_TIMEOUT + 60)
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
-def test_mpi_suite(nprocs: int, tmp_path: Path, inner_skips: list[str]) -> None:
+def test_mpi_suite(nprocs: int, tmp_path: Path, inner_skips: list[str], mpiexec_runs: list[str]) -> None:
     extra = [] if nprocs == 2 else ["-m", "not slow"]  # the >2 GiB transfer runs once per MPI library, at 2 ranks
     run, summaries = run_pytest(nprocs, [str(ROOT / "tests" / "mpi")], tmp_path, *extra)
     print(tail(run))
+    mpiexec_runs.append(f"mpiexec -n {nprocs}{' -m ' + repr(extra[1]) if extra else ''}: tests/mpi: "
+                        f"{describe(summaries)} (exit {run.returncode}, {run.seconds:.0f} s)")
     assert run.returncode == 0, f"mpiexec -n {nprocs} failed (exit {run.returncode}):\n{tail(run)}"
     for rank, summary in enumerate(summaries):
         assert summary, f"rank {rank} wrote no summary: did it run pytest at all?\n{tail(run)}"
