@@ -1,4 +1,4 @@
-"""Command line: `python -m cai_mpi {info,demo,bench,soak,run}` (also installed as `cai-mpi`)."""
+"""Command line: `python -m cai_mpi {info,demo,bench,run}` (also installed as `cai-mpi`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ commands:
   info    what this MPI/GPU setup looks like to cai_mpi (CUDA-aware?, GPUs, versions, settings)
   demo    send arrays of many layouts around a ring of ranks and check them exactly
   bench   latency / bandwidth / pipeline benchmarks, side by side with raw mpi4py
-  soak    every rank sends to and receives from every other, checks every payload, samples memory
   run     run a script so that an uncaught exception on any rank ends the whole job (MPI Abort)
 
 examples:
@@ -24,7 +23,7 @@ examples:
 
 # Each command is a module with main(argv) -> exit status, imported only when asked for.
 _COMMANDS = {
-    "info": "._src.info", "demo": "._src.demo", "bench": "._src.bench", "soak": "._src.soak", "run": "._src.run",
+    "info": "._src.info", "demo": "._src.demo", "bench": "._src.bench", "run": "._src.run",
 }
 
 
