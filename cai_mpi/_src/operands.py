@@ -59,7 +59,7 @@ def as_host_array(fn: str, obj: Any) -> np.ndarray[Any, Any]:
     if hasattr(obj, "__array_interface__"):  # zero-copy by definition (``__array__`` may copy: not accepted)
         return np.asarray(obj)
     raise TypeError(
-        f"{fn}: cannot send or receive a {type(obj).__name__!r} object: expected an object exporting "
+        f"{fn}: cannot send or receive an object of type {type(obj).__name__!r}: expected an object exporting "
         "__cuda_array_interface__, a cai_mpi.Array, or a host array (numpy array or buffer-protocol object)"
     )
 

@@ -36,6 +36,15 @@ def _as_int(fn: str, name: str, value: Any) -> int:
     raise TypeError(f"{fn}: {name} must be an int, got {type(value).__name__} {value!r}")
 
 
+def _shown(value: int, names: dict[int, str]) -> str:
+    """A rank or tag for an error message: MPI's special values by name (their numbers differ between MPIs)."""
+    return names.get(value, str(value))
+
+
+_SPECIAL_RANKS = {ANY_SOURCE: "ANY_SOURCE", MPI.ROOT: "MPI.ROOT"}
+_SPECIAL_TAGS = {ANY_TAG: "ANY_TAG"}
+
+
 def check_rank(fn: str, name: str, value: Any, pc: PrivateComms, *, wildcard: bool) -> int:
     """A rank of ``pc``'s communicator, PROC_NULL, or (``wildcard``) ANY_SOURCE."""
     if type(value) is int and (0 <= value < pc.size or (wildcard and value == ANY_SOURCE)):
@@ -44,7 +53,8 @@ def check_rank(fn: str, name: str, value: Any, pc: PrivateComms, *, wildcard: bo
     if 0 <= rank < pc.size or rank == PROC_NULL or (wildcard and rank == ANY_SOURCE):
         return rank
     allowed = "a rank, PROC_NULL or ANY_SOURCE" if wildcard else "a rank or PROC_NULL"
-    raise ValueError(f"{fn}: {name}={rank} is not {allowed} of this communicator (size {pc.size})")
+    raise ValueError(f"{fn}: {name}={_shown(rank, _SPECIAL_RANKS)} is not {allowed} of this communicator "
+                     f"(size {pc.size})")
 
 
 def check_tag(fn: str, value: Any, pc: PrivateComms, *, wildcard: bool, name: str = "tag") -> int:
@@ -54,7 +64,8 @@ def check_tag(fn: str, value: Any, pc: PrivateComms, *, wildcard: bool, name: st
     tag = _as_int(fn, name, value)
     if 0 <= tag <= pc.tag_ub or (wildcard and tag == ANY_TAG):
         return tag
-    raise ValueError(f"{fn}: {name}={tag} is outside 0..{pc.tag_ub} (MPI.TAG_UB){' or ANY_TAG' if wildcard else ''}")
+    raise ValueError(f"{fn}: {name}={_shown(tag, _SPECIAL_TAGS)} is outside 0..{pc.tag_ub} (MPI.TAG_UB)"
+                     f"{' or ANY_TAG' if wildcard else ''}")
 
 
 def check_device(fn: str, device: Any) -> Device:
