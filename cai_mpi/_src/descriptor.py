@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -25,7 +26,22 @@ __all__ = [
 
 #: Highest CAI version we know; higher ones are accepted with a warning.
 KNOWN_CAI_VERSION = 3
+#: A version above this is garbage, not a newer specification (there have been 4 in six years).
+_MAX_CAI_VERSION = 255
 _REQUIRED_KEYS = ("shape", "typestr", "data", "version")
+# What numpy can index: larger shapes, strides or extents fail inside numpy (or ctypes) with errors that do not
+# name the key, or wrap around the address space and read memory the array does not own.
+_MAX_NDIM = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
+_MAX_BYTES = 2**63 - 1
+_ADDRESS_SPACE = 2**64
+# An array-interface type string: byte order, kind, size (datetimes may carry a unit). numpy's dtype() also takes
+# names ('float32'), comma lists ('f4,i4') and subarrays ('(2,)<f4', which would change the shape): not typestrs.
+_TYPESTR = re.compile(r"[<>|=]?(?:[biufcOSUV]\d*|[mM]8(?:\[\w+\])?)")
+
+
+@functools.lru_cache(maxsize=512)
+def _is_typestr(typestr: str) -> bool:
+    return _TYPESTR.fullmatch(typestr) is not None
 
 
 @functools.lru_cache(maxsize=512)
@@ -67,6 +83,11 @@ def _is_plain_descr(descr: Any) -> bool:
 
 def dtype_from_typestr(typestr: str, descr: Any = None) -> np.dtype[Any]:
     """Return the numpy dtype for a CAI ``typestr`` (with ``descr`` for structured types)."""
+    if not _is_typestr(typestr):
+        raise CAIError(
+            f"'typestr' {typestr!r} is not a numpy array-interface type (expected a byte order, a kind and a size "
+            "in bytes, e.g. '<f4' or '|V12')"
+        )
     key = None if descr is None or _is_plain_descr(descr) else _descr_to_hashable(descr)
     try:
         dtype = _dtype_cached(typestr, key)
@@ -74,7 +95,8 @@ def dtype_from_typestr(typestr: str, descr: Any = None) -> np.dtype[Any]:
         what = f"'descr' {descr!r}" if key is not None else f"'typestr' {typestr!r}"
         raise CAIError(f"{what} is not a numpy array-interface type ({exc})") from None
     if dtype.hasobject:
-        raise CAIError(f"'typestr' {typestr!r} holds Python objects, which cannot live in GPU memory")
+        what = f"'descr' {descr!r}" if key is not None else f"'typestr' {typestr!r}"
+        raise CAIError(f"{what} holds Python objects, which cannot live in GPU memory")
     if dtype.itemsize == 0:
         raise CAIError(f"'typestr' {typestr!r} has itemsize 0")
     return dtype
@@ -300,6 +322,31 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
+def _show_data(data: Any) -> str:
+    """``data`` for an error message, its pointer shown as a word: an address would make each message unique."""
+    if isinstance(data, (tuple, list)):
+        items = ", ".join("pointer" if i == 0 and _is_int(x) else repr(x) for i, x in enumerate(data))
+        return f"({items}{',' if len(data) == 1 else ''})" if isinstance(data, tuple) else f"[{items}]"
+    return "an int" if _is_int(data) else f"a {type(data).__name__}"
+
+
+def _check_extent(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] | None, nbytes: int,
+                  itemsize: int) -> None:
+    """The bytes the array touches lie in the address space (else numpy fails, or the bytes wrap around)."""
+    if strides is None:
+        low, high = 0, nbytes
+    else:
+        if any(not -_MAX_BYTES <= s <= _MAX_BYTES for s in strides):
+            raise CAIError(f"'strides' {strides} must each lie within +-(2**63-1) bytes")
+        low = sum(s * (n - 1) for n, s in zip(shape, strides) if s < 0)
+        high = sum(s * (n - 1) for n, s in zip(shape, strides) if s > 0) + itemsize
+    if ptr + low < 0 or ptr + high > _ADDRESS_SPACE or high - low > _MAX_BYTES:
+        where = f"'strides' {strides} of shape {shape} reach" if strides is not None else f"shape {shape} reaches"
+        raise CAIError(
+            f"{where} outside the 64-bit address space from the array's pointer (bytes {low:+d} to {high:+d})"
+        )
+
+
 def descriptor_from_dict(cai: Mapping[str, Any]) -> CAIDescriptor:
     """Validate a CAI dict (v0-v3) and return its descriptor."""
     if not isinstance(cai, Mapping):
@@ -312,6 +359,11 @@ def descriptor_from_dict(cai: Mapping[str, Any]) -> CAIDescriptor:
     if not _is_int(version) or version < 0:
         raise CAIError(f"'version' must be a non-negative int, got {version!r}")
     version = int(version)
+    if version > _MAX_CAI_VERSION:
+        raise CAIError(
+            f"'version' {version} is not a CAI version (the specification is at {KNOWN_CAI_VERSION}; a later one up "
+            f"to {_MAX_CAI_VERSION} would be read as {KNOWN_CAI_VERSION} with a warning)"
+        )
     if version > KNOWN_CAI_VERSION:
         warnings.warn(
             f"__cuda_array_interface__: version {version} is newer than {KNOWN_CAI_VERSION}; "
@@ -323,6 +375,8 @@ def descriptor_from_dict(cai: Mapping[str, Any]) -> CAIDescriptor:
     if not isinstance(shape_in, (tuple, list)) or not all(_is_int(n) and n >= 0 for n in shape_in):
         raise CAIError(f"'shape' must be a tuple of non-negative ints, got {shape_in!r}")
     shape = tuple(int(n) for n in shape_in)
+    if len(shape) > _MAX_NDIM:
+        raise CAIError(f"'shape' has {len(shape)} dimensions; numpy holds at most {_MAX_NDIM}")
 
     typestr = cai["typestr"]
     if not isinstance(typestr, str):
@@ -347,11 +401,17 @@ def descriptor_from_dict(cai: Mapping[str, Any]) -> CAIDescriptor:
         or not _is_int(data[0])
         or not isinstance(data[1], (bool, np.bool_))
     ):
-        raise CAIError(f"'data' must be a (pointer: int, readonly: bool) tuple, got {data!r}")
+        raise CAIError(f"'data' must be a (pointer: int, readonly: bool) tuple, got {_show_data(data)}")
     ptr, readonly = int(data[0]), bool(data[1])
     if ptr < 0:
         raise CAIError(f"'data' pointer must be non-negative, got {ptr}")
+    if ptr >= _ADDRESS_SPACE:
+        raise CAIError(f"'data' pointer {ptr} is not a 64-bit address")
     size = math.prod(shape)
+    itemsize = dtype.itemsize
+    # (numpy also refuses a zero-size shape whose other dimensions would not fit)
+    if (size or math.prod(n for n in shape if n)) * itemsize > _MAX_BYTES:
+        raise CAIError(f"'shape' {shape} of {itemsize}-byte items does not fit a 64-bit address space")
     if ptr == 0 and size != 0:
         raise CAIError(f"'data' pointer is 0 (NULL) but shape {shape} has {size} elements")
 
@@ -367,8 +427,10 @@ def descriptor_from_dict(cai: Mapping[str, Any]) -> CAIDescriptor:
                 f"'strides' {tuple(strides_in)} must have one entry per dimension of shape {shape}"
             )
         strides = tuple(int(s) for s in strides_in)
-        if _is_contiguous(shape, strides, _c_strides(shape, dtype.itemsize)):
+        if _is_contiguous(shape, strides, _c_strides(shape, itemsize)):
             strides = None
+    if size:
+        _check_extent(ptr, shape, strides, size * itemsize, itemsize)
 
     mask = cai.get("mask")
     if mask is not None:
@@ -397,6 +459,8 @@ def descriptor_from_dict(cai: Mapping[str, Any]) -> CAIDescriptor:
                 )
             if stream_in < 0:
                 raise CAIError(f"'stream' must be a positive handle, got {stream_in}")
+            if stream_in >= _ADDRESS_SPACE:
+                raise CAIError(f"'stream' {stream_in} is not a handle: handles are below 2**64")
             stream = int(stream_in)
 
     return CAIDescriptor(
