@@ -29,19 +29,13 @@ KNOWN_CAI_VERSION = 3
 #: A version above this is garbage, not a newer specification (there have been 4 in six years).
 _MAX_CAI_VERSION = 255
 _REQUIRED_KEYS = ("shape", "typestr", "data", "version")
-# What numpy can index: larger shapes, strides or extents fail inside numpy (or ctypes) with errors that do not
-# name the key, or wrap around the address space and read memory the array does not own.
+# What numpy can index: past these, numpy (or ctypes) fails naming no key, or the bytes wrap around the address space.
 _MAX_NDIM = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
 _MAX_BYTES = 2**63 - 1
 _ADDRESS_SPACE = 2**64
 # An array-interface type string: byte order, kind, size (datetimes may carry a unit). numpy's dtype() also takes
 # names ('float32'), comma lists ('f4,i4') and subarrays ('(2,)<f4', which would change the shape): not typestrs.
 _TYPESTR = re.compile(r"[<>|=]?(?:[biufcOSUV]\d*|[mM]8(?:\[\w+\])?)")
-
-
-@functools.lru_cache(maxsize=512)
-def _is_typestr(typestr: str) -> bool:
-    return _TYPESTR.fullmatch(typestr) is not None
 
 
 @functools.lru_cache(maxsize=512)
@@ -83,19 +77,16 @@ def _is_plain_descr(descr: Any) -> bool:
 
 def dtype_from_typestr(typestr: str, descr: Any = None) -> np.dtype[Any]:
     """Return the numpy dtype for a CAI ``typestr`` (with ``descr`` for structured types)."""
-    if not _is_typestr(typestr):
-        raise CAIError(
-            f"'typestr' {typestr!r} is not a numpy array-interface type (expected a byte order, a kind and a size "
-            "in bytes, e.g. '<f4' or '|V12')"
-        )
+    if _TYPESTR.fullmatch(typestr) is None:
+        raise CAIError(f"'typestr' {typestr!r} is not a numpy array-interface type (expected a byte order, a kind "
+                       "and a size in bytes, e.g. '<f4' or '|V12')")
     key = None if descr is None or _is_plain_descr(descr) else _descr_to_hashable(descr)
+    what = f"'descr' {descr!r}" if key is not None else f"'typestr' {typestr!r}"
     try:
         dtype = _dtype_cached(typestr, key)
     except (TypeError, ValueError) as exc:
-        what = f"'descr' {descr!r}" if key is not None else f"'typestr' {typestr!r}"
         raise CAIError(f"{what} is not a numpy array-interface type ({exc})") from None
     if dtype.hasobject:
-        what = f"'descr' {descr!r}" if key is not None else f"'typestr' {typestr!r}"
         raise CAIError(f"{what} holds Python objects, which cannot live in GPU memory")
     if dtype.itemsize == 0:
         raise CAIError(f"'typestr' {typestr!r} has itemsize 0")
@@ -333,18 +324,16 @@ def _show_data(data: Any) -> str:
 def _check_extent(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] | None, nbytes: int,
                   itemsize: int) -> None:
     """The bytes the array touches lie in the address space (else numpy fails, or the bytes wrap around)."""
-    if strides is None:
-        low, high = 0, nbytes
-    else:
+    low, high = 0, nbytes
+    if strides is not None:
         if any(not -_MAX_BYTES <= s <= _MAX_BYTES for s in strides):
             raise CAIError(f"'strides' {strides} must each lie within +-(2**63-1) bytes")
         low = sum(s * (n - 1) for n, s in zip(shape, strides) if s < 0)
         high = sum(s * (n - 1) for n, s in zip(shape, strides) if s > 0) + itemsize
     if ptr + low < 0 or ptr + high > _ADDRESS_SPACE or high - low > _MAX_BYTES:
         where = f"'strides' {strides} of shape {shape} reach" if strides is not None else f"shape {shape} reaches"
-        raise CAIError(
-            f"{where} outside the 64-bit address space from the array's pointer (bytes {low:+d} to {high:+d})"
-        )
+        raise CAIError(f"{where} outside the 64-bit address space from the array's pointer "
+                       f"(bytes {low:+d} to {high:+d})")
 
 
 def descriptor_from_dict(cai: Mapping[str, Any]) -> CAIDescriptor:
@@ -360,16 +349,11 @@ def descriptor_from_dict(cai: Mapping[str, Any]) -> CAIDescriptor:
         raise CAIError(f"'version' must be a non-negative int, got {version!r}")
     version = int(version)
     if version > _MAX_CAI_VERSION:
-        raise CAIError(
-            f"'version' {version} is not a CAI version (the specification is at {KNOWN_CAI_VERSION}; a later one up "
-            f"to {_MAX_CAI_VERSION} would be read as {KNOWN_CAI_VERSION} with a warning)"
-        )
+        raise CAIError(f"'version' {version} is not a CAI version (the specification is at {KNOWN_CAI_VERSION}; a "
+                       f"later one up to {_MAX_CAI_VERSION} would be read as {KNOWN_CAI_VERSION} with a warning)")
     if version > KNOWN_CAI_VERSION:
-        warnings.warn(
-            f"__cuda_array_interface__: version {version} is newer than {KNOWN_CAI_VERSION}; "
-            "reading it as version 3",
-            stacklevel=3,
-        )
+        warnings.warn(f"__cuda_array_interface__: version {version} is newer than {KNOWN_CAI_VERSION}; "
+                      "reading it as version 3", stacklevel=3)
 
     shape_in = cai["shape"]
     if not isinstance(shape_in, (tuple, list)) or not all(_is_int(n) and n >= 0 for n in shape_in):
@@ -395,12 +379,8 @@ def descriptor_from_dict(cai: Mapping[str, Any]) -> CAIDescriptor:
         typestr = dtype.str
 
     data = cai["data"]
-    if (
-        not isinstance(data, (tuple, list))
-        or len(data) != 2
-        or not _is_int(data[0])
-        or not isinstance(data[1], (bool, np.bool_))
-    ):
+    if (not isinstance(data, (tuple, list)) or len(data) != 2 or not _is_int(data[0])
+            or not isinstance(data[1], (bool, np.bool_))):
         raise CAIError(f"'data' must be a (pointer: int, readonly: bool) tuple, got {_show_data(data)}")
     ptr, readonly = int(data[0]), bool(data[1])
     if ptr < 0:
@@ -423,9 +403,7 @@ def descriptor_from_dict(cai: Mapping[str, Any]) -> CAIDescriptor:
         if not isinstance(strides_in, (tuple, list)) or not all(_is_int(s) for s in strides_in):
             raise CAIError(f"'strides' must be None or a tuple of ints, got {strides_in!r}")
         if len(strides_in) != len(shape):
-            raise CAIError(
-                f"'strides' {tuple(strides_in)} must have one entry per dimension of shape {shape}"
-            )
+            raise CAIError(f"'strides' {tuple(strides_in)} must have one entry per dimension of shape {shape}")
         strides = tuple(int(s) for s in strides_in)
         if _is_contiguous(shape, strides, _c_strides(shape, itemsize)):
             strides = None
@@ -463,13 +441,5 @@ def descriptor_from_dict(cai: Mapping[str, Any]) -> CAIDescriptor:
                 raise CAIError(f"'stream' {stream_in} is not a handle: handles are below 2**64")
             stream = int(stream_in)
 
-    return CAIDescriptor(
-        ptr=ptr,
-        shape=shape,
-        typestr=typestr,
-        readonly=readonly,
-        strides=strides,
-        descr=descr,
-        version=version,
-        stream=stream,
-    )
+    return CAIDescriptor(ptr=ptr, shape=shape, typestr=typestr, readonly=readonly, strides=strides, descr=descr,
+                         version=version, stream=stream)
