@@ -67,6 +67,7 @@ MAX_NDIM = 64
 MAX_DTYPE_BYTES = 16 << 10
 MAX_META_BYTES = 16 << 10
 MAX_INLINE_BYTES = 64 << 10
+_MAX_ARRAY_BYTES = 2**63 - 1  # the most bytes one numpy array may span
 #: Every header fits in this many bytes: receivers post buffers of this size.
 HEADER_BUFFER_BYTES = PREFIX_BYTES + 8 * MAX_NDIM + MAX_DTYPE_BYTES + MAX_META_BYTES + MAX_INLINE_BYTES
 
@@ -166,11 +167,16 @@ def _dtype_from_field(field: bytes, structured: bool) -> np.dtype[Any]:
         warnings.simplefilter("ignore")  # numpy deprecations for odd typestrs must not escape
         if structured:
             desc = json.loads(field)
-            if not isinstance(desc, dict):
-                raise ValueError(f"a structured dtype must be a JSON object, got {desc!r}")
+            if not isinstance(desc, dict) or "names" not in desc:
+                raise ValueError(f"a structured dtype must be a JSON object of fields, got {desc!r}")
             dtype = _dtype_from_json(desc)
         else:
-            dtype = np.dtype(field.decode("ascii"))
+            text = field.decode("ascii")
+            dtype = np.dtype(text)
+            # numpy also reads names ('float64'), comma lists ('f4,i4') and subarrays ('(2,)<f4', which would add
+            # dimensions to the received array): a sender writes dtype.str, nothing else.
+            if dtype.str != text:
+                raise ValueError(f"{text!r} is not a type string as cai_mpi writes one (dtype.str, e.g. '<f8')")
     if dtype.hasobject:
         raise ValueError("object dtypes cannot travel between processes")
     if dtype.itemsize == 0:
@@ -317,6 +323,8 @@ def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> tuple[Mes
     channel = bool(flags & FLAG_CHANNEL)
     if inline and channel:
         raise ProtocolError("a channel-opening header cannot carry its payload inline")
+    if mlen and not flags & FLAG_META:
+        raise ProtocolError(f"header announces {mlen} bytes of meta but not the meta flag")
     header_nbytes = PREFIX_BYTES + 8 * ndim + dlen + mlen
     expected = header_nbytes + (payload_nbytes if inline else 0)
     if nbytes != expected:
@@ -337,6 +345,9 @@ def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> tuple[Mes
         if not isinstance(meta, dict):
             raise ProtocolError(f"header meta must be a JSON object, got {type(meta).__name__}")
     count = math.prod(shape)
+    # numpy refuses such a shape when the receiver allocates (also a zero-size one: (0, 2**64-1)).
+    if (count or math.prod(n for n in shape if n)) * dtype.itemsize > _MAX_ARRAY_BYTES:
+        raise ProtocolError(f"header shape {shape} of {dtype.itemsize}-byte items does not fit a 64-bit address space")
     if count * dtype.itemsize != payload_nbytes:
         raise ProtocolError(
             f"header says {payload_nbytes} payload bytes but shape {shape} x itemsize {dtype.itemsize} "
@@ -346,6 +357,11 @@ def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> tuple[Mes
         raise ProtocolError(
             f"header announces {payload_nbytes} payload bytes, over the limit of {max_payload_bytes} "
             "(raise CAI_MPI_MAX_PAYLOAD_BYTES if this is intended)"
+        )
+    if channel and 0 < chunk_bytes < payload_nbytes:
+        raise ProtocolError(
+            f"a channel-opening header announces its payload in chunks of {chunk_bytes} bytes: a channel's payload "
+            "is one message"
         )
     if inline:
         payload_tag = 0  # nothing follows an inline header: its payload tag field means nothing
