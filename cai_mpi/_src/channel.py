@@ -25,7 +25,7 @@ from .p2p import _inbox, _inboxes, _meta, _pick_device
 from .requests import MPIWait, PostedRequest, Request, RequestWait, Waitable, _active
 from .runtime import get_runtime
 from .sync import sync_enabled
-from .transport import plan_recv, plan_send
+from .transport import header_failure, plan_recv, plan_send
 from .validation import (
     ANY_SOURCE,
     ANY_TAG,
@@ -266,7 +266,11 @@ class RecvChannel(_Channel):
         """The first message: its header says what the channel carries; bind its payload's landing."""
         pc = self._pc
         inbox = _inbox()
-        yield MPIWait([pc.header.Irecv(inbox.msg, self.source, self.tag)], inbox.status, cancellable=True)
+        try:
+            yield MPIWait([pc.header.Irecv(inbox.msg, self.source, self.tag)], inbox.status, cancellable=True)
+        except MPI.Exception as exc:
+            _inboxes.append(inbox)
+            raise header_failure("recv_channel", exc, inbox.status) from None
         try:
             array, sender, ptag, payload, steps = plan_recv(
                 "recv_channel", inbox, self._target, self._ordinal, pc, config(), self._rt, channel=True

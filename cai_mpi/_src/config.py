@@ -84,7 +84,7 @@ class Config:
         return cls(
             sync=_bool(env, "CAI_MPI_SYNC", True),
             runtime=runtime,
-            chunk_bytes=_int(env, "CAI_MPI_CHUNK_BYTES", 4 << 20, minimum=1),
+            chunk_bytes=min(_int(env, "CAI_MPI_CHUNK_BYTES", 4 << 20, minimum=1), 2**31 - 1),
             max_message_bytes=min(_int(env, "CAI_MPI_MAX_MESSAGE_BYTES", 1 << 30, minimum=1), 2**31 - 1),
             inline_bytes=min(_int(env, "CAI_MPI_INLINE_BYTES", 8192), 1 << 16),
             max_payload_bytes=_int(env, "CAI_MPI_MAX_PAYLOAD_BYTES", 1 << 40),

@@ -19,7 +19,7 @@ from .privcomm import PrivateComms
 from .requests import MPIWait, PostedRequest, Request, Waitable, _active, complete, drive
 from .runtime import get_runtime
 from .runtime.base import Runtime
-from .transport import Inbox, Outbound, plan_recv, plan_send
+from .transport import Inbox, Outbound, header_failure, plan_recv, plan_send
 from .validation import (
     ANY_SOURCE,
     ANY_TAG,
@@ -59,8 +59,10 @@ def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta
     if type(tag) is not int or not 0 <= tag <= pc.tag_ub:
         tag = check_tag(fn, tag, pc, wildcard=False)
     meta_bytes = b"" if meta is None else _meta(fn, meta)
+    if sync is not None:
+        sync = check_sync(fn, sync)
     rt = get_runtime()
-    src = obj if type(obj) is np.ndarray else send_source(fn, obj, sync if sync is None else check_sync(fn, sync), rt)
+    src = obj if type(obj) is np.ndarray else send_source(fn, obj, sync, rt)
     if dest == PROC_NULL:
         return pc, dest, tag, None, src
     return pc, dest, tag, plan_send(src, pc, meta_bytes, config(), rt, dest), src
@@ -273,10 +275,13 @@ def recv_array(
         inbox = _tls.inbox
     except AttributeError:
         inbox = _tls.inbox = Inbox()
-    if not _active:
-        pc.header.Recv(inbox.msg, source, tag, inbox.status)
-    else:
-        complete(MPIWait([pc.header.Irecv(inbox.msg, source, tag)], inbox.status))
+    try:
+        if not _active:
+            pc.header.Recv(inbox.msg, source, tag, inbox.status)
+        else:
+            complete(MPIWait([pc.header.Irecv(inbox.msg, source, tag)], inbox.status))
+    except MPI.Exception as exc:
+        raise header_failure("recv_array", exc, inbox.status) from None
     result, sender, ptag, payload, steps = plan_recv("recv_array", inbox, target, ordinal, pc, config(), rt)
     if payload:
         if len(payload) == 1 and not _active:
@@ -325,7 +330,10 @@ def _receive_steps(
     fn: str, hreq: MPI.Request, inbox: Inbox, target: Any, ordinal: int | None, pc: PrivateComms, rt: Runtime
 ) -> Generator[Waitable, None, Array]:
     try:
-        yield MPIWait([hreq], inbox.status, cancellable=True)
+        try:
+            yield MPIWait([hreq], inbox.status, cancellable=True)
+        except MPI.Exception as exc:
+            raise header_failure(fn, exc, inbox.status) from None
         result, sender, ptag, payload, steps = plan_recv(fn, inbox, target, ordinal, pc, config(), rt)
     finally:
         _inboxes.append(inbox)

@@ -112,11 +112,12 @@ def test_config_bad_ints(name: str, field: str, minimum: int, raw: str) -> None:
 
 
 def test_config_caps() -> None:
-    c = Config.from_env({"CAI_MPI_MAX_MESSAGE_BYTES": str(3 << 30), "CAI_MPI_INLINE_BYTES": "100000"})
-    assert c.max_message_bytes == 2**31 - 1
-    assert c.inline_bytes == 1 << 16
-    c = Config.from_env({"CAI_MPI_MAX_MESSAGE_BYTES": str(2**31 - 2), "CAI_MPI_INLINE_BYTES": "65535"})
-    assert (c.max_message_bytes, c.inline_bytes) == (2**31 - 2, 65535)
+    c = Config.from_env({"CAI_MPI_MAX_MESSAGE_BYTES": str(3 << 30), "CAI_MPI_INLINE_BYTES": "100000",
+                         "CAI_MPI_CHUNK_BYTES": str(3 << 30)})
+    assert (c.max_message_bytes, c.inline_bytes, c.chunk_bytes) == (2**31 - 1, 1 << 16, 2**31 - 1)
+    c = Config.from_env({"CAI_MPI_MAX_MESSAGE_BYTES": str(2**31 - 2), "CAI_MPI_INLINE_BYTES": "65535",
+                         "CAI_MPI_CHUNK_BYTES": str(2**31 - 2)})
+    assert (c.max_message_bytes, c.inline_bytes, c.chunk_bytes) == (2**31 - 2, 65535, 2**31 - 2)
     assert Config.from_env({"CAI_MPI_MAX_PAYLOAD_BYTES": str(1 << 50)}).max_payload_bytes == 1 << 50
 
 

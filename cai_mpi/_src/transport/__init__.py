@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from .contiguous import Gathered, Landing, Outgoing, outgoing
 from .pieces import internal_stream
-from .receive import Inbound, Inbox, plan_recv
+from .receive import Inbound, Inbox, header_failure, plan_recv
 from .send import Outbound, plan_send
 
 __all__ = [
-    "Gathered", "Inbound", "Inbox", "Landing", "Outbound", "Outgoing", "internal_stream", "outgoing", "plan_recv",
-    "plan_send",
+    "Gathered", "Inbound", "Inbox", "Landing", "Outbound", "Outgoing", "header_failure", "internal_stream", "outgoing",
+    "plan_recv", "plan_send",
 ]

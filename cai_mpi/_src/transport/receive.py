@@ -19,7 +19,10 @@ from ..requests import EventWait, MPIWait
 from ..runtime.base import DeviceBuffer, Event, Runtime
 from .pieces import BYTE, Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
 
-__all__ = ["Inbound", "Inbox", "plan_recv"]
+__all__ = ["Inbound", "Inbox", "header_failure", "plan_recv"]
+
+#: The most bytes a cai_mpi sender puts in one MPI message (a C int count of MPI.BYTE).
+MAX_ONE_MESSAGE = 2**31 - 1
 
 
 # -- receiving ------------------------------------------------------------------------------------------------
@@ -50,6 +53,18 @@ class Inbox(HeaderMemo):
         return self._view
 
 
+def header_failure(fn: str, exc: MPI.Exception, status: MPI.Status) -> Exception:
+    """What to raise for a header receive that MPI failed: a message too long for the header buffer (MPI truncates
+    it, consuming it whole) is no cai_mpi header, so a ProtocolError says so; other MPI errors stay as they are."""
+    if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+        return exc
+    return ProtocolError(
+        f"{fn}: the message from rank {status.Get_source()} (tag {status.Get_tag()}) on cai_mpi's header communicator "
+        f"is longer than any cai_mpi header ({HEADER_BUFFER_BYTES} bytes): is another library sending on cai_mpi's "
+        "private communicator? It was dropped"
+    )
+
+
 #: What a received header asks for, as ``plan_recv`` decides it: ``(result, source, payload_tag, payload,
 #: steps)``. Post every spec of ``payload`` on the payload communicator (from ``source``, with
 #: ``payload_tag``), then drive ``steps``; the receive then returns ``result``.
@@ -66,6 +81,8 @@ def plan_recv(
     status = inbox.status
     source, tag = status.Get_source(), status.Get_tag()
     info, ptag = inbox.decode(inbox.hbuf, status.Get_count(BYTE), cfg.max_payload_bytes)
+    if not info.inline:
+        _check_payload_messages(info, ptag, pc)
     if target is not None or info.channel != channel:
         problem = _refusal(fn, info, source, tag, target, channel)
         if problem is not None:
@@ -113,20 +130,33 @@ def plan_recv(
     return landing
 
 
+def _check_payload_messages(info: MessageInfo, ptag: int, pc: PrivateComms) -> None:
+    """Refuse a header whose payload no cai_mpi sender could have posted (it would fail inside MPI, or wait for
+    ever): a tag over this MPI's TAG_UB, or one message over 2**31-1 bytes."""
+    if ptag > pc.tag_ub:
+        raise ProtocolError(f"header announces payload tag {ptag}, over this MPI's TAG_UB of {pc.tag_ub}")
+    largest = min(info.chunk_bytes or info.payload_nbytes, info.payload_nbytes)
+    if largest > MAX_ONE_MESSAGE:
+        raise ProtocolError(
+            f"header announces its payload in one message of {largest} bytes, over the "
+            f"{MAX_ONE_MESSAGE} a cai_mpi sender puts in one message"
+        )
+
+
 def _refusal(
     fn: str, info: MessageInfo, source: int, tag: int, target: Target | None, channel: bool
 ) -> Exception | None:
     """The error for a message this receive cannot take, or None."""
     if info.channel != channel:
         error: type[Exception] = ProtocolError
-        why = ("it opens a persistent channel (send_channel): receive it with recv_channel" if info.channel
-               else "it was sent with send_array, not through a send_channel")
+        why = ("opens a persistent channel (send_channel): receive it with recv_channel" if info.channel
+               else "was sent with send_array, not through a send_channel")
     else:
         assert target is not None
         problem = mismatch(target, info.shape, info.dtype)
         if problem is None:
             return None
-        error, why = RecvMismatchError, f"it does not fit out= ({describe_target(target)}): {problem}"
+        error, why = RecvMismatchError, f"does not fit out= ({describe_target(target)}): {problem}"
     return error(f"{fn}: the message from rank {source} (tag {tag}: {info.describe()}) {why}; "
                  "its payload was received and discarded")
 
