@@ -110,7 +110,8 @@ def test_run_a_command_ends_the_job_on_sys_exit(nprocs: int) -> None:
 def test_run_a_program_that_succeeds(tmp_path: Path) -> None:
     path = tmp_path / "fine.py"
     path.write_text("import sys\nfrom mpi4py import MPI\n"
-                    "print('rank', MPI.COMM_WORLD.Get_rank(), __name__, sys.argv)\n"
+                    # one write per line: print's pieces from two ranks interleave under PYTHONUNBUFFERED
+                    "sys.stdout.write(f'rank {MPI.COMM_WORLD.Get_rank()} {__name__} {sys.argv}\\n')\n"
                     "sys.exit(0)  # a normal exit, not a failure\n")
     done = run_ranks(2, ["-m", "cai_mpi", "run", str(path), "a", "--b"], timeout=LIMIT)
     assert done.returncode == 0, done.output
