@@ -354,6 +354,7 @@ def sendrecv_array(
     comm: MPI.Comm | None = None,
     *,
     out: Any = None,
+    device: Device = None,
     sync: bool | None = None,
     meta: dict[str, Any] | None = None,
     timeout: float | None = None,
@@ -366,6 +367,7 @@ def sendrecv_array(
         source, recvtag: what to receive, as in ``recv_array``; ``source=PROC_NULL`` receives nothing.
         comm: None for COMM_WORLD.
         out: a buffer to receive into, as in ``recv_array``.
+        device: without ``out=``, where to receive, as in ``recv_array``.
         timeout: seconds each half may wait at most, as in ``recv_array`` and ``send_array``.
 
     Returns:
@@ -378,7 +380,7 @@ def sendrecv_array(
     deadline("sendrecv_array", timeout)  # a bad timeout fails before anything is sent
     sent = isend_array(obj, dest, sendtag, comm, sync=sync, meta=meta)
     try:
-        got = recv_array(source, recvtag, comm, out=out, timeout=timeout)
+        got = recv_array(source, recvtag, comm, out=out, device=device, timeout=timeout)
     finally:
         sent.wait(timeout)
     return got

@@ -96,6 +96,12 @@ def test_forwarding_around_the_ring_after_work_on_the_device(gpu: tuple[Runtime,
     assert np.array_equal(received(again), payload((rank - 2) % size, 5000) * 2)
 
 
+def test_sendrecv_into_host_memory_on_a_gpu_rank(gpu: tuple[Runtime, MPI.Comm]) -> None:
+    rt, comm = gpu
+    got = cai_mpi.sendrecv_array(DoubleDeviceArray(rt, payload(rank, 3000)), nxt, prv, 7, 7, comm, device="host")
+    assert got.device == "host" and np.array_equal(np.asarray(got), payload(prv, 3000))
+
+
 def test_collectives_of_device_arrays(gpu: tuple[Runtime, MPI.Comm]) -> None:
     rt, comm = gpu
     mine = DoubleDeviceArray(rt, payload(rank, 3000 + rank))
