@@ -1,4 +1,4 @@
-"""Command line: `python -m cai_mpi {info,demo,bench,run}` (also installed as `cai-mpi`)."""
+"""Command line: `python -m cai_mpi {info,demo,bench,run,soak}` (also installed as `cai-mpi`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ commands:
   demo    send arrays of many layouts around a ring of ranks and check them exactly
   bench   latency / bandwidth / pipeline benchmarks, side by side with raw mpi4py
   run     run a script so that an uncaught exception on any rank ends the whole job (MPI Abort)
+  soak    every rank sends to every other in every way, checks each message, watches memory
 
 examples:
   mpiexec -n 2 python -m cai_mpi info
@@ -23,7 +24,7 @@ examples:
 
 # Each command is a module with main(argv) -> exit status, imported only when asked for.
 _COMMANDS = {
-    "info": "._src.info", "demo": "._src.demo", "bench": "._src.bench", "run": "._src.run",
+    "info": "._src.info", "demo": "._src.demo", "bench": "._src.bench", "run": "._src.run", "soak": "._src.soak",
 }
 
 

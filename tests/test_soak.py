@@ -1,0 +1,50 @@
+"""``python -m cai_mpi soak`` under mpiexec, bounded: every kind of round runs, every message arrives intact
+(failures 0), nothing is left pending, and the figures it reports are there."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from launch import run_ranks
+
+from cai_mpi._src.soak.rounds import KINDS
+
+LIMIT = 240  # seconds: each run takes a few; this only tells a hang from a busy machine
+
+
+def soak(tmp_path: Path, nprocs: int, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    out = tmp_path / "soak.json"
+    done = run_ranks(nprocs, ["-m", "cai_mpi", "soak", "--timeout", "60", "--json", str(out), *args], timeout=LIMIT,
+                     env=env)
+    assert done.returncode == 0, done.output
+    result: dict[str, Any] = json.loads(out.read_text())
+    assert result["failures"] == 0 and result["failure_details"] == [], done.output
+    assert "failures: 0" in done.stdout, done.output
+    return result
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_soak_delivers_every_message_intact(tmp_path: Path, nprocs: int) -> None:
+    result = soak(tmp_path, nprocs, "--messages", "600", "--max-bytes", "2M")
+    assert result["ranks"] == nprocs and result["threads"] == 2 and result["messages"] >= 600
+    assert all(result["by_kind"][kind]["messages"] > 0 for kind in KINDS), result["by_kind"]
+    assert result["bytes"] == sum(row["bytes"] for row in result["by_kind"].values()) > 0
+    assert len(result["memory_per_rank"]) == nprocs
+    for memory in result["memory_per_rank"]:
+        assert memory["samples"] >= 2 and memory["rss_peak_mib"] >= memory["rss_start_mib"] > 0
+    assert result["command"].startswith("python -m cai_mpi soak --timeout 60")
+
+
+def test_soak_on_the_simulated_gpu_runtime(tmp_path: Path) -> None:
+    """Device arrays (staged: the simulated runtime is not CUDA-aware) on every rank, one thread."""
+    result = soak(tmp_path, 2, "--messages", "300", "--max-bytes", "1M", "--threads", "1",
+                  env={"CAI_MPI_RUNTIME": "simulated"})
+    assert result["runtime"] == "simulated" and result["threads"] == 1 and result["messages"] >= 300
+
+
+def test_soak_needs_two_ranks() -> None:
+    done = run_ranks(1, ["-m", "cai_mpi", "soak", "--messages", "10"], timeout=LIMIT)
+    assert done.returncode == 2 and "run it on 2 or more ranks" in done.stderr, done.output

@@ -1,0 +1,82 @@
+"""The soak's parts that decide what is a failure: message descriptions and their contents, the check of what
+arrived, and the report's exit status."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections import Counter
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from cai_mpi import Array
+from cai_mpi._src.soak.cli import _report, memory_summary, render
+from cai_mpi._src.soak.messages import HOST, LAYOUTS, content, digest, make, problem, spec_for
+from cai_mpi._src.soak.rounds import Worker
+
+SEED = 5
+SPECS = [spec_for((i, 0, 1, 2, 0), SEED, 4 << 20) for i in range(400)]
+
+
+def test_specs_cover_every_layout_exporter_and_size_class() -> None:
+    assert {s.layout for s in SPECS} == set(LAYOUTS)
+    assert {s.export for s in SPECS} == {HOST, 0, 1, 2, 3}
+    assert any(s.nbytes == 0 for s in SPECS) and any(s.nbytes > 1 << 20 for s in SPECS)
+    assert any(s.shape == () for s in SPECS) and max(len(s.shape) for s in SPECS) == 4
+    assert max(s.nbytes for s in SPECS) <= 4 << 20
+    assert spec_for((3, 0, 1, 2, 0), SEED, 4 << 20) == SPECS[3]  # the receiver derives the same description
+
+
+@pytest.mark.parametrize("runtime", ["host", "simulated"])
+def test_every_layout_and_exporter_holds_the_contents(runtime: str) -> None:
+    for spec in SPECS[:120]:
+        values = content(spec, SEED)
+        obj, readback = make(spec, values, runtime)
+        assert readback is not None
+        assert readback.shape == spec.shape and digest(np.ascontiguousarray(readback)) == digest(values), spec
+        if spec.export != HOST:
+            assert obj.__cuda_array_interface__["version"] == spec.export
+
+
+def test_a_changed_byte_a_wrong_shape_or_meta_is_a_problem() -> None:
+    spec = next(s for s in SPECS if s.nbytes > 100 and s.dtype != np.bool_)
+    values = content(spec, SEED)
+    expected = digest(values)
+    assert problem(Array.from_host(values.copy()), spec, expected) is None
+    changed = values.copy()
+    changed.view(np.uint8).reshape(-1)[17] ^= 1
+    assert "contents differ" in str(problem(Array.from_host(changed), spec, expected))
+    assert "shape" in str(problem(Array.from_host(values.reshape(-1)[:-1].copy()), spec, expected))
+    other = dataclasses.replace(spec, dtype=np.dtype(f"V{spec.dtype.itemsize}"))
+    assert "dtype" in str(problem(Array.from_host(values.copy()), other, expected))
+    assert "meta" in str(problem(Array.from_host(values.copy(), meta={"id": [0]}), spec, expected, {"id": [1]}))
+
+
+def test_any_failure_makes_the_exit_status_1(capsys: pytest.CaptureFixture[str]) -> None:
+    worker = Worker(0, MPI.COMM_SELF, SEED, 1 << 20, 10.0, "host")
+    spec = SPECS[7]
+    wrong = content(spec, SEED).copy()
+    wrong.view(np.uint8).reshape(-1)[:1] ^= 0xFF
+    worker._check("exchange", Array.from_host(wrong), spec)
+    assert worker.messages == Counter(exchange=1) and len(worker.failures) == 1
+    args = argparse.Namespace(warmup=0.2, seed=SEED, max_bytes=1 << 20, json=None, command="python -m cai_mpi soak")
+    samples = [(0.0, 50.0, 0.0, 1000), (1.0, 60.0, 4.0, 1000)]
+    assert _report(args, MPI.COMM_SELF, [worker], [], [], samples, 1.0, 1, "host") == 1
+    out = capsys.readouterr().out
+    assert "failures: 1" in out and "FAILED: rank 0 thread 0: exchange:" in out
+    worker.failures.clear()
+    assert _report(args, MPI.COMM_SELF, [worker], [], ["1 request(s) still pending"], samples, 1.0, 1, "host") == 1
+    assert _report(args, MPI.COMM_SELF, [worker], [], [], samples, 1.0, 1, "host") == 0
+
+
+def test_memory_growth_is_measured_after_the_warmup_and_outside_the_pools() -> None:
+    samples = [(0.0, 50.0, 0.0, 100), (1.0, 80.0, 10.0, 120), (2.0, 90.0, 20.0, 110), (3.0, 95.0, 25.0, 110)]
+    m = memory_summary(samples, 0.5)
+    assert (m["rss_after_warmup_mib"], m["rss_end_mib"], m["rss_peak_mib"]) == (90.0, 95.0, 95.0)
+    assert (m["rss_growth_after_warmup_mib"], m["unpooled_growth_after_warmup_mib"]) == (5.0, 0.0)
+    assert m["objects_growth_after_warmup"] == 0
+    assert "rank 0" in render({"ranks": 2, "threads": 1, "runtime": "host", "mpi_library_version": "MPI",
+                               "by_kind": {}, "messages": 0, "bytes": 0, "failures": 0, "seconds": 1.0,
+                               "memory_per_rank": [m], "failure_details": []})
