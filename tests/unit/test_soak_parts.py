@@ -72,10 +72,14 @@ def test_any_failure_makes_the_exit_status_1(capsys: pytest.CaptureFixture[str])
 
 
 def test_memory_growth_is_measured_after_the_warmup_and_outside_the_pools() -> None:
-    samples = [(0.0, 50.0, 0.0, 100), (1.0, 80.0, 10.0, 120), (2.0, 90.0, 20.0, 110), (3.0, 95.0, 25.0, 110)]
-    m = memory_summary(samples, 0.5)
-    assert (m["rss_after_warmup_mib"], m["rss_end_mib"], m["rss_peak_mib"]) == (90.0, 95.0, 95.0)
-    assert (m["rss_growth_after_warmup_mib"], m["unpooled_growth_after_warmup_mib"]) == (5.0, 0.0)
+    # 0-10 s; warm-up to 2 s; a 200 MiB message in flight at 2.5 s and at 9.5 s is not counted (medians)
+    rss = [50, 60, 80, 80, 280, 82, 84, 86, 88, 95, 96, 300, 97]
+    pooled = [0, 0, 10, 10, 10, 12, 14, 16, 18, 25, 26, 26, 27]
+    times = [0, 1, 2, 2.2, 2.5, 2.8, 4, 5, 6, 9, 9.2, 9.5, 10]
+    samples = [(t, float(r), float(p), 100) for t, r, p in zip(times, rss, pooled)]
+    m = memory_summary(samples, 0.2)
+    assert (m["rss_after_warmup_mib"], m["rss_end_mib"], m["rss_peak_mib"]) == (81.0, 96.5, 300.0)
+    assert (m["rss_growth_after_warmup_mib"], m["unpooled_growth_after_warmup_mib"]) == (15.5, 0.0)
     assert m["objects_growth_after_warmup"] == 0
     assert "rank 0" in render({"ranks": 2, "threads": 1, "runtime": "host", "mpi_library_version": "MPI",
                                "by_kind": {}, "messages": 0, "bytes": 0, "failures": 0, "seconds": 1.0,

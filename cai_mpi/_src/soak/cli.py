@@ -9,11 +9,13 @@ import gc
 import json
 import os
 import platform
+import statistics
 import sys
 import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from mpi4py import MPI
@@ -103,18 +105,30 @@ def resident_mib() -> float:
 
 
 def memory_summary(samples: list[Sample], warmup: float) -> dict[str, Any]:
-    """RSS after the warm-up, at the end and at its peak; how much it grew after the warm-up, in all and outside
-    the pools' idle blocks (which fill up to their budgets as message sizes recur: reuse, not a leak)."""
+    """Resident memory right after the warm-up and at the end (medians of a tenth of the run each, so a large
+    message in flight at one sample does not count), its peak, and its growth in between: in all, and outside
+    the pools' idle blocks, which fill up to their budgets as message sizes recur (reuse, not a leak)."""
     end = samples[-1][0]
-    after = [s for s in samples if s[0] >= warmup * end] or samples[-1:]
-    first, last = after[0], after[-1]
+    warm = [s for s in samples if warmup * end <= s[0] <= (warmup + 0.1) * end] or samples[-1:]
+    last = [s for s in samples if s[0] >= 0.9 * end] or samples[-1:]
+
+    def median(window: list[Sample], value: Callable[[Sample], float]) -> float:
+        return float(statistics.median(value(s) for s in window))
+
+    def rss(s: Sample) -> float:
+        return s[1]
+
+    def unpooled(s: Sample) -> float:
+        return s[1] - s[2]
+
     return {
-        "rss_start_mib": round(samples[0][1], 1), "rss_after_warmup_mib": round(first[1], 1),
-        "rss_end_mib": round(last[1], 1), "rss_peak_mib": round(max(s[1] for s in samples), 1),
-        "rss_growth_after_warmup_mib": round(last[1] - first[1], 1),
-        "pooled_end_mib": round(last[2], 1),
-        "unpooled_growth_after_warmup_mib": round((last[1] - last[2]) - (first[1] - first[2]), 1),
-        "objects_growth_after_warmup": last[3] - first[3], "samples": len(samples),
+        "rss_start_mib": round(samples[0][1], 1), "rss_after_warmup_mib": round(median(warm, rss), 1),
+        "rss_end_mib": round(median(last, rss), 1), "rss_peak_mib": round(max(s[1] for s in samples), 1),
+        "rss_growth_after_warmup_mib": round(median(last, rss) - median(warm, rss), 1),
+        "pooled_end_mib": round(median(last, lambda s: s[2]), 1),
+        "unpooled_growth_after_warmup_mib": round(median(last, unpooled) - median(warm, unpooled), 1),
+        "objects_growth_after_warmup": round(median(last, lambda s: s[3]) - median(warm, lambda s: s[3])),
+        "samples": len(samples),
     }
 
 
@@ -259,7 +273,7 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"{kind:<12}{row['messages']:>10,}{row['bytes'] / gib:>10.2f}")
     lines.append(f"{'total':<12}{result['messages']:>10,}{result['bytes'] / gib:>10.2f}")
     lines += ["", f"failures: {result['failures']}   time: {result['seconds']:.1f} s", "",
-              "resident memory per rank, MiB (growth: from the end of the warm-up to the end of the run)",
+              "resident memory per rank, MiB (warm: just after the warm-up, end: the last tenth of the run, medians)",
               f"{'':8}{'start':>8}{'warm':>8}{'end':>8}{'peak':>8}{'growth':>8}{'pooled':>8}{'unpooled':>10}"
               f"{'objects':>9}",
               f"{'':8}{'':>8}{'':>8}{'':>8}{'':>8}{'':>8}{'at end':>8}{'growth':>10}{'growth':>9}"]
