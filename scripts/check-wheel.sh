@@ -58,6 +58,8 @@ problems += [f"wheel holds a stray file {n}" for n in sorted(package - expected)
 for must in ("cai_mpi/py.typed", "cai_mpi/testing/__init__.py", "cai_mpi/__main__.py"):
     if must not in names:
         problems.append(f"wheel lacks {must}")
+if not any(n.endswith(".dist-info/licenses/LICENSE") for n in names):
+    problems.append("wheel lacks its LICENSE (dist-info/licenses/LICENSE)")
 if "cai-mpi = cai_mpi.__main__:main" not in entry_points:
     problems.append(f"wheel's entry_points.txt has no cai-mpi console script:\n{entry_points}")
 
@@ -66,7 +68,7 @@ with tarfile.open(sdist) as tf:
     in_sdist = {m.name.removeprefix(root) for m in tf.getmembers() if m.isfile()}
 promised = ("cai_mpi/", "tests/", "examples/", "docs/", "slurm/", "scripts/", "benchmarks/")
 wanted = {n for n in tracked if n.startswith(promised) and not n.startswith("docs/_build/")}
-wanted |= {"README.md", "CHANGELOG.md", "pyproject.toml", "MANIFEST.in"}
+wanted |= {"README.md", "CHANGELOG.md", "LICENSE", "pyproject.toml", "MANIFEST.in"}
 problems += [f"sdist lacks {n}" for n in sorted(wanted - in_sdist)]
 junk = ("__pycache__", ".pyc", ".so", "docs/_build/", ".hypothesis", ".venv")
 problems += [f"sdist holds build output or a cache: {n}" for n in sorted(in_sdist) if any(j in n for j in junk)]
