@@ -6,14 +6,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from cai_mpi import Array
-from cai_mpi._src.soak.cli import _report, memory_summary, render
+from cai_mpi._src.soak.cli import _report
 from cai_mpi._src.soak.messages import HOST, LAYOUTS, content, digest, make, problem, spec_for
+from cai_mpi._src.soak.report import memory_summary, plot, render
 from cai_mpi._src.soak.rounds import Worker
 
 SEED = 5
@@ -61,7 +63,8 @@ def test_any_failure_makes_the_exit_status_1(capsys: pytest.CaptureFixture[str])
     wrong.view(np.uint8).reshape(-1)[:1] ^= 0xFF
     worker._check("exchange", Array.from_host(wrong), spec)
     assert worker.messages == Counter(exchange=1) and len(worker.failures) == 1
-    args = argparse.Namespace(warmup=0.2, seed=SEED, max_bytes=1 << 20, json=None, command="python -m cai_mpi soak")
+    args = argparse.Namespace(warmup=0.2, seed=SEED, max_bytes=1 << 20, json=None, plot=None,
+                              command="python -m cai_mpi soak")
     samples = [(0.0, 50.0, 0.0, 1000), (1.0, 60.0, 4.0, 1000)]
     assert _report(args, MPI.COMM_SELF, [worker], [], [], samples, 1.0, 1, "host") == 1
     out = capsys.readouterr().out
@@ -84,3 +87,11 @@ def test_memory_growth_is_measured_after_the_warmup_and_outside_the_pools() -> N
     assert "rank 0" in render({"ranks": 2, "threads": 1, "runtime": "host", "mpi_library_version": "MPI",
                                "by_kind": {}, "messages": 0, "bytes": 0, "failures": 0, "seconds": 1.0,
                                "memory_per_rank": [m], "failure_details": []})
+
+
+def test_the_memory_plot_is_drawn(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    result = {"messages": 10, "ranks": 2, "threads": 1, "mpi_library_version": "MPI",
+              "rss_series_mib": [[[0.0, 50.0, 0.0], [1.0, 60.0, 5.0]], [[0.0, 51.0, 0.0], [1.0, 58.0, 4.0]]]}
+    plot(result, str(tmp_path / "memory.png"))
+    assert (tmp_path / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

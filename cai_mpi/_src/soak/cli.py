@@ -9,14 +9,11 @@ import gc
 import json
 import os
 import platform
-import statistics
 import sys
 import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
 
 from mpi4py import MPI
 
@@ -27,11 +24,10 @@ from ..privcomm import cuda_aware
 from ..requests import _active
 from ..runtime import get_runtime
 from ..transport.pieces import _pinned_pools
+from .report import SCHEMA, Sample, memory_summary, plot, render
 from .rounds import KINDS, Worker, kind_of, round_messages
 
 __all__ = ["main"]
-
-SCHEMA = "cai_mpi.soak/1"
 
 _EXAMPLES = """examples:
   mpiexec -n 4 python -m cai_mpi soak                       # 10,000 messages, 2 threads per rank
@@ -54,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds any one wait may take before the run fails instead of hanging (default 300)")
     p.add_argument("--warmup", type=float, default=0.2, help="fraction of the run before memory must be flat")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (rank 0)")
+    p.add_argument("--plot", metavar="PNG", help="draw each rank's memory over the run (needs matplotlib)")
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always draw progress")
     bar.add_argument("--no-progress", dest="progress", action="store_false", help="never draw progress")
@@ -84,10 +81,6 @@ class MemorySampler(threading.Thread):
         self.sample()
 
 
-#: (seconds since the start, resident MiB, MiB idle in cai_mpi's pools, objects the garbage collector tracks)
-Sample = tuple[float, float, float, int]
-
-
 def pooled_mib() -> float:
     """Idle blocks kept for reuse by the host receive pool and the pinned staging pools (bounded by budgets)."""
     idle = host_receive_pool().blocks.idle_bytes + sum(p.idle_bytes for p in list(_pinned_pools.values()))
@@ -102,34 +95,6 @@ def resident_mib() -> float:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
-
-
-def memory_summary(samples: list[Sample], warmup: float) -> dict[str, Any]:
-    """Resident memory right after the warm-up and at the end (medians of a tenth of the run each, so a large
-    message in flight at one sample does not count), its peak, and its growth in between: in all, and outside
-    the pools' idle blocks, which fill up to their budgets as message sizes recur (reuse, not a leak)."""
-    end = samples[-1][0]
-    warm = [s for s in samples if warmup * end <= s[0] <= (warmup + 0.1) * end] or samples[-1:]
-    last = [s for s in samples if s[0] >= 0.9 * end] or samples[-1:]
-
-    def median(window: list[Sample], value: Callable[[Sample], float]) -> float:
-        return float(statistics.median(value(s) for s in window))
-
-    def rss(s: Sample) -> float:
-        return s[1]
-
-    def unpooled(s: Sample) -> float:
-        return s[1] - s[2]
-
-    return {
-        "rss_start_mib": round(samples[0][1], 1), "rss_after_warmup_mib": round(median(warm, rss), 1),
-        "rss_end_mib": round(median(last, rss), 1), "rss_peak_mib": round(max(s[1] for s in samples), 1),
-        "rss_growth_after_warmup_mib": round(median(last, rss) - median(warm, rss), 1),
-        "pooled_end_mib": round(median(last, lambda s: s[2]), 1),
-        "unpooled_growth_after_warmup_mib": round(median(last, unpooled) - median(warm, unpooled), 1),
-        "objects_growth_after_warmup": round(median(last, lambda s: s[3]) - median(warm, lambda s: s[3])),
-        "samples": len(samples),
-    }
 
 
 def _plan(seed: int, thread: int, share: int, n: int) -> int:
@@ -257,29 +222,7 @@ def _report(args: argparse.Namespace, world: MPI.Intracomm, workers: list[Worker
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
             f.write("\n")
+    if args.plot:
+        plot(result, args.plot)
     world.bcast(bool(all_failures), root=0)
     return 1 if all_failures else 0
-
-
-def render(result: dict[str, Any]) -> str:
-    gib = 2**30
-    lines = [
-        f"cai_mpi soak: {result['ranks']} ranks x {result['threads']} thread(s), runtime {result['runtime']}, "
-        f"{result['mpi_library_version']}",
-        "",
-        f"{'kind':<12}{'messages':>10}{'GiB':>10}",
-    ]
-    for kind, row in result["by_kind"].items():
-        lines.append(f"{kind:<12}{row['messages']:>10,}{row['bytes'] / gib:>10.2f}")
-    lines.append(f"{'total':<12}{result['messages']:>10,}{result['bytes'] / gib:>10.2f}")
-    lines += ["", f"failures: {result['failures']}   time: {result['seconds']:.1f} s", "",
-              "resident memory per rank, MiB (warm: just after the warm-up, end: the last tenth of the run, medians)",
-              f"{'':8}{'start':>8}{'warm':>8}{'end':>8}{'peak':>8}{'growth':>8}{'pooled':>8}{'unpooled':>10}"
-              f"{'objects':>9}",
-              f"{'':8}{'':>8}{'':>8}{'':>8}{'':>8}{'':>8}{'at end':>8}{'growth':>10}{'growth':>9}"]
-    for r, m in enumerate(result["memory_per_rank"]):
-        lines.append(f"  rank {r}{m['rss_start_mib']:8.1f}{m['rss_after_warmup_mib']:8.1f}{m['rss_end_mib']:8.1f}"
-                     f"{m['rss_peak_mib']:8.1f}{m['rss_growth_after_warmup_mib']:+8.1f}{m['pooled_end_mib']:8.1f}"
-                     f"{m['unpooled_growth_after_warmup_mib']:+10.1f}{m['objects_growth_after_warmup']:+9d}")
-    lines += [f"  FAILED: {f}" for f in result["failure_details"]]
-    return "\n".join(lines)
