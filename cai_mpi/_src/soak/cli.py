@@ -208,7 +208,7 @@ def _report(args: argparse.Namespace, world: MPI.Intracomm, workers: list[Worker
     result = {
         "schema": SCHEMA, "ranks": n, "threads": threads, "runtime": runtime, "seed": args.seed,
         "max_bytes": args.max_bytes, "seconds": round(seconds, 2),
-        "mpi_library_version": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0].split(",")[0],
+        "mpi_library_version": _mpi_name(),
         "python": platform.python_version(), "platform": platform.platform(),
         "messages": sum(total_msgs.values()), "bytes": sum(total_bytes.values()),
         "by_kind": {k: {"messages": total_msgs[k], "bytes": total_bytes[k]} for k in KINDS},
@@ -226,3 +226,8 @@ def _report(args: argparse.Namespace, world: MPI.Intracomm, workers: list[Worker
         plot(result, args.plot)
     world.bcast(bool(all_failures), root=0)
     return 1 if all_failures else 0
+
+
+def _mpi_name() -> str:
+    """The MPI library's first words: 'Open MPI v5.0.11', 'MPICH Version: 5.0.2'."""
+    return " ".join(MPI.Get_library_version().replace("\x00", "").splitlines()[0].split(",")[0].split())

@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SCHEMA", "Sample", "memory_summary", "plot", "render"]
+__all__ = ["SCHEMA", "Sample", "markdown_table", "memory_summary", "plot", "render"]
 
 SCHEMA = "cai_mpi.soak/1"
 
@@ -91,3 +91,32 @@ def plot(result: dict[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def markdown_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """docs/reliability.md's table of soak runs: one row per ``(name, result)``."""
+
+    def spread(key: str, memory: list[dict[str, Any]]) -> str:
+        values = [m[key] for m in memory]
+        low, high = min(values), max(values)
+        return f"{low:+.0f}" if low == high else f"{low:+.0f} to {high:+.0f}"
+
+    lines = [
+        "| MPI | ranks x threads | messages (exchange / wildcard / channel / collective) | GiB | seconds | failures "
+        "| peak RSS, MiB | RSS growth after warm-up, MiB | pools' idle blocks at end, MiB | growth outside the pools, "
+        "MiB | Python objects growth |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results:
+        memory = r["memory_per_rank"]
+        kinds = " / ".join(f"{r['by_kind'][k]['messages']:,}" for k in r["by_kind"])
+        pooled = [m["pooled_end_mib"] for m in memory]
+        mpi = " ".join(r["mpi_library_version"].split())
+        lines.append(
+            f"| {name} ({mpi}) | {r['ranks']} x {r['threads']} | {r['messages']:,} ({kinds}) "
+            f"| {r['bytes'] / 2**30:.1f} | {r['seconds']:.0f} | {r['failures']} "
+            f"| {max(m['rss_peak_mib'] for m in memory):.0f} | {spread('rss_growth_after_warmup_mib', memory)} "
+            f"| {min(pooled):.0f} to {max(pooled):.0f} | {spread('unpooled_growth_after_warmup_mib', memory)} "
+            f"| {spread('objects_growth_after_warmup', memory)} |"
+        )
+    return "\n".join(lines) + "\n"
