@@ -190,6 +190,8 @@ CASES: tuple[BadInput, ...] = (
     # -- objects that are no array at all
     BadInput(HOST, "an `object()`", TypeError, "send", _send(object())),
     BadInput(HOST, "a list: `[1, 2, 3]`", TypeError, "send", _send([1, 2, 3])),
+    BadInput(HOST, "a numpy masked array (its data alone would lose the mask)", TypeError, "send",
+             _send(np.ma.masked_array(_X, mask=_X > 2))),
     # -- where the message goes, and the other arguments
     BadInput(PEERS, "`dest` outside the communicator: `99`", ValueError, "send", _send(_X, dest=99)),
     BadInput(PEERS, "`dest` negative: `-7`", ValueError, "send", _send(_X, dest=-7)),
@@ -215,6 +217,7 @@ CASES: tuple[BadInput, ...] = (
     BadInput(PEERS, "receive `timeout` not a number: `'1'`", TypeError, "recv", _recv(timeout="1")),
     # -- receive buffers: refused before matching (not a buffer), or matched and drained (does not fit)
     BadInput(OUT, "`out` a list", TypeError, "recv", _recv(out=lambda: [0.0] * SENT.size)),
+    BadInput(OUT, "`out` a numpy masked array", TypeError, "recv", _recv(out=lambda: np.ma.zeros(SENT.size))),
     BadInput(OUT, "`out` a CAI object with `stream` 0", cai_mpi.CAIError, "recv",
              _recv(out=lambda: _fake(np.zeros_like(SENT), stream=0))),
     BadInput(OUT, "`out` read-only (numpy)", cai_mpi.RecvMismatchError, "recv", _recv(out=_read_only),

@@ -49,9 +49,9 @@ def host_view(desc: CAIDescriptor, *, readonly: bool | None = None) -> np.ndarra
 
 
 def as_host_array(fn: str, obj: Any) -> np.ndarray[Any, Any]:
-    """A zero-copy numpy view of a host buffer, or TypeError naming what was given."""
+    """A zero-copy plain-ndarray view of a host buffer, or TypeError naming what was given."""
     if isinstance(obj, np.ndarray):
-        return obj
+        return _plain(fn, obj)
     try:
         return np.asarray(memoryview(obj))
     except TypeError:
@@ -62,6 +62,17 @@ def as_host_array(fn: str, obj: Any) -> np.ndarray[Any, Any]:
         f"{fn}: cannot send or receive an object of type {type(obj).__name__!r}: expected an object exporting "
         "__cuda_array_interface__, a cai_mpi.Array, or a host array (numpy array or buffer-protocol object)"
     )
+
+
+def _plain(fn: str, arr: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """An ndarray subclass (memmap, matrix, a user's) is its data; the transport handles plain ndarrays only. A
+    masked array is refused: its data alone would silently lose the mask (as CAI refuses ``mask``)."""
+    if type(arr) is np.ndarray:
+        return arr
+    if isinstance(arr, np.ma.MaskedArray):
+        raise TypeError(f"{fn}: a numpy masked array cannot be sent or received as one array: pass its .data and "
+                        "its .mask (np.ma.getmaskarray) separately")
+    return arr.view(np.ndarray)
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
@@ -193,7 +204,7 @@ def _describe_out(fn: str, out: Any, runtime: Runtime) -> Target:
     if type(out) is np.ndarray:
         return out
     if isinstance(out, np.ndarray):
-        return _host_target(out, out)
+        return _host_target(_plain(fn, out), out)
     if isinstance(out, Array):
         if out._host is not None:
             return _host_target(out._host, out)

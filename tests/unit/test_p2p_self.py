@@ -140,3 +140,42 @@ def test_a_lowered_payload_limit_refuses_a_header_the_receiver_has_seen_before(o
     np.testing.assert_array_equal(leftover, x)
     if dst is not None:
         assert not dst.any()  # out= untouched
+
+
+class _Tagged(np.ndarray):  # type: ignore[type-arg]
+    """A user's ndarray subclass (as astropy, pandas internals and many codes have)."""
+
+
+@pytest.mark.parametrize("kind", ["subclass", "recarray", "memmap"])
+def test_ndarray_subclasses_are_sent_as_their_data(kind: str, tmp_path: Any) -> None:
+    base = np.arange(24, dtype="<f8").reshape(4, 6)
+    obj: Any
+    if kind == "subclass":
+        obj = base.view(_Tagged)
+    elif kind == "recarray":
+        obj = np.rec.fromarrays([np.arange(5), np.arange(5) * 0.5], names="a,b")
+    else:
+        obj = np.memmap(tmp_path / "m.bin", dtype="<f8", mode="w+", shape=(4, 6))
+        obj[:] = base
+    plain = np.asarray(obj).view(np.ndarray)
+    for inline in ("0", "4096"):
+        reload_config({"CAI_MPI_INLINE_BYTES": inline})
+        got = np.asarray(self_round_trip(obj))
+        assert got.shape == plain.shape and got.dtype == plain.dtype and got.tobytes() == plain.tobytes()
+        cai_mpi.send_array(obj[::2], me, tag=4)  # strided, blocking
+        got = np.asarray(cai_mpi.recv_array(me, 4))
+        assert got.tobytes() == plain[::2].tobytes()
+    with cai_mpi.send_channel(obj, me, tag=5) as tx, cai_mpi.recv_channel(me, 5) as rx:
+        req = tx.isend()
+        assert np.asarray(rx.recv()).tobytes() == plain.tobytes()
+        req.wait()
+
+
+def test_a_masked_array_is_refused_rather_than_sent_without_its_mask() -> None:
+    masked = np.ma.masked_array(np.arange(4.0), mask=[0, 1, 0, 0])
+    with pytest.raises(TypeError, match="masked"):
+        cai_mpi.send_array(masked, me, tag=6)
+    with pytest.raises(TypeError, match="masked"):
+        cai_mpi.recv_array(me, 6, out=masked)
+    # Nothing was sent: the next message is the next one received.
+    assert np.asarray(self_round_trip(np.arange(3))).tolist() == [0, 1, 2]
