@@ -162,8 +162,7 @@ def test_ndarray_subclasses_are_sent_as_their_data(kind: str, tmp_path: Any) -> 
         reload_config({"CAI_MPI_INLINE_BYTES": inline})
         got = np.asarray(self_round_trip(obj))
         assert got.shape == plain.shape and got.dtype == plain.dtype and got.tobytes() == plain.tobytes()
-        cai_mpi.send_array(obj[::2], me, tag=4)  # strided, blocking
-        got = np.asarray(cai_mpi.recv_array(me, 4))
+        got = np.asarray(self_round_trip(obj[::2]))  # strided
         assert got.tobytes() == plain[::2].tobytes()
     with cai_mpi.send_channel(obj, me, tag=5) as tx, cai_mpi.recv_channel(me, 5) as rx:
         req = tx.isend()
