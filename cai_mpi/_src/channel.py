@@ -22,7 +22,7 @@ from .config import config
 from .deadlines import Awaited, deadline
 from .operands import DeviceSource, RecvTarget, recv_target, send_source
 from .p2p import _inbox, _inboxes, _meta, _pick_device
-from .requests import MPIWait, PostedRequest, Request, RequestWait, Waitable, _active
+from .requests import MPIWait, PostedRequest, Request, RequestWait, Waitable, _active, keep_past_exit
 from .runtime import get_runtime
 from .sync import sync_enabled
 from .transport import header_failure, plan_recv, plan_send
@@ -54,8 +54,11 @@ _open_channels: weakref.WeakSet[SendChannel | RecvChannel] = weakref.WeakSet()
 
 @atexit.register
 def _free_open_channels() -> None:
-    # Registered after mpi4py's own exit hook (mpi4py is imported first), so this runs before MPI_Finalize.
+    # atexit hooks run before MPI_Finalize (mpi4py finalizes from Py_AtExit, after the interpreter's teardown).
     for ch in list(_open_channels):
+        inflight = ch._inflight
+        if inflight is not None and not inflight._settled:
+            keep_past_exit(inflight)  # MPI still owns its memory; teardown must not free it
         ch._release()
 
 

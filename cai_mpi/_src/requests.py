@@ -3,11 +3,13 @@ drives the steps, and the rule that any cai_mpi wait drives every pending reques
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import os
 import threading
 import time
 from collections.abc import Callable, Generator
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from mpi4py import MPI
 
@@ -16,7 +18,7 @@ from .runtime.base import Event
 
 __all__ = [
     "EventWait", "MPIWait", "PostedRequest", "Request", "RequestWait", "Steps", "Waitable", "complete", "complete_by",
-    "drive", "idle", "joined",
+    "drive", "idle", "joined", "keep_past_exit",
 ]
 
 T = TypeVar("T")
@@ -120,6 +122,23 @@ _DROPPED = RuntimeError("the request was dropped before it completed")
 # its memory, whatever its step: nobody else would complete it, and it holds that memory.
 _active: set[Request[Any]] = set()
 
+# Interpreter exit: mpi4py finalizes MPI from Py_AtExit, after Python's teardown has freed what it could, in an order
+# nobody controls. MPI may read or write a pending request's memory until MPI_Finalize, so from cai_mpi's atexit hook
+# on, pending requests go to a list that teardown cannot free (the end of the process reclaims it).
+_outliving_teardown: list[Request[Any]] = []
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_outliving_teardown))  # a reference nobody drops
+
+
+def keep_past_exit(req: Request[Any]) -> None:
+    """Keep ``req``, and the memory it holds, until the process ends (MPI still owns that memory at exit)."""
+    _outliving_teardown.append(req)
+
+
+@atexit.register
+def _keep_pending_past_exit() -> None:
+    _outliving_teardown.extend(_active)
+    Request._exiting = True  # requests freed from now on are pending ones dropped by teardown: see Request._abandon
+
 
 Steps = Generator["Waitable", None, T]
 
@@ -220,6 +239,10 @@ class Request(Generic[T]):
     """
 
     __slots__ = ("__weakref__", "_about", "_error", "_expired", "_gen", "_keep", "_lock", "_pending", "_result")
+    # What __del__ needs during teardown, which may have cleared this module's globals already.
+    _exiting: ClassVar[bool] = False
+    _outliving_teardown: ClassVar[list[Request[Any]]] = _outliving_teardown
+    _mpi_finalized = staticmethod(MPI.Is_finalized)
 
     def __init__(self, gen: Generator[Waitable, None, T], keep: Any = None, about: Awaited | None = None) -> None:
         self._gen: Generator[Waitable, None, T] | None = gen
@@ -346,15 +369,19 @@ class Request(Generic[T]):
         return due
 
     def _abandon(self, error: BaseException) -> None:
-        """Give the caller ``error`` now; MPI still owns this request's memory, so keep it and finish it later."""
+        """Give the caller ``error`` now; MPI still owns this request's memory, so keep it and finish it later (at
+        exit: keep it until the process ends)."""
         self._expired = error
-        _active.add(self)
+        if self._exiting:
+            self._outliving_teardown.append(self)
+        else:
+            _active.add(self)
 
     def __del__(self) -> None:
         """Dropped before it completed: MPI must not be left with memory that is about to be freed (mpi4py frees an
         active request, and MPI would go on reading or writing its buffer). A receive that matched nothing is
         withdrawn, so it cannot swallow a later message; anything else is kept, and finished by later waits."""
-        if self._settled or MPI.Is_finalized():
+        if self._settled or self._mpi_finalized():
             return
         pending = self._pending
         if pending is not None and pending.cancellable and self._gen is not None:
@@ -427,7 +454,7 @@ class PostedRequest(Request[T]):
         return self._reqs is None
 
     def __del__(self) -> None:
-        if self._reqs is None or MPI.Is_finalized():
+        if self._reqs is None or self._mpi_finalized():
             return
         if self._cancellable:
             try:
