@@ -14,6 +14,7 @@ import pytest
 from launch import Finished, run_ranks
 
 LIMIT = 60  # seconds: the job ends within a few; this only tells a hang from a slow start on a busy machine
+ENDED_WITHIN = 30  # seconds: an abort that waited for some timeout (a launcher's, a rank's) would take longer
 
 FAILING = """
 import sys, threading
@@ -46,8 +47,10 @@ def _write(path: Path, *, setup: str = "", fail: str = RAISE) -> str:
 
 
 def _assert_ended_loudly(done: Finished, nprocs: int, headline: str) -> None:
-    """Non-zero status, and rank 1's report: who it is, what it raised, then the traceback."""
+    """Non-zero status within seconds (not at the hang limit), and rank 1's report: who it is, what it raised, then
+    the traceback."""
     assert done.returncode != 0, done.output
+    assert done.seconds < ENDED_WITHIN, f"the job took {done.seconds:.0f} s to end:\n{done.output}"
     assert f"cai_mpi: rank 1 of {nprocs} (host " in done.stderr, done.output
     assert f"{headline}, aborting MPI_COMM_WORLD" in done.stderr, done.output
 

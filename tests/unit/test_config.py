@@ -142,3 +142,16 @@ def test_reload_config_with_a_dict() -> None:
     assert config_mod.config() is c
     assert (c.chunk_bytes, c.sync) == (123, False)
 
+
+
+@pytest.mark.parametrize(("raw", "value"), [("0.5", 0.5), ("60", 60.0), (" 2.5 ", 2.5), ("1e-3", 1e-3),
+                                            ("", None), ("off", None), ("OFF", None), ("none", None)])
+def test_config_timeout(raw: str, value: float | None) -> None:
+    assert Config.from_env({"CAI_MPI_TIMEOUT": raw}).timeout == value
+    assert Config.from_env({}).timeout is None  # off unless set
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "nan", "inf", "soon", "1s", "0x10"])
+def test_config_bad_timeout(raw: str) -> None:
+    with pytest.raises(ValueError, match=f"^CAI_MPI_TIMEOUT={raw!r}: expected a positive number of seconds"):
+        Config.from_env({"CAI_MPI_TIMEOUT": raw})

@@ -1,6 +1,7 @@
-"""A request dropped before it completes must not hand freed memory to MPI: a receive that matched nothing is
-withdrawn (the message goes to the next receive, intact), anything under way keeps its memory until MPI is done.
-Self-messages in one process; the receives have a timeout so a swallowed message fails instead of hanging."""
+"""A request dropped before it completes must not hand freed memory to MPI: it keeps itself and its memory until
+MPI is done. A dropped receive stays posted, as an MPI receive freed with MPI_Request_free does: it takes the next
+matching message, and the message after goes to the next receive, intact. Self-messages in one process; the
+receives have a timeout so a swallowed message fails instead of hanging."""
 
 from __future__ import annotations
 
