@@ -15,7 +15,7 @@ from mpi4py import MPI
 from cai_mpi import Array
 from cai_mpi._src.soak.cli import _report
 from cai_mpi._src.soak.messages import HOST, LAYOUTS, content, digest, make, problem, spec_for
-from cai_mpi._src.soak.report import memory_summary, plot, render
+from cai_mpi._src.soak.report import Sample, memory_allowance, memory_summary, plot, render
 from cai_mpi._src.soak.rounds import Worker
 
 SEED = 5
@@ -86,7 +86,34 @@ def test_memory_growth_is_measured_after_the_warmup_and_outside_the_pools() -> N
     assert m["objects_growth_after_warmup"] == 0
     assert "rank 0" in render({"ranks": 2, "threads": 1, "runtime": "host", "mpi_library_version": "MPI",
                                "by_kind": {}, "messages": 0, "bytes": 0, "failures": 0, "seconds": 1.0,
-                               "memory_per_rank": [m], "failure_details": []})
+                               "memory_per_rank": [m], "failure_details": [],
+                               "memory_allowance": memory_allowance(1 << 20, 1)})
+
+
+def _run(growth_mib: float, objects: int) -> list[Sample]:
+    """Samples over 10 s: flat to the end of the warm-up, then growing by ``growth_mib`` outside the pools (while
+    the pools fill by 100 MiB, which is reuse) and by ``objects`` Python objects."""
+    times = [i / 2 for i in range(21)]
+    return [(t, 100 + 100 * max(0, t - 2) / 8 + growth_mib * max(0, t - 2) / 8, 100 * max(0, t - 2) / 8,
+             10_000 + round(objects * max(0, t - 2) / 8)) for t in times]
+
+
+def test_memory_that_grows_after_the_warmup_fails_the_soak(capsys: pytest.CaptureFixture[str]) -> None:
+    """A rank leaking buffers (memory outside the pools) or Python objects fails the run; within the allowance
+    (a few of the largest messages in flight per thread; objects by a few hundred) it passes."""
+    worker = Worker(0, MPI.COMM_SELF, SEED, 1 << 20, 10.0, "host")
+    args = argparse.Namespace(warmup=0.2, seed=SEED, max_bytes=8 << 20, json=None, plot=None,
+                              command="python -m cai_mpi soak")
+    allowance = memory_allowance(8 << 20, 2)
+    assert allowance == {"unpooled_mib": 64 + 4 * 2 * 8, "objects": 2000}
+    assert _report(args, MPI.COMM_SELF, [worker], [], [], _run(100, 300), 10.0, 2, "host") == 0
+    assert "failures: 0" in capsys.readouterr().out
+    assert _report(args, MPI.COMM_SELF, [worker], [], [], _run(400, 0), 10.0, 2, "host") == 1
+    out = capsys.readouterr().out
+    assert "FAILED: rank 0: memory outside the pools grew by " in out and "(at most 128 MiB" in out, out
+    assert _report(args, MPI.COMM_SELF, [worker], [], [], _run(0, 5000), 10.0, 2, "host") == 1
+    out = capsys.readouterr().out
+    assert "more Python objects after the warm-up than just after it (at most 2,000 is noise)" in out, out
 
 
 def test_the_memory_plot_is_drawn(tmp_path: Path) -> None:

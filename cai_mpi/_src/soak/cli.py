@@ -24,7 +24,7 @@ from ..privcomm import cuda_aware
 from ..requests import _active
 from ..runtime import get_runtime
 from ..transport.pieces import _pinned_pools
-from .report import SCHEMA, Sample, memory_summary, plot, render
+from .report import SCHEMA, Sample, memory_allowance, memory_failures, memory_summary, plot, render
 from .rounds import KINDS, Worker, kind_of, round_messages
 
 __all__ = ["main"]
@@ -186,13 +186,14 @@ def _report(args: argparse.Namespace, world: MPI.Intracomm, workers: list[Worker
     rank, n = world.Get_rank(), world.Get_size()
     messages: Counter[str] = Counter()
     nbytes: Counter[str] = Counter()
-    failures = list(errors) + [f"rank {rank}: {leak}" for leak in leaks]
+    memory = memory_summary(samples, args.warmup)
+    allowance = memory_allowance(args.max_bytes, threads)
+    failures = list(errors) + [f"rank {rank}: {leak}" for leak in [*leaks, *memory_failures(memory, allowance)]]
     for w in workers:
         messages.update(w.messages)
         nbytes.update(w.bytes)
         failures += [f"rank {rank} thread {w.thread}: {f}" for f in w.failures]
-    mine = {"messages": dict(messages), "bytes": dict(nbytes), "failures": failures,
-            "memory": memory_summary(samples, args.warmup),
+    mine = {"messages": dict(messages), "bytes": dict(nbytes), "failures": failures, "memory": memory,
             "rss_series_mib": [[round(t, 2), round(rss, 1), round(pooled, 1)] for t, rss, pooled, _ in samples]}
     everyone = world.gather(mine, root=0)
     if rank != 0:
@@ -213,7 +214,7 @@ def _report(args: argparse.Namespace, world: MPI.Intracomm, workers: list[Worker
         "messages": sum(total_msgs.values()), "bytes": sum(total_bytes.values()),
         "by_kind": {k: {"messages": total_msgs[k], "bytes": total_bytes[k]} for k in KINDS},
         "failures": len(all_failures), "failure_details": all_failures[:50],
-        "memory_per_rank": [r["memory"] for r in everyone],
+        "memory_per_rank": [r["memory"] for r in everyone], "memory_allowance": allowance,
         "rss_series_mib": [r["rss_series_mib"] for r in everyone],
         "command": args.command,
     }

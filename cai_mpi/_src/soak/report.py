@@ -6,7 +6,8 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SCHEMA", "Sample", "markdown_table", "memory_summary", "plot", "render"]
+__all__ = ["SCHEMA", "Sample", "markdown_table", "memory_allowance", "memory_failures", "memory_summary", "plot",
+           "render"]
 
 SCHEMA = "cai_mpi.soak/1"
 
@@ -42,8 +43,31 @@ def memory_summary(samples: list[Sample], warmup: float) -> dict[str, Any]:
     }
 
 
+def memory_allowance(max_bytes: int, threads: int) -> dict[str, float]:
+    """How much a rank may grow after the warm-up without being called a leak. Outside the pools, memory moves by
+    what is in flight or just freed to the allocator: a few of the largest messages per thread (each thread has a
+    round's sends and receives under way), plus the allocator's own slack. Python objects move by a few hundred as
+    caches fill and threads switch; a leak of one per message adds thousands."""
+    return {"unpooled_mib": 64 + 4 * threads * max_bytes / 2**20, "objects": 2000}
+
+
+def memory_failures(memory: dict[str, Any], allowance: dict[str, float]) -> list[str]:
+    """Why a rank's memory (``memory_summary``) is not flat after the warm-up; empty if it is."""
+    found = []
+    grown, allowed = memory["unpooled_growth_after_warmup_mib"], allowance["unpooled_mib"]
+    if grown > allowed:
+        found.append(f"memory outside the pools grew by {grown:.0f} MiB after the warm-up (at most {allowed:.0f} MiB "
+                     "is in flight or allocator slack): a leak")
+    objects, allowed_objects = memory["objects_growth_after_warmup"], allowance["objects"]
+    if objects > allowed_objects:
+        found.append(f"{objects:,} more Python objects after the warm-up than just after it (at most "
+                     f"{allowed_objects:,.0f} is noise): a leak")
+    return found
+
+
 def render(result: dict[str, Any]) -> str:
     gib = 2**30
+    allowance = result["memory_allowance"]
     lines = [
         f"cai_mpi soak: {result['ranks']} ranks x {result['threads']} thread(s), runtime {result['runtime']}, "
         f"{result['mpi_library_version']}",
@@ -55,6 +79,8 @@ def render(result: dict[str, Any]) -> str:
     lines.append(f"{'total':<12}{result['messages']:>10,}{result['bytes'] / gib:>10.2f}")
     lines += ["", f"failures: {result['failures']}   time: {result['seconds']:.1f} s", "",
               "resident memory per rank, MiB (warm: just after the warm-up, end: the last tenth of the run, medians)",
+              f"flat after the warm-up: outside the pools within +{allowance['unpooled_mib']:.0f} MiB, "
+              f"Python objects within +{allowance['objects']:,.0f}",
               f"{'':8}{'start':>8}{'warm':>8}{'end':>8}{'peak':>8}{'growth':>8}{'pooled':>8}{'unpooled':>10}"
               f"{'objects':>9}",
               f"{'':8}{'':>8}{'':>8}{'':>8}{'':>8}{'':>8}{'at end':>8}{'growth':>10}{'growth':>9}"]
