@@ -12,6 +12,8 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
+from cai_mpi._src.header import encode_header
+from cai_mpi._src.privcomm import private_comms
 from cai_mpi._src.requests import _active
 
 pytestmark = [pytest.mark.mpi(min_size=2)]
@@ -174,4 +176,43 @@ def test_a_pipeline_stage_that_waits_too_long_fails_and_every_stage_hears_of_it(
         else:
             assert np.array_equal(np.asarray(cai_mpi.recv_array(0, comm=comm)), x)
     comm.Free()
+    WORLD.Barrier()
+
+
+@pytest.mark.parametrize("into", ["new", "out="])
+def test_a_payload_that_does_not_come_times_out_and_is_received_in_the_background(into: str) -> None:
+    """A header arrives but its payload is held back (a sender built by hand on the private communicators: cai_mpi's
+    own senders post both at once). The receive gets a second timeout for the payload, then raises; the payload,
+    sent afterwards, is received in the background and dropped; the next message arrives intact."""
+    rank = WORLD.Get_rank()  # ranks 0 and 1 exchange; any others only join the barriers
+    pc = private_comms(None)
+    x, after = _payload(1 << 16, 7), _payload(500, 8)
+    out = np.zeros(1 << 16) if into == "out=" else None
+    if rank == 1:
+        ptag = pc.next_payload_tag()
+        pc.header.Send([encode_header(x.dtype, x.shape, fortran=False, payload_tag=ptag), MPI.BYTE], 0, 17)
+    elif rank == 0:
+        start = time.monotonic()
+        with pytest.raises(cai_mpi.TimeoutError) as info:
+            cai_mpi.recv_array(1, 17, timeout=SHORT, out=out)
+        waited = time.monotonic() - start
+        assert SHORT * 0.9 <= waited < 2 * SHORT + 10, waited  # until the header came, then the payload's SHORT
+        assert not info.value.cancelled
+        assert "arrived, but its payload did not complete within" in str(info.value), str(info.value)
+        assert _active, "the receive should go on in the background"
+    WORLD.Barrier()  # only now does the payload come, then the next message
+    if rank == 1:
+        pc.payload.Send([x, MPI.BYTE], 0, ptag)
+        cai_mpi.send_array(after, 0, tag=17)
+    elif rank == 0:
+        got = cai_mpi.recv_array(1, 17, timeout=30)
+        assert np.array_equal(np.asarray(got), after) and got.tag == 17
+        deadline = time.monotonic() + 30
+        while _active and time.monotonic() < deadline:  # the background receive completes in later waits
+            cai_mpi.irecv_array(MPI.PROC_NULL).wait()
+        assert not _active
+        if out is not None:
+            assert out.tobytes() == x.tobytes()  # (the documented hazard: out= may still be written)
+    WORLD.Barrier()
+    assert not pc.header.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG) and not pc.payload.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
     WORLD.Barrier()
