@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 SLURM_DIR = REPO / "slurm"
 TEMPLATE = SLURM_DIR / "cai_mpi.sbatch"
 JOB_CHECK = SLURM_DIR / "job_check.py"
+FAILING_RANK = Path(__file__).resolve().parent / "failing_rank.py"
 NODES, GPUS_PER_NODE = ("n1", "n2"), 2  # the cluster; the template asks for 2 ranks per node
 JOBS_TIMEOUT = 200  # seconds for all jobs together; the whole Slurm part must stay under 5 minutes
 # The first test also pays for starting the cluster (conftest waits up to 125 s for its daemons) and for
@@ -45,7 +46,7 @@ class Case:
     mpi: str  # which venv: "openmpi" or "mpich"
     launcher: str
     bind: str
-    expect: str = "pass"  # pass | refused | mislaunch
+    expect: str = "pass"  # pass | refused | mislaunch | rank fails
     srun_mpi: str = ""
     program: tuple[str, ...] = (str(JOB_CHECK),)
     mpi_env: dict[str, str] = field(default_factory=dict)  # what job_check must see on every rank
@@ -94,6 +95,9 @@ CASES = [
     # srun without the MPI's PMI starts 4 singletons: the template must fail loudly before the program.
     Case("mislaunch", "mpich", "srun-pmi2", "per-task", expect="mislaunch", srun_mpi="none"),
     Case("mpirun/per-task", "openmpi", "mpirun", "per-task", expect="refused"),
+    # A rank raises while the others wait for it: the job ends at once, with its traceback.
+    Case("rank-fails/srun-pmix", "openmpi", "srun-pmix", "per-task", expect="rank fails", program=(str(FAILING_RANK),)),
+    Case("rank-fails/srun-pmi2", "mpich", "srun-pmi2", "per-task", expect="rank fails", program=(str(FAILING_RANK),)),
     # One node: the same template with `sbatch --nodes=1`.
     Case("one-node/srun-pmix/per-task", "openmpi", "srun-pmix", "per-task", nodes=1),
     Case("one-node/srun-pmi2/all", "mpich", "srun-pmi2", "all", nodes=1),
@@ -285,6 +289,20 @@ def test_mislaunched_srun_fails_loudly(jobs: dict[str, Submitted]) -> None:
     assert result.state == "FAILED", result.describe()
     assert out.count("FATAL: MPI world size 1 != SLURM_NTASKS 4") == 4, out
     assert "== step 3:" not in out, "the program must not start after a failed world-size check\n" + out
+
+
+FAILING = [c for c in CASES if c.expect == "rank fails"]
+
+
+@pytest.mark.parametrize("case", FAILING, ids=[c.name for c in FAILING])
+def test_a_rank_that_raises_ends_the_job_with_its_traceback(case: Case, jobs: dict[str, Submitted]) -> None:
+    result = get(jobs, case.name)
+    out = result.output
+    # FAILED, not TIMEOUT or cancelled by the test: the job ended on its own, long before its time limit.
+    assert result.state == "FAILED", result.describe()
+    assert "== step 3:" in out, "the program should have started\n" + result.describe()
+    assert f"cai_mpi: rank 1 of {case.ranks} (host " in out and "aborting MPI_COMM_WORLD" in out, result.describe()
+    assert "RuntimeError: rank 1 fails on purpose" in out, result.describe()
 
 
 def test_mpirun_refuses_one_gpu_per_task(jobs: dict[str, Submitted]) -> None:
