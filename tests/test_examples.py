@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from launch import run_ranks
+from launch import ROOT, run_ranks
 
 
 def run(nprocs: int, *args: str) -> str:
@@ -54,3 +54,15 @@ def test_info_text_and_json(nprocs: int) -> None:
     assert len(data["ranks"]) == nprocs
     assert {"cuda_aware", "cuda_aware_source", "mpi_library", "gpu_route", "device_choice"} <= set(data["ranks"][0])
     assert data["ranks"][0]["accelerators"] == [] and "accelerators  : none (cai_mpi is pure Python)" in text
+
+
+def test_every_example_ends_the_job_if_a_rank_fails() -> None:
+    """Users copy the examples: each installs cai_mpi.abort_on_error() before it runs main(), so an exception on one
+    rank ends the job with its traceback instead of leaving the others blocked."""
+    examples = sorted(ROOT.joinpath("examples").glob("*.py"))
+    assert examples
+    for path in examples:
+        entry = path.read_text().split('\nif __name__ == "__main__":\n', 1)
+        assert len(entry) == 2, f"{path.name} has no __main__ block"
+        hook, run_main = entry[1].find("    cai_mpi.abort_on_error()"), entry[1].find("main()")
+        assert 0 <= hook < run_main, f"{path.name}: abort_on_error() is not installed before main() runs"
