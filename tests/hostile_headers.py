@@ -98,21 +98,26 @@ def check_decoder(msg: bytes, limit: int = LIMIT, *, measure: bool = False) -> O
     out, when it does not hold). ``measure``: also bound what decoding allocates (tracemalloc must be on)."""
     msg = msg[:HEADER_BUFFER_BYTES]  # a longer message does not fit any receive buffer: MPI refuses it first
     n = len(msg)
+
+    def decoded(decode: Any, *args: Any, **kw: Any) -> Outcome:
+        if not measure:
+            return _outcome(decode, *args, **kw)
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        outcome = _outcome(decode, *args, **kw)
+        grew = tracemalloc.get_traced_memory()[1] - before
+        assert grew <= ALLOC_BASE + ALLOC_PER_BYTE * n, f"{decode.__qualname__} of {n} bytes allocated {grew} bytes"
+        return outcome
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a warning escaping the decoder is another exception
-        if measure:
-            before = tracemalloc.get_traced_memory()[0]
-            tracemalloc.reset_peak()
-        strict = _outcome(decode_header, msg, n, max_payload_bytes=limit)
-        if measure:
-            grew = tracemalloc.get_traced_memory()[1] - before
-            assert grew <= ALLOC_BASE + ALLOC_PER_BYTE * n, f"decoding {n} bytes allocated {grew} bytes"
+        strict = decoded(decode_header, msg, n, max_payload_bytes=limit)
         buf = bytearray(HEADER_BUFFER_BYTES)
         buf[:n] = msg
         buf[n : n + 64] = b"\xff" * min(64, HEADER_BUFFER_BYTES - n)  # stale bytes after the message
-        cached = [_outcome(header.decode, buf, n, limit) for _ in range(2)]  # filling the cache, then hitting it
+        cached = [decoded(header.decode, buf, n, limit) for _ in range(2)]  # filling the cache, then hitting it
         memo = HeaderMemo()
-        remembered = [_outcome(memo.decode, buf, n, limit) for _ in range(2)]
+        remembered = [decoded(memo.decode, buf, n, limit) for _ in range(2)]
     for other in (*cached, *remembered):
         assert _same(other, strict), f"decoders disagree on {msg!r}: {other!r} and {strict!r}"
     if not isinstance(strict, str):

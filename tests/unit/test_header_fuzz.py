@@ -132,7 +132,7 @@ def test_mutated_valid_headers(msg: bytes) -> None:
 @FUZZ
 @given(mutated_headers(), st.sampled_from([0, 1, 16, LIMIT, 2**63]))
 def test_mutated_valid_headers_at_any_payload_limit(msg: bytes, limit: int) -> None:
-    outcome = check_decoder(msg, limit)
+    outcome = check_decoder(msg, limit, measure=True)  # (what decoding allocates never follows the limit)
     if not isinstance(outcome, str):
         assert outcome[0].payload_nbytes <= limit
 
