@@ -24,6 +24,8 @@ ENV_VARS: Mapping[str, str] = types.MappingProxyType({
     "CAI_MPI_BIND_DEVICE": "1: make this rank's GPU current when cai_mpi is imported, before MPI is initialized",
     "CAI_MPI_CUDA_DRIVER": "module:factory replacing cuda-python's driver module (the driver double in tests)",
     "CAI_MPI_TIMEOUT": "seconds any cai_mpi wait may last before it raises cai_mpi.TimeoutError; default off",
+    "CAI_MPI_POOL_BYTES": "most idle bytes the pool of host receive buffers keeps per process; default 1 GiB",
+    "CAI_MPI_PINNED_POOL_BYTES": "most idle bytes of pinned staging memory kept per process and GPU; default 256 MiB",
 })
 
 
@@ -75,6 +77,8 @@ class Config:
     max_payload_bytes: int
     device_datatypes: bool
     timeout: float | None = None
+    pool_bytes: int = 1 << 30
+    pinned_pool_bytes: int = 256 << 20
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config:
@@ -90,6 +94,8 @@ class Config:
             max_payload_bytes=_int(env, "CAI_MPI_MAX_PAYLOAD_BYTES", 1 << 40),
             device_datatypes=_bool(env, "CAI_MPI_DEVICE_DATATYPES", False),
             timeout=_seconds(env, "CAI_MPI_TIMEOUT"),
+            pool_bytes=_int(env, "CAI_MPI_POOL_BYTES", 1 << 30),
+            pinned_pool_bytes=_int(env, "CAI_MPI_PINNED_POOL_BYTES", 256 << 20),
         )
 
 

@@ -18,6 +18,8 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from .config import config
+
 __all__ = ["BlockPool", "HostReceivePool", "host_receive_pool", "size_class"]
 
 B = TypeVar("B")
@@ -34,10 +36,12 @@ class BlockPool(Generic[B]):
     Args:
         allocate: makes a new block of exactly the size class asked for.
         release: frees a block the pool will not keep.
-        budget: the most idle bytes the pool holds.
+        budget: the most idle bytes the pool holds, asked each time a block comes back (a setting may change).
     """
 
-    def __init__(self, allocate: Callable[[int], B], release: Callable[[B], None], *, budget: int) -> None:
+    def __init__(
+        self, allocate: Callable[[int], B], release: Callable[[B], None], *, budget: Callable[[], int]
+    ) -> None:
         self._allocate = allocate
         self._release = release
         self.budget = budget
@@ -60,13 +64,14 @@ class BlockPool(Generic[B]):
     def give(self, block: B, cls: int) -> None:
         """Take back a block of size class ``cls``, evicting idle blocks of other classes to fit the budget."""
         evicted: list[B] = []
+        budget = self.budget()
         with self._lock:
-            if self.idle_bytes + cls > self.budget and cls <= self.budget:
+            if self.idle_bytes + cls > budget and cls <= budget:
                 for other, idle in list(self._idle.items()):  # a copy: a lease may die in here and come back
-                    while idle and other != cls and self.idle_bytes + cls > self.budget:
+                    while idle and other != cls and self.idle_bytes + cls > budget:
                         evicted.append(idle.pop())
                         self.idle_bytes -= other
-            if self.idle_bytes + cls <= self.budget:
+            if self.idle_bytes + cls <= budget:
                 self._idle.setdefault(cls, []).append(block)
                 self._idle.move_to_end(cls)
                 self.idle_bytes += cls
@@ -114,7 +119,10 @@ class HostReceivePool:
     view of a block that goes back to the pool when the array and every view of it are gone.
     """
 
-    def __init__(self, *, min_bytes: int = 1 << 16, max_bytes: int = 1 << 30, budget: int = 1 << 30) -> None:
+    def __init__(
+        self, *, min_bytes: int = 1 << 16, max_bytes: int = 1 << 30,
+        budget: Callable[[], int] = lambda: config().pool_bytes,
+    ) -> None:
         self.min_bytes = min_bytes
         self.max_bytes = max_bytes
         self.blocks: BlockPool[np.ndarray[Any, Any]] = BlockPool(_new_block, _drop_block, budget=budget)

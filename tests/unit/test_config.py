@@ -86,6 +86,8 @@ INT_VARS = [
     ("CAI_MPI_MAX_MESSAGE_BYTES", "max_message_bytes", 1),
     ("CAI_MPI_INLINE_BYTES", "inline_bytes", 0),
     ("CAI_MPI_MAX_PAYLOAD_BYTES", "max_payload_bytes", 0),
+    ("CAI_MPI_POOL_BYTES", "pool_bytes", 0),
+    ("CAI_MPI_PINNED_POOL_BYTES", "pinned_pool_bytes", 0),
 ]
 
 

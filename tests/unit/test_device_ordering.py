@@ -275,12 +275,11 @@ def test_an_out_on_the_per_thread_stream_is_synchronized_in_the_calling_thread(
 # -- defects 4 and 6: pinned staging memory is bounded, and never lent out while MPI or a copy still uses it ------
 
 
-def test_pinned_staging_memory_stays_within_the_pool_budget(
-    staged: tuple[CudaRuntime, MPI.Comm], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_pinned_staging_memory_stays_within_the_pool_budget(staged: tuple[CudaRuntime, MPI.Comm]) -> None:
     rt, comm = staged
     budget = 128 << 10
-    monkeypatch.setattr(pieces, "_PINNED_POOLBYTES", budget)
+    reload_config({"CAI_MPI_INLINE_BYTES": "0", "CAI_MPI_CHUNK_BYTES": "65536",
+                   "CAI_MPI_PINNED_POOL_BYTES": str(budget)})
     d = double_of(rt)
     for n in range(1000, 200_000, 3331):  # 60 distinct message sizes
         x = np.arange(n, dtype=np.uint8)

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cai_mpi._src.pool import BlockPool, HostReceivePool, size_class
+from cai_mpi._src.config import Config, reload_config
+from cai_mpi._src.pool import BlockPool, HostReceivePool, host_receive_pool, size_class
 
 # -- BlockPool -----------------------------------------------------------------------------------------------
 
@@ -33,7 +34,7 @@ class Blocks:
 
 def pool_of(budget: int) -> tuple[BlockPool[tuple[int, int]], Blocks]:
     blocks = Blocks()
-    return BlockPool(blocks.allocate, blocks.release, budget=budget), blocks
+    return BlockPool(blocks.allocate, blocks.release, budget=lambda: budget), blocks
 
 
 @pytest.mark.parametrize(("nbytes", "cls"), [(0, 1), (1, 1), (2, 2), (3, 4), (4096, 4096), (4097, 8192)])
@@ -119,7 +120,7 @@ def test_idle_bytes_stay_exact_under_threads() -> None:
     finally:
         sys.setswitchinterval(old)
     idle = sum(cls * len(free) for cls, free in pool._idle.items())
-    assert pool.idle_bytes == idle and 0 < idle <= pool.budget
+    assert pool.idle_bytes == idle and 0 < idle <= pool.budget()
     assert len(blocks.made) == len(blocks.released) + sum(len(free) for free in pool._idle.values())
 
 
@@ -172,7 +173,7 @@ def test_sizes_outside_the_pooled_range_get_plain_arrays() -> None:
 
 def test_a_full_pool_moves_on_to_the_size_in_use() -> None:
     """A run that moves on to a new size keeps pooling it once the budget is full."""
-    pool = HostReceivePool(min_bytes=1024, max_bytes=1 << 20, budget=3 * 4096)
+    pool = HostReceivePool(min_bytes=1024, max_bytes=1 << 20, budget=lambda: 3 * 4096)
     old = [pool.take_array((4096,), np.dtype(np.uint8), 4096) for _ in range(3)]
     del old
     assert pool.idle_bytes == 3 * 4096
@@ -183,3 +184,24 @@ def test_a_full_pool_moves_on_to_the_size_in_use() -> None:
     assert pool.take_array((8192,), np.dtype(np.uint8), 8192).ctypes.data == addr
     pool.clear()
     assert pool.idle_bytes == 0
+
+
+def test_cai_mpi_pool_bytes_bounds_what_received_arrays_leave_idle() -> None:
+    """CAI_MPI_POOL_BYTES is the budget of the process's pool of received arrays, re-read as settings are: 0 keeps
+    nothing idle; a smaller budget takes effect as blocks come back."""
+    pool = host_receive_pool()
+    pool.clear()
+    try:
+        reload_config({"CAI_MPI_POOL_BYTES": "0"})
+        a = pool.take_array((1 << 17,), np.dtype(np.uint8), 1 << 17)
+        del a
+        assert pool.idle_bytes == 0
+        reload_config({"CAI_MPI_POOL_BYTES": str(1 << 18)})
+        arrays = [pool.take_array((1 << 17,), np.dtype(np.uint8), 1 << 17) for _ in range(4)]
+        del arrays
+        assert pool.idle_bytes == 1 << 18  # two of the four blocks
+        reload_config({})
+        assert Config.from_env({}).pool_bytes == 1 << 30  # the default
+    finally:
+        reload_config()
+        pool.clear()

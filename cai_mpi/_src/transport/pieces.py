@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..config import config
 from ..pool import BlockPool
 from ..requests import Waitable
 from ..runtime.base import Event, PinnedBuffer, Runtime, Stream
@@ -46,7 +47,6 @@ def byte_chunks(arr: np.ndarray[Any, Any], chunk: int) -> list[Any]:
 
 _tls = threading.local()
 _pinned_pools: weakref.WeakKeyDictionary[Runtime, BlockPool[PinnedBuffer]] = weakref.WeakKeyDictionary()
-_PINNED_POOLBYTES = 256 << 20
 
 
 def internal_stream(runtime: Runtime, ordinal: int) -> Stream:
@@ -66,7 +66,8 @@ def pinned_pool(runtime: Runtime) -> BlockPool[PinnedBuffer]:
         _release_finished()
     pool = _pinned_pools.get(runtime)
     if pool is None:
-        pool = _pinned_pools[runtime] = BlockPool(runtime.alloc_pinned, PinnedBuffer.free, budget=_PINNED_POOLBYTES)
+        pool = _pinned_pools[runtime] = BlockPool(runtime.alloc_pinned, PinnedBuffer.free,
+                                                  budget=lambda: config().pinned_pool_bytes)
     return pool
 
 
