@@ -58,8 +58,12 @@ def _free_open_channels() -> None:
     for ch in list(_open_channels):
         inflight = ch._inflight
         if inflight is not None and not inflight._settled:
-            keep_past_exit(inflight)  # MPI still owns its memory; teardown must not free it
-        ch._release()
+            # MPI still owns its memory: keep it past teardown, and its request active (freed, it would read as
+            # complete to a later wait, which would then let the memory go).
+            keep_past_exit(inflight)
+            ch._closed = True
+        else:
+            ch._release()
 
 
 def _address(src: np.ndarray[Any, Any] | DeviceSource) -> int:

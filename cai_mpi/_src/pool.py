@@ -36,7 +36,8 @@ class BlockPool(Generic[B]):
     Args:
         allocate: makes a new block of exactly the size class asked for.
         release: frees a block the pool will not keep.
-        budget: the most idle bytes the pool holds, asked each time a block comes back (a setting may change).
+        budget: the most idle bytes the pool holds, asked each time a block is taken (a setting may change).
+            Not when one comes back: that may happen during interpreter teardown, when settings are gone.
     """
 
     def __init__(
@@ -44,7 +45,8 @@ class BlockPool(Generic[B]):
     ) -> None:
         self._allocate = allocate
         self._release = release
-        self.budget = budget
+        self._read_budget = budget
+        self.budget = budget()
         self.idle_bytes = 0
         self._idle: OrderedDict[int, list[B]] = OrderedDict()  # size class -> idle blocks, least recent first
         # Reentrant: the garbage collector can free a lease (which gives its block back) at any allocation.
@@ -53,6 +55,7 @@ class BlockPool(Generic[B]):
     def take(self, nbytes: int) -> tuple[B, int]:
         """An idle block of ``nbytes``' size class, else a new one: ``(block, its size class)``."""
         cls = size_class(nbytes)
+        self.budget = self._read_budget()
         with self._lock:
             idle = self._idle.get(cls)
             if idle:
@@ -62,16 +65,20 @@ class BlockPool(Generic[B]):
         return self._allocate(cls), cls
 
     def give(self, block: B, cls: int) -> None:
-        """Take back a block of size class ``cls``, evicting idle blocks of other classes to fit the budget."""
+        """Take back a block of size class ``cls``, evicting the least recently used idle blocks to fit the budget
+        (or, if the block is larger than the budget, releasing it and trimming what a lowered budget left over)."""
         evicted: list[B] = []
-        budget = self.budget()
+        budget = self.budget
+        fits = cls <= budget
         with self._lock:
-            if self.idle_bytes + cls > budget and cls <= budget:
-                for other, idle in list(self._idle.items()):  # a copy: a lease may die in here and come back
-                    while idle and other != cls and self.idle_bytes + cls > budget:
-                        evicted.append(idle.pop())
-                        self.idle_bytes -= other
-            if self.idle_bytes + cls <= budget:
+            if cls in self._idle:
+                self._idle.move_to_end(cls)  # in use: evicted last
+            room = budget - cls if fits else budget
+            for other, idle in list(self._idle.items()):  # a copy: a lease may die in here and come back
+                while idle and self.idle_bytes > room:
+                    evicted.append(idle.pop())
+                    self.idle_bytes -= other
+            if fits:
                 self._idle.setdefault(cls, []).append(block)
                 self._idle.move_to_end(cls)
                 self.idle_bytes += cls

@@ -136,8 +136,8 @@ def keep_past_exit(req: Request[Any]) -> None:
 
 @atexit.register
 def _keep_pending_past_exit() -> None:
-    _outliving_teardown.extend(_active)
     Request._exiting = True  # requests freed from now on are pending ones dropped by teardown: see Request._abandon
+    _outliving_teardown.extend(list(_active))
 
 
 Steps = Generator["Waitable", None, T]
@@ -239,10 +239,12 @@ class Request(Generic[T]):
     """
 
     __slots__ = ("__weakref__", "_about", "_error", "_expired", "_gen", "_keep", "_lock", "_pending", "_result")
-    # What __del__ needs during teardown, which may have cleared this module's globals already.
+    # What keeps memory safe in __del__ during teardown, which may have cleared this module's globals already
+    # (withdrawing a receive may then fail: the request is kept instead).
     _exiting: ClassVar[bool] = False
     _outliving_teardown: ClassVar[list[Request[Any]]] = _outliving_teardown
     _mpi_finalized = staticmethod(MPI.Is_finalized)
+    _dropped: ClassVar[BaseException] = _DROPPED
 
     def __init__(self, gen: Generator[Waitable, None, T], keep: Any = None, about: Awaited | None = None) -> None:
         self._gen: Generator[Waitable, None, T] | None = gen
@@ -391,7 +393,7 @@ class Request(Generic[T]):
                     return
             except Exception:
                 pass
-        self._abandon(_DROPPED)
+        self._abandon(self._dropped)
 
     def _wait_quietly(self) -> None:
         """Block until completed, even in the background after a timeout; an error stays for ``wait()`` to raise."""
@@ -462,7 +464,7 @@ class PostedRequest(Request[T]):
                 return
             except Exception:
                 pass
-        self._abandon(_DROPPED)
+        self._abandon(self._dropped)
 
     def _complete(self) -> None:
         """Block until the MPI requests complete (the caller holds the lock)."""

@@ -120,7 +120,7 @@ def test_idle_bytes_stay_exact_under_threads() -> None:
     finally:
         sys.setswitchinterval(old)
     idle = sum(cls * len(free) for cls, free in pool._idle.items())
-    assert pool.idle_bytes == idle and 0 < idle <= pool.budget()
+    assert pool.idle_bytes == idle and 0 < idle <= pool.budget
     assert len(blocks.made) == len(blocks.released) + sum(len(free) for free in pool._idle.values())
 
 
@@ -205,3 +205,24 @@ def test_cai_mpi_pool_bytes_bounds_what_received_arrays_leave_idle() -> None:
     finally:
         reload_config()
         pool.clear()
+
+
+def test_a_lowered_budget_trims_what_is_idle_as_blocks_come_back() -> None:
+    """Blocks of one class fill the pool; the budget is lowered (a setting changed): the next block back leaves
+    the pool within the new budget, whatever classes are idle, and a block over the budget is not kept."""
+    budget = [8 * 4096]
+    blocks = Blocks()
+    pool = BlockPool(blocks.allocate, blocks.release, budget=lambda: budget[0])
+    taken = [pool.take(4096) for _ in range(9)]
+    for block, cls in taken[:8]:
+        pool.give(block, cls)
+    assert pool.idle_bytes == 8 * 4096
+    budget[0] = 2 * 4096
+    block, cls = taken[8]
+    pool.take(100)  # (a budget is read when a block is taken)
+    pool.give(block, cls)
+    assert pool.idle_bytes == 2 * 4096 and len(blocks.released) == 7
+    budget[0] = 0
+    big, big_cls = pool.take(1 << 20)
+    pool.give(big, big_cls)
+    assert pool.idle_bytes == 0 and big in blocks.released
