@@ -72,7 +72,7 @@ def _plain(fn: str, arr: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     if isinstance(arr, np.ma.MaskedArray):
         raise TypeError(f"{fn}: a numpy masked array cannot be sent or received as one array: pass its .data and "
                         "its .mask (np.ma.getmaskarray) separately")
-    return arr.view(np.ndarray)
+    return np.ndarray.view(arr, np.ndarray)  # (not the subclass's own view(), which may do more)
 
 
 @dataclasses.dataclass(slots=True, frozen=True)

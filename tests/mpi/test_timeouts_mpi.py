@@ -192,6 +192,7 @@ def test_a_payload_that_does_not_come_times_out_and_is_received_in_the_backgroun
         ptag = pc.next_payload_tag()
         pc.header.Send([encode_header(x.dtype, x.shape, fortran=False, payload_tag=ptag), MPI.BYTE], 0, 17)
     elif rank == 0:
+        assert not _active  # (so that what is pending afterwards is this receive)
         start = time.monotonic()
         with pytest.raises(cai_mpi.TimeoutError) as info:
             cai_mpi.recv_array(1, 17, timeout=SHORT, out=out)
