@@ -32,7 +32,11 @@ def _write_summary() -> None:
     where = os.environ.get("CAI_MPI_TEST_REPORT_DIR")
     if where:
         path = Path(where) / f"rank{MPI.COMM_WORLD.Get_rank()}.json"
-        path.write_text(json.dumps(_summary))
+        # Whole or not at all: a rank may be killed mid-write (another rank's abort), and a half-written
+        # summary would fail the outer run's reading of it.
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(_summary))
+        os.replace(partial, path)
 
 
 @pytest.hookimpl(hookwrapper=True)
