@@ -22,7 +22,7 @@ from .config import config
 from .deadlines import Awaited, deadline
 from .operands import DeviceSource, RecvTarget, recv_target, send_source
 from .p2p import _inbox, _inboxes, _meta, _pick_device
-from .requests import MPIWait, PostedRequest, Request, RequestWait, Waitable, _active, keep_past_exit
+from .requests import PostedRequest, Request, RequestWait, _active, keep_past_exit
 from .runtime import get_runtime
 from .sync import sync_enabled
 from .transport import header_failure, plan_recv, plan_send
@@ -36,6 +36,7 @@ from .validation import (
     check_sync,
     check_tag,
 )
+from .waits import MPIWait, Waitable
 
 __all__ = ["RecvChannel", "SendChannel", "recv_channel", "send_channel"]
 

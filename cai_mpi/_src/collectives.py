@@ -19,19 +19,20 @@ from mpi4py import MPI
 from .agreement import Contribution, describe_source, pack, raise_failures, read, unpack
 from .array import Array
 from .config import Config, config
-from .deadlines import Deadline, deadline
+from .deadlines import Deadline, collective_expired, deadline
 from .errors import CollectiveMismatchError, RecvMismatchError
 from .header import MessageInfo, inline_message
 from .operands import DeviceSource, Target, describe_target, mismatch, recv_target, send_source
 from .p2p import _meta, _pick_device
 from .privcomm import PrivateComms
-from .requests import joined
+from .requests import PostedRequest, complete_by
 from .runtime import get_runtime
 from .runtime.base import Runtime
 from .transport import internal_stream
 from .transport.collective import INT_MAX, allgatherv, alltoallw, bcast, gatherv
 from .transport.contiguous import Gathered, Landing, outgoing
 from .validation import PROC_NULL, check_comm, check_rank, check_sync
+from .waits import MPIWait
 
 __all__ = ["allgather_array", "alltoall_array", "bcast_array", "gather_array", "scatter_array"]
 
@@ -39,6 +40,19 @@ _NO_TAG = -1  # collectives have no tag: the Arrays they return say so
 _BLOCK = 512  # bytes: what bcast_array broadcasts first (a header, with a small payload inline)
 _SLOT = 256  # bytes per rank of the agreement Allgather: the length of a rank's header and its start
 _LEN = struct.Struct("<q")
+
+
+def joined(fn: str, comm: MPI.Intracomm, due: Deadline | None, collective: str, *args: Any) -> None:
+    """A collective's first step, where every rank must arrive: ``comm.<collective>(*args)``; with a deadline its
+    nonblocking form, which is abandoned (its buffers kept alive) with TimeoutError if some rank has not come."""
+    if due is None:
+        getattr(comm, collective)(*args)
+        return
+    req = getattr(comm, "I" + collective[0].lower() + collective[1:])(*args)
+    if not complete_by(MPIWait([req]), due):
+        error = collective_expired(fn, comm, due)
+        PostedRequest([req], None, keep=args)._abandon(error)
+        raise error
 
 
 def setup(fn: str, comm: Any, root: Any = None, timeout: Any = None) -> tuple[

@@ -16,7 +16,7 @@ from .deadlines import Awaited, deadline
 from .header import encode_meta
 from .operands import recv_target, send_source
 from .privcomm import PrivateComms
-from .requests import MPIWait, PostedRequest, Request, Waitable, _active, complete, drive
+from .requests import PostedRequest, Request, _active, complete, drive
 from .runtime import get_runtime
 from .runtime.base import Runtime
 from .transport import Inbox, Outbound, header_failure, plan_recv, plan_send
@@ -31,6 +31,7 @@ from .validation import (
     check_sync,
     check_tag,
 )
+from .waits import MPIWait, Waitable
 
 __all__ = [
     "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "irecv_array", "isend_array", "recv_array", "send_array", "sendrecv_array",

@@ -34,6 +34,7 @@ __all__ = ["Pipeline"]
 _ITEM, _END = 0, 1  # tags on the data duplicate
 _CREDIT, _NOTICE = 0, 1  # tags on the control duplicate
 _SPIN_SECONDS = 1e-3  # how long a wait polls before it starts sleeping
+_MAX_PAUSE = 1e-4  # the longest sleep between polls after that
 _NOTICE_BYTES = 64 << 10
 # What each stage tells the others on leaving: the failing stage (else the size), messages sent downstream
 # (items and the end of the stream), messages received from upstream, credits sent, whether a receive is
@@ -154,8 +155,8 @@ class Pipeline:
         did not come), TimeoutError, which reaches the other stages as this stage's failure.
 
         For the first ``_SPIN_SECONDS`` it only yields the core between polls (an item or a credit usually
-        comes within microseconds, and any ``time.sleep``, even of 0, costs tens of them); then it sleeps,
-        backing off to 100 us.
+        comes sooner than any ``time.sleep``, even of 0, returns); then it sleeps, backing off to
+        ``_MAX_PAUSE``.
         """
         spin_until = time.perf_counter() + _SPIN_SECONDS
         pause = 0.0
@@ -167,7 +168,7 @@ class Pipeline:
                 raise TimeoutError(f"Pipeline: stage {self.stage} waited {due.seconds:g} s for {what}", due.seconds,
                                    False)
             if pause or time.perf_counter() > spin_until:
-                pause = min(pause * 2 + 1e-6, 1e-4)
+                pause = min(pause * 2 + 1e-6, _MAX_PAUSE)
                 time.sleep(pause)
             else:
                 os.sched_yield()
@@ -234,7 +235,7 @@ class Pipeline:
         while not agreed.Test():  # meanwhile sends of this stage that still need driving (staging) go on
             self._reap()
             time.sleep(pause)
-            pause = min(pause * 2 + 1e-6, 1e-4)
+            pause = min(pause * 2 + 1e-6, _MAX_PAUSE)
         report = self._settle(everyone)
         self._data.Free()
         self._ctl.Free()

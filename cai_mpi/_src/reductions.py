@@ -16,11 +16,10 @@ from mpi4py import MPI
 
 from .agreement import Contribution, raise_failures, read, unpack
 from .array import Array
-from .collectives import setup
+from .collectives import joined, setup
 from .errors import CollectiveMismatchError
 from .header import MessageInfo, encode_header
 from .operands import DeviceSource, RecvTarget, describe_target, mismatch, recv_target, send_source
-from .requests import joined
 from .transport.collective import reduce
 from .transport.contiguous import Landing, outgoing
 from .validation import check_sync

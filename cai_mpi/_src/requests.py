@@ -1,5 +1,6 @@
-"""Requests and progress: what a transfer step waits on (MPI requests, device events), the Request that
-drives the steps, and the rule that any cai_mpi wait drives every pending request of the process."""
+"""Requests and progress: the Request that drives a transfer's steps (each waits on a ``waits.Waitable``), the
+rule that any cai_mpi wait drives every pending request of the process, and what keeps a pending request's
+memory alive until MPI is done with it (dropped, timed out, or at interpreter exit)."""
 
 from __future__ import annotations
 
@@ -13,81 +14,14 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from mpi4py import MPI
 
-from .deadlines import Awaited, Deadline, collective_expired, deadline
-from .runtime.base import Event
+from .deadlines import Awaited, Deadline, deadline
+from .waits import MPIWait, Waitable
 
 __all__ = [
-    "EventWait", "MPIWait", "PostedRequest", "Request", "RequestWait", "Steps", "Waitable", "complete", "complete_by",
-    "drive", "idle", "joined", "keep_past_exit",
+    "PostedRequest", "Request", "RequestWait", "Steps", "complete", "complete_by", "drive", "idle", "keep_past_exit",
 ]
 
 T = TypeVar("T")
-
-
-class Waitable:
-    __slots__ = ()
-    #: True when this is a transfer's last step and nothing is left for cai_mpi to do but let MPI finish
-    #: (the request then needs no driving by other waits: see ``_active``).
-    final = False
-    #: True for a receive that has matched nothing yet, which a timeout may withdraw (``cancel``).
-    cancellable = False
-
-    def wait(self) -> None:
-        raise NotImplementedError
-
-    def test(self) -> bool:
-        raise NotImplementedError
-
-
-class MPIWait(Waitable):
-    """Completion of MPI requests; with ``status``, the (single) request's status is filled in.
-
-    ``final``: the transfer has nothing left to do once these complete (see ``Waitable.final``);
-    ``cancellable``: the (single) request receives a message's header, which nothing has matched yet.
-    """
-
-    __slots__ = ("cancellable", "final", "reqs", "status")
-
-    def __init__(
-        self, reqs: list[MPI.Request], status: MPI.Status | None = None, *, final: bool = False,
-        cancellable: bool = False,
-    ) -> None:
-        self.reqs = reqs
-        self.status = status
-        self.final = final
-        self.cancellable = cancellable
-
-    def cancel(self) -> bool:
-        """Withdraw the receive: True if it was cancelled (nothing consumed), False if a message matched it first
-        (then it has completed, with ``status`` filled in)."""
-        status = self.status if self.status is not None else MPI.Status()
-        self.reqs[0].Cancel()
-        self.reqs[0].Wait(status)
-        return bool(status.Is_cancelled())
-
-    def wait(self) -> None:
-        if self.status is not None:
-            self.reqs[0].Wait(self.status)
-        else:
-            MPI.Request.Waitall(self.reqs)
-
-    def test(self) -> bool:
-        if self.status is not None:
-            return bool(self.reqs[0].Test(self.status))
-        return bool(MPI.Request.Testall(self.reqs))
-
-
-class EventWait(Waitable):
-    __slots__ = ("event",)
-
-    def __init__(self, event: Event) -> None:
-        self.event = event
-
-    def wait(self) -> None:
-        self.event.synchronize()
-
-    def test(self) -> bool:
-        return self.event.query()
 
 
 class RequestWait(Waitable):
@@ -122,22 +56,23 @@ _DROPPED = RuntimeError("the request was dropped before it completed")
 # its memory, whatever its step: nobody else would complete it, and it holds that memory.
 _active: set[Request[Any]] = set()
 
+
+
 # Interpreter exit: mpi4py finalizes MPI from Py_AtExit, after Python's teardown has freed what it could, in an order
 # nobody controls. MPI may read or write a pending request's memory until MPI_Finalize, so from cai_mpi's atexit hook
-# on, pending requests go to a list that teardown cannot free (the end of the process reclaims it).
-_outliving_teardown: list[Request[Any]] = []
-ctypes.pythonapi.Py_IncRef(ctypes.py_object(_outliving_teardown))  # a reference nobody drops
+# on, pending requests go to ``Request._outliving_teardown``, a list that teardown cannot free (the end of the
+# process reclaims it).
 
 
 def keep_past_exit(req: Request[Any]) -> None:
     """Keep ``req``, and the memory it holds, until the process ends (MPI still owns that memory at exit)."""
-    _outliving_teardown.append(req)
+    Request._outliving_teardown.append(req)
 
 
 @atexit.register
 def _keep_pending_past_exit() -> None:
     Request._exiting = True  # requests freed from now on are pending ones dropped by teardown: see Request._abandon
-    _outliving_teardown.extend(list(_active))
+    Request._outliving_teardown.extend(list(_active))
 
 
 Steps = Generator["Waitable", None, T]
@@ -186,7 +121,7 @@ def complete(waitable: Waitable, me: object = None) -> None:
         if not others_pending(me):
             waitable.wait()
             return
-        os.sched_yield()  # let other threads run (it releases the GIL; time.sleep(0) costs ~80 us of timer slack)
+        os.sched_yield()  # let other threads run (it releases the GIL without time.sleep's timer slack)
 
 
 def complete_by(waitable: Waitable, due: Deadline, me: object = None) -> bool:
@@ -206,19 +141,6 @@ def complete_by(waitable: Waitable, due: Deadline, me: object = None) -> bool:
         else:
             pause = min(pause * 2 + 1e-5, 1e-3, due.at - now)
             time.sleep(pause)
-
-
-def joined(fn: str, comm: MPI.Intracomm, due: Deadline | None, collective: str, *args: Any) -> None:
-    """A collective's first step, where every rank must arrive: ``comm.<collective>(*args)``; with a deadline its
-    nonblocking form, which is abandoned (its buffers kept alive) with TimeoutError if some rank has not come."""
-    if due is None:
-        getattr(comm, collective)(*args)
-        return
-    req = getattr(comm, "I" + collective[0].lower() + collective[1:])(*args)
-    if not complete_by(MPIWait([req]), due):
-        error = collective_expired(fn, comm, due)
-        PostedRequest([req], None, keep=args)._abandon(error)
-        raise error
 
 
 class Request(Generic[T]):
@@ -242,7 +164,7 @@ class Request(Generic[T]):
     # What keeps memory safe in __del__ during teardown, which may have cleared this module's globals already
     # (withdrawing a receive may then fail: the request is kept instead).
     _exiting: ClassVar[bool] = False
-    _outliving_teardown: ClassVar[list[Request[Any]]] = _outliving_teardown
+    _outliving_teardown: ClassVar[list[Request[Any]]] = []
     _mpi_finalized = staticmethod(MPI.Is_finalized)
     _dropped: ClassVar[BaseException] = _DROPPED
 
@@ -419,12 +341,15 @@ class Request(Generic[T]):
         return f"<cai_mpi.Request {'done' if self.done else 'pending'}>"
 
 
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(Request._outliving_teardown))  # a reference nobody drops
+
+
 class PostedRequest(Request[T]):
     """A Request whose MPI operations are all posted and whose result is known in advance.
 
     Completing the MPI requests is all that is left, so there is no generator to drive: the
     common nonblocking sends (a contiguous host array, a small one inline) and started channel
-    messages. Creating and completing one costs about a third of a generator-driven Request.
+    messages, which are cheaper to create and complete this way than through a generator.
     Its waits still drive the other pending cai_mpi requests, like any Request's.
 
     ``cancellable``: the single request is a receive a timeout may withdraw (a channel's next message).

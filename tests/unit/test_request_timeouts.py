@@ -13,7 +13,8 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.deadlines import Awaited
-from cai_mpi._src.requests import Request, Waitable, _active, complete
+from cai_mpi._src.requests import Request, _active, complete
+from cai_mpi._src.waits import Waitable
 
 
 class Flag(Waitable):

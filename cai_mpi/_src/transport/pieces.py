@@ -13,8 +13,8 @@ from mpi4py import MPI
 
 from ..config import config
 from ..pool import BlockPool
-from ..requests import Waitable
 from ..runtime.base import Event, PinnedBuffer, Runtime, Stream
+from ..waits import Waitable
 
 __all__ = ["BYTE", "Steps", "byte_chunks", "chunks", "give_back", "internal_stream", "pinned_pool", "raw"]
 

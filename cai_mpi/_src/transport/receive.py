@@ -15,8 +15,8 @@ from ..header import HEADER_BUFFER_BYTES, HeaderMemo, MessageInfo
 from ..operands import RecvTarget, Target, describe_target, mismatch
 from ..pool import host_receive_pool
 from ..privcomm import PrivateComms
-from ..requests import EventWait, MPIWait
 from ..runtime.base import DeviceBuffer, Event, Runtime
+from ..waits import EventWait, MPIWait
 from .pieces import BYTE, Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
 
 __all__ = ["Inbound", "Inbox", "header_failure", "plan_recv"]

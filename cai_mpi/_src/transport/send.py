@@ -12,8 +12,8 @@ from ..datatypes import describable, strided_type
 from ..header import encode_header, inline_message
 from ..operands import DeviceSource
 from ..privcomm import PrivateComms
-from ..requests import EventWait, MPIWait
 from ..runtime.base import DeviceBuffer, Event, Runtime
+from ..waits import EventWait, MPIWait
 from .pieces import Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
 
 __all__ = ["Outbound", "plan_send"]
