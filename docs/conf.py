@@ -59,7 +59,7 @@ nitpick_ignore_regex = [("py:class", r"(numpy|mpi4py\.MPI|collections\.abc)\.\w+
 nitpick_ignore = [
     ("py:class", f"cai_mpi._src.{name}")
     for name in (
-        "requests.Waitable", "requests.T", "deadlines.Awaited",
+        "waits.Waitable", "requests.T", "deadlines.Awaited",
         "runtime.base.Runtime", "runtime.base.DeviceBuffer", "runtime.base.Stream", "runtime.base.Event",
         "runtime.base.Location",
     )
