@@ -8,6 +8,7 @@ import numpy as np
 
 from .descriptor import CAIDescriptor, descriptor_from_numpy
 from .runtime.base import DeviceBuffer
+from .sync import sync_unnamed
 
 __all__ = ["Array"]
 
@@ -20,8 +21,9 @@ _KDL_CUDA = 2
 class Array:
     """What ``recv_array`` returns: the data, its descriptor, and where it came from.
 
-    Device memory exports ``__cuda_array_interface__`` (v3, ``stream`` None:
-    the data is complete when you get it), so ``cupy.asarray(a)``,
+    Device memory exports ``__cuda_array_interface__`` (v3; ``stream`` names
+    the stream the data is ready on: the caller's current stream when it was
+    received, usually the legacy default stream, 1), so ``cupy.asarray(a)``,
     ``torch.as_tensor(a, device="cuda")`` and ``numba.cuda.as_cuda_array(a)``
     adopt it without a copy. Host memory exports ``__array_interface__``,
     DLPack (``__dlpack__``) and, on Python 3.12+, the buffer protocol, so
@@ -98,7 +100,7 @@ class Array:
         meta: dict[str, Any] | None = None,
     ) -> Array:
         """Wrap a device allocation holding ``shape``/``dtype`` elements in C (or F) order."""
-        desc = CAIDescriptor.for_new_buffer(buffer.ptr, shape, dtype, fortran=fortran)
+        desc = CAIDescriptor.for_new_buffer(buffer.ptr, shape, dtype, fortran=fortran, stream=buffer.stream)
         return cls(desc, device=buffer.ordinal, owner=buffer, source=source, tag=tag, meta=meta)
 
     @property
@@ -186,7 +188,7 @@ class Array:
         low, high = desc.byte_extent
         raw = np.empty(high - low, np.uint8)
         if self.nbytes:
-            rt.sync_device(int(self.device))  # work the user launched on it since it was received, on any stream
+            sync_unnamed(int(self.device), rt, desc.stream)  # work the user launched on it since it was received
             stream = rt.create_stream(int(self.device))
             rt.copy_async(raw.ctypes.data, desc.ptr + low, high - low, stream)
             stream.synchronize()

@@ -24,7 +24,7 @@ from .operands import DeviceSource, RecvTarget, recv_target, send_source
 from .p2p import _inbox, _inboxes, _meta, _pick_device
 from .requests import PostedRequest, Request, RequestWait, _active, keep_past_exit
 from .runtime import get_runtime
-from .sync import sync_enabled
+from .sync import sync_enabled, sync_unnamed
 from .transport import header_failure, plan_recv, plan_send
 from .validation import (
     ANY_SOURCE,
@@ -352,7 +352,7 @@ class RecvChannel(_Channel):
         if isinstance(self._target, RecvTarget):
             self._target.sync_before_write(self._rt)
         elif self._array is not None and sync_enabled(None):
-            self._rt.sync_device(int(self._array.device))  # kernels reading the previous message, on any stream
+            sync_unnamed(int(self._array.device), self._rt)  # kernels still reading the previous message
 
     @property
     def array(self) -> Array | None:

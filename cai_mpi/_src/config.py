@@ -11,7 +11,8 @@ __all__ = ["Config", "ENV_VARS", "config", "reload_config"]
 
 #: name -> one-line meaning (read-only); docs/environment.md holds the full table.
 ENV_VARS: Mapping[str, str] = types.MappingProxyType({
-    "CAI_MPI_SYNC": "0 turns off stream synchronization globally (the CAI v3 consumer opt-out); default 1",
+    "CAI_MPI_SYNC": "0 turns off stream synchronization globally (the CAI v3 consumer opt-out); device: exporters "
+                    "that name no stream get a whole-device synchronization; default 1 (the legacy default stream)",
     "CAI_MPI_RUNTIME": "force the device runtime: cuda, host or simulated; default: cuda if usable, else host",
     "CAI_MPI_CUDA_AWARE": "1/0 overrides CUDA-awareness detection of the MPI library",
     "CAI_MPI_DEVICE": "force the GPU ordinal this rank uses (default: local rank modulo visible GPUs)",
@@ -42,7 +43,7 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
-def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+def _bool(env: Mapping[str, str], name: str, default: bool, expected: str = "1 or 0") -> bool:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -51,7 +52,7 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
         return True
     if v in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"{name}={raw!r}: expected 1 or 0")
+    raise ValueError(f"{name}={raw!r}: expected {expected}")
 
 
 def _seconds(env: Mapping[str, str], name: str) -> float | None:
@@ -79,14 +80,19 @@ class Config:
     timeout: float | None = None
     pool_bytes: int = 1 << 30
     pinned_pool_bytes: int = 256 << 20
+    #: CAI_MPI_SYNC=device: a producer that names no stream gets a whole-device synchronization (cuCtxSynchronize)
+    #: instead of the legacy default stream's order.
+    sync_device: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config:
         runtime = env.get("CAI_MPI_RUNTIME", "").strip().lower() or None
         if runtime not in (None, "cuda", "host", "simulated"):
             raise ValueError(f"CAI_MPI_RUNTIME={runtime!r}: expected cuda, host or simulated")
+        sync_device = env.get("CAI_MPI_SYNC", "").strip().lower() == "device"
         return cls(
-            sync=_bool(env, "CAI_MPI_SYNC", True),
+            sync=sync_device or _bool(env, "CAI_MPI_SYNC", True, "1, 0 or device"),
+            sync_device=sync_device,
             runtime=runtime,
             chunk_bytes=min(_int(env, "CAI_MPI_CHUNK_BYTES", 4 << 20, minimum=1), 2**31 - 1),
             max_message_bytes=min(_int(env, "CAI_MPI_MAX_MESSAGE_BYTES", 1 << 30, minimum=1), 2**31 - 1),

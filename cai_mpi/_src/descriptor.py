@@ -171,8 +171,10 @@ class CAIDescriptor:
         *,
         readonly: bool = False,
         fortran: bool = False,
+        stream: int | None = None,
     ) -> CAIDescriptor:
-        """Describe a freshly allocated contiguous buffer (C order, or F with ``fortran``)."""
+        """Describe a freshly allocated contiguous buffer (C order, or F with ``fortran``) whose data is ready on
+        CAI v3 ``stream`` (None: on every stream)."""
         dtype = np.dtype(dtype)
         typestr, descr = dtype_to_cai(dtype)
         shape = tuple(int(n) for n in shape)
@@ -187,6 +189,7 @@ class CAIDescriptor:
             typestr=typestr,
             readonly=readonly,
             descr=_descr_to_hashable(descr) if descr is not None else None,
+            stream=stream,
         )
 
     @functools.cached_property

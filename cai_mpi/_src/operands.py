@@ -15,8 +15,8 @@ import numpy as np
 
 from .array import Array
 from .descriptor import CAIDescriptor, descriptor_from_dict, may_self_overlap
-from .runtime.base import HOST, Location, MemoryKind, Runtime
-from .sync import sync_enabled, sync_producer
+from .runtime.base import HOST, LEGACY_STREAM, PER_THREAD_STREAM, Location, MemoryKind, Runtime
+from .sync import sync_enabled, sync_producer, sync_unnamed
 
 __all__ = [
     "DeviceSource", "RecvTarget", "Target", "as_host_array", "describe_target", "host_view", "mismatch", "recv_target",
@@ -104,9 +104,10 @@ def send_source(fn: str, obj: Any, sync: bool | None, runtime: Runtime) -> np.nd
         if obj._host is not None:
             return obj._host
         ordinal = int(obj.device)
+        desc = obj.descriptor
         if sync_enabled(sync):  # the user may have launched work on a received Array since (cupy.asarray(a) *= 2)
-            runtime.sync_device(ordinal)
-        return DeviceSource(obj.descriptor, ordinal, obj)
+            sync_unnamed(ordinal, runtime, desc.stream)
+        return DeviceSource(desc, ordinal, obj)
     cai = _read_cai(obj)
     if cai is _NO_CAI:
         return as_host_array(fn, obj)
@@ -208,10 +209,11 @@ def _describe_out(fn: str, out: Any, runtime: Runtime) -> Target:
     if isinstance(out, Array):
         if out._host is not None:
             return _host_target(out._host, out)
-        d = out.descriptor
-        return RecvTarget(  # its descriptor (stream None) makes sync_before_write wait for the device
+        d = out.descriptor  # work the user launched on it since: its stream, and the default streams' order
+        pending = d.replace(stream=None) if d.stream in (None, LEGACY_STREAM, PER_THREAD_STREAM) else d
+        return RecvTarget(
             shape=d.shape, dtype=d.dtype, readonly=d.readonly, self_overlapping=d.may_self_overlap, host=None,
-            desc=d, ordinal=int(out.device), owner=out, producer=d,
+            desc=d, ordinal=int(out.device), owner=out, producer=pending,
             location=Location(MemoryKind.DEVICE, int(out.device)),
         )
     cai = _read_cai(out)
@@ -225,7 +227,8 @@ def _describe_out(fn: str, out: Any, runtime: Runtime) -> Target:
         return _host_target(arr, out)
     desc = descriptor_from_dict(cai)
     location = _locate(desc, runtime)
-    producer = desc if (desc.stream is not None or location.kind is not MemoryKind.HOST) else None
+    gpu_writable = location.kind is not MemoryKind.HOST or location.ordinal is not None
+    producer = desc if (desc.stream is not None or gpu_writable) else None
     if location.kind is not MemoryKind.DEVICE:
         return _host_target(host_view(_at_host_address(desc, location), readonly=desc.readonly), out, producer,
                             location)

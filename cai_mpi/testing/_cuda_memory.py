@@ -36,6 +36,8 @@ class Memory:
     pinned_bytes_outstanding: int
     pinned_bytes_peak: int
     pinned_allocations: int
+    _graveyard: list[Block]
+    _pool: list[tuple[Block, Stream, Any]]
     CU_MEMHOSTALLOC_DEVICEMAP: int
 
     def _enter(self, name: str, *, needs_init: bool = True, needs_context: bool = False) -> CUresult | None:
@@ -106,6 +108,20 @@ class Memory:
         if block.fd >= 0:
             os.close(block.fd)
 
+    def _bury(self, block: Block) -> None:
+        """Forget a freed block at once (no implicit synchronization); unmap it once no stream has work queued, so
+        work still using it reads or writes a dead allocation, as on a GPU, instead of crashing the test process."""
+        self._unregister(block.address)
+        with self._lock:
+            self._graveyard.append(block)
+            idle = all(s.tail.is_set() for s in self._all_streams())  # type: ignore[attr-defined]
+            buried = self._graveyard[:-1] if not idle else self._graveyard[:]
+            if idle:
+                self._graveyard.clear()
+        if idle:
+            for dead in buried:
+                self._drop(dead)
+
     def cuMemAlloc(self, bytesize: int) -> tuple[CUresult, CUdeviceptr | None]:
         failure = self._enter("cuMemAlloc", needs_context=True)
         if failure:
@@ -123,42 +139,55 @@ class Memory:
         return CUresult.CUDA_SUCCESS, CUdeviceptr(block.address)
 
     def cuMemFree(self, dptr: Any) -> tuple[CUresult]:
+        """Frees at once: CUDA documents no implicit synchronization for stream-ordered allocations and only a
+        possible one for the others, so the double waits for nothing (work still using the memory is a bug)."""
         failure = self._enter("cuMemFree", needs_context=True)
         if failure is None:
             block = self._blocks.get(value(dptr))
-            if block is None or block.kind not in ("device", "managed"):
+            if block is None or block.kind not in ("device", "managed", "async"):
                 failure = CUresult.CUDA_ERROR_INVALID_VALUE
             else:
-                self._finish_device_work()  # cuMemFree, like cudaFree, waits for work that may use the memory
-                self._unregister(block.address)
-                self._drop(block)
+                self._bury(block)
         return (failure or CUresult.CUDA_SUCCESS,)
 
     def cuMemAllocAsync(self, bytesize: int, hStream: Any) -> tuple[CUresult, CUdeviceptr | None]:
-        """Stream-ordered allocation: usable by work enqueued on ``hStream`` after this call."""
+        """Stream-ordered allocation from the device's default pool, which caches freed blocks as CUDA's (and
+        CuPy's) pools do: a block freed on ``hStream`` is handed to the next allocation on ``hStream`` at once (the
+        stream order makes that safe for work on that stream alone); a block freed on another stream only once its
+        free has run (CUDA's opportunistic reuse)."""
         failure = self._enter("cuMemAllocAsync", needs_context=True)
         stream = None if failure else self._stream(hStream)
         if failure or stream is None:
             return failure or CUresult.CUDA_ERROR_INVALID_HANDLE, None
-        block = self._device_block(int(bytesize), "device")
-        block.kind = "async"
+        nbytes = int(bytesize)
+        ctx = self._current()
+        with self._lock:
+            fitting = [(i, freed_on is stream) for i, (block, freed_on, freed) in enumerate(self._pool)
+                       if block.context == ctx and _capacity(block) == _capacity_for(nbytes)
+                       and (freed_on is stream or freed.is_set())]
+            if fitting:  # this stream's own blocks first, as CuPy's per-stream free lists
+                i = max(fitting, key=lambda f: f[1])[0]
+                block = self._pool.pop(i)[0]
+                block.nbytes = nbytes
+                self._register(block)
+                return CUresult.CUDA_SUCCESS, CUdeviceptr(block.address)
+        block = self._device_block(nbytes, "async")
         self._register(block)
         return CUresult.CUDA_SUCCESS, CUdeviceptr(block.address)
 
     def cuMemFreeAsync(self, dptr: Any, hStream: Any) -> tuple[CUresult]:
-        """Stream-ordered free: the memory goes once the work enqueued on ``hStream`` before it has run."""
+        """Stream-ordered free: the block goes back to the pool now, for reuse as ``cuMemAllocAsync`` says."""
         failure = self._enter("cuMemFreeAsync", needs_context=True)
         stream = None if failure else self._stream(hStream)
         block = self._blocks.get(value(dptr))
-        if failure is None and (stream is None or block is None):
+        if failure is None and (stream is None or block is None or block.kind != "async"):
             failure = CUresult.CUDA_ERROR_INVALID_VALUE
         if failure is None:
             assert stream is not None and block is not None
-            def free() -> None:
-                self._unregister(block.address)
-                self._drop(block)
-
-            stream.enqueue(free, self._implicit(stream))
+            freed = stream.enqueue(lambda: None, self._implicit(stream))
+            self._unregister(block.address)
+            with self._lock:
+                self._pool.append((block, stream, freed))
         return (failure or CUresult.CUDA_SUCCESS,)
 
     def cuMemHostAlloc(self, bytesize: int, Flags: int) -> tuple[CUresult, int | None]:
@@ -194,7 +223,7 @@ class Memory:
             failure = CUresult.CUDA_ERROR_INVALID_VALUE
         if failure is None:
             assert block is not None
-            self._finish_device_work()
+            self._finish_device_work()  # (lenient: the double's own copies read pinned memory it would unmap)
             self._unregister(block.address)
             if block.alias:
                 self._unregister(block.alias)
@@ -263,3 +292,11 @@ class Memory:
             return failure, None
         values = self._pointer_values(self._find(value(ptr)), value(ptr))
         return CUresult.CUDA_SUCCESS, [values[int(a)] for a in attributes[: int(numAttributes)]]
+
+
+def _capacity_for(nbytes: int) -> int:
+    return max(-(-nbytes // PAGE) * PAGE, PAGE)
+
+
+def _capacity(block: Block) -> int:
+    return block.maps[0][1]

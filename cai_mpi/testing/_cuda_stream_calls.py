@@ -24,6 +24,7 @@ class StreamCalls:
     _streams: dict[int, Stream]
     _legacy: dict[int, Stream]
     _events: dict[int, Fence]
+    lazy: float
 
     def _enter(self, name: str, *, needs_init: bool = True, needs_context: bool = False) -> _CUresult | None:
         raise NotImplementedError
@@ -43,7 +44,7 @@ class StreamCalls:
         with self._lock:
             stream = self._legacy.get(ctx)
             if stream is None:
-                stream = self._legacy[ctx] = Stream(1, ctx, True, f"legacy-default-{ctx:#x}")
+                stream = self._legacy[ctx] = Stream(1, ctx, True, f"legacy-default-{ctx:#x}", self.lazy)
             return stream
 
     def _stream(self, handle: Any) -> Stream | None:
@@ -60,7 +61,8 @@ class StreamCalls:
                 per_thread = self._tls.per_thread = {}
             stream = per_thread.get(ctx)
             if stream is None:
-                stream = per_thread[ctx] = Stream(2, ctx, True, f"per-thread-default-{threading.get_ident()}")
+                name = f"per-thread-default-{threading.get_ident()}"
+                stream = per_thread[ctx] = Stream(2, ctx, True, name, self.lazy)
                 with self._lock:
                     self._streams[id(stream)] = stream
             return stream
@@ -82,7 +84,7 @@ class StreamCalls:
         handle = self._handle()
         blocking = not int(Flags) & _CUstream_flags.CU_STREAM_NON_BLOCKING
         with self._lock:
-            self._streams[handle] = Stream(handle, self._current(), blocking, f"stream-{handle:#x}")
+            self._streams[handle] = Stream(handle, self._current(), blocking, f"stream-{handle:#x}", self.lazy)
         return _CUresult.CUDA_SUCCESS, _CUstream(handle)
 
     def cuStreamDestroy(self, hStream: Any) -> tuple[_CUresult]:

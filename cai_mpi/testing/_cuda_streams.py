@@ -12,19 +12,24 @@ __all__ = ["Fence", "Stream"]
 
 
 class Fence:
-    """Set when the operation it follows has run (a point in a stream's order)."""
+    """Set when the operation it follows has run (a point in a stream's order). Waiting on it is a
+    synchronization: on a lazy stream it makes the work up to this point run now."""
 
-    __slots__ = ("_done",)
+    __slots__ = ("_done", "_seq", "_stream")
 
-    def __init__(self, done: bool = False) -> None:
+    def __init__(self, done: bool = False, stream: Stream | None = None, seq: int = 0) -> None:
         self._done = threading.Event()
+        self._stream, self._seq = stream, seq
         if done:
             self._done.set()
 
     def wait(self) -> None:
+        if self._stream is not None and not self._done.is_set():
+            self._stream.demand(self._seq)
         self._done.wait()
 
     def is_set(self) -> bool:
+        """Whether it has run (a query: it makes nothing run sooner)."""
         return self._done.is_set()
 
     def set(self) -> None:
@@ -40,23 +45,39 @@ class Stream:
     ``blocking`` streams (and per-thread default streams) are ordered against the legacy default stream of
     their context; non-blocking ones are not (CUDA's ``CU_STREAM_NON_BLOCKING``). ``delay`` is added before
     each operation that asks for it (slow copies expose missing waits).
+
+    ``lazy`` (seconds, 0: off): an operation runs only once something synchronizes on it (waits for a fence at
+    or after it, from the host or from another stream) or after ``lazy`` seconds, so a read that skips its wait
+    sees the old bytes every time instead of by luck of timing. A query (``Fence.is_set``) makes nothing run.
     """
 
-    def __init__(self, handle: int, context: int, blocking: bool, name: str) -> None:
-        self.handle, self.context, self.blocking, self.name = handle, context, blocking, name
+    def __init__(self, handle: int, context: int, blocking: bool, name: str, lazy: float = 0.0) -> None:
+        self.handle, self.context, self.blocking, self.name, self.lazy = handle, context, blocking, name, lazy
         self.tail: Fence = DONE
         self._queue: queue.Queue[tuple[Callable[[], Any], list[Fence], float, Fence] | None] = queue.Queue()
         self._lock = threading.Lock()
+        self._seq = 0
+        self._demanded = 0  # the latest operation something waits for
+        self._closing = False
+        self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def enqueue(self, op: Callable[[], Any], waits: list[Fence] | None = None, delay: float = 0.0) -> Fence:
         """Run ``op`` after everything enqueued before it and after ``waits``; the returned fence marks it done."""
         with self._lock:
-            done = Fence()
+            self._seq += 1
+            done = Fence(stream=self, seq=self._seq)
             self._queue.put((op, list(waits or []), delay, done))
             self.tail = done
             return done
+
+    def demand(self, seq: int) -> None:
+        """Something waits for operation ``seq``: a lazy stream runs up to it now."""
+        with self._wake:
+            if seq > self._demanded:
+                self._demanded = seq
+                self._wake.notify_all()
 
     def _run(self) -> None:
         while True:
@@ -64,6 +85,8 @@ class Stream:
             if item is None:
                 return
             op, waits, delay, done = item
+            if self.lazy:
+                self._until_demanded(done._seq)
             for fence in waits:
                 fence.wait()
             if delay:
@@ -73,8 +96,15 @@ class Stream:
             finally:
                 done.set()
 
+    def _until_demanded(self, seq: int) -> None:
+        with self._wake:
+            self._wake.wait_for(lambda: self._closing or self._demanded >= seq, timeout=self.lazy)
+
     def close(self) -> None:
-        """Pending work still runs (as cuStreamDestroy documents); then the worker ends."""
+        """Pending work still runs, at once (as cuStreamDestroy documents); then the worker ends."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify_all()
         self._queue.put(None)
 
     def runs_in(self, thread: threading.Thread) -> bool:

@@ -139,6 +139,9 @@ class SimulatedRuntime(Runtime):
                 "has that handle (create it with cai_mpi.testing.SimulatedStream)"
             )
 
+    def sync_legacy(self, ordinal: int | None) -> None:
+        self.sync_device(ordinal)  # (simulated streams have no legacy-stream order: all of them)
+
     def sync_device(self, ordinal: int | None) -> None:
         for stream in all_streams():
             stream.synchronize()
@@ -148,7 +151,9 @@ class SimulatedRuntime(Runtime):
         if stream is not None:
             stream.wait_event(event)
 
-    def alloc_device(self, nbytes: int, ordinal: int, stream: Stream | None = None) -> DeviceBuffer:
+    def alloc_device(
+        self, nbytes: int, ordinal: int, stream: Stream | None = None, *, handed_out: bool = False
+    ) -> DeviceBuffer:
         return SimulatedDeviceBuffer(nbytes, ordinal)
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:

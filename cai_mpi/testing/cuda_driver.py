@@ -59,9 +59,10 @@ class CudaDriverDouble(StreamCalls, Memory):
     CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
     CUDA_VERSION = 12090
 
-    def __init__(self, devices: int = 2, *, device_memory_host_accessible: bool = False) -> None:
+    def __init__(self, devices: int = 2, *, device_memory_host_accessible: bool = False, lazy: float = 0.0) -> None:
         self.devices = devices
         self.host_accessible = device_memory_host_accessible
+        self.lazy = lazy
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._initialized = False
@@ -73,6 +74,8 @@ class CudaDriverDouble(StreamCalls, Memory):
         self._events: dict[int, Fence] = {}
         self._next_handle = 0x5EED_0000
         self._fail: dict[str, _CUresult] = {}
+        self._pool: list[tuple[_Block, Stream, Fence]] = []  # the stream-ordered allocator's freed blocks
+        self._graveyard: list[_Block] = []  # freed blocks still mapped until no stream has work queued
         self.copy_delay = 0.0
         self.pinned_bytes_outstanding = self.pinned_bytes_peak = self.pinned_allocations = 0
         self.calls: list[tuple[str, int]] = []  # (function, current context) of every call, for tests
@@ -223,10 +226,18 @@ class CudaDriverDouble(StreamCalls, Memory):
 
     def _twin(self, address: int) -> int:
         """Where the double reads or writes ``address``: the twin of device memory, host memory as it is."""
-        block = self._find(address)
+        block = self._find(address) or self._freed(address)
         if block is None:
             return address  # pageable host memory
         return block.twin + (address - block.address)
+
+    def _freed(self, address: int) -> _Block | None:
+        """The freed block ``address`` falls into, while work queued before the free may still use it."""
+        with self._lock:
+            for block in [*self._graveyard, *(b for b, _, _ in self._pool)]:
+                if block.address <= address < block.address + max(block.nbytes, 1):
+                    return block
+        return None
 
     def _copy_op(self, dst: int, src: int, nbytes: int) -> Callable[[], None]:
         def copy() -> None:
@@ -305,6 +316,9 @@ class CudaDriverDouble(StreamCalls, Memory):
             stream.join(timeout=30)
         with self._lock:
             blocks = [b for b in self._blocks.values() if b.kind != "alias"]
+            blocks += [*self._graveyard, *(b for b, _, _ in self._pool)]
+            self._graveyard.clear()
+            self._pool.clear()
             self._blocks.clear()
             self._starts.clear()
         for block in blocks:

@@ -25,6 +25,7 @@ pytestmark = [
 ]
 
 DEVICE0 = Location(MemoryKind.DEVICE, 0)
+PINNED0 = Location(MemoryKind.HOST, 0)  # pinned host memory, allocated against GPU 0
 
 
 def _import(name: str) -> Any:
@@ -83,13 +84,13 @@ def test_locate_host_memory(rt: CudaRuntime) -> None:
     host = np.arange(16)
     assert rt.locate(host.ctypes.data) == HOST  # pageable: unknown to CUDA
     pinned = rt.alloc_pinned(4096)
-    assert rt.locate(pinned.ptr) == HOST
+    assert rt.locate(pinned.ptr) == PINNED0  # pinned: known to GPU 0's context, which a kernel may write through
 
 
 def test_locate_cupy_pinned_and_managed(rt: CudaRuntime, cp: Any) -> None:
     cupyx = _import("cupyx")
     pinned = cupyx.empty_pinned((16,), np.float32)
-    assert rt.locate(pinned.ctypes.data) == HOST
+    assert rt.locate(pinned.ctypes.data) == PINNED0
     managed = cp.cuda.malloc_managed(4096)
     assert rt.locate(managed.ptr) == Location(MemoryKind.MANAGED, 0)
 
@@ -177,7 +178,7 @@ def test_device_and_pinned_round_trip(alloc_rt: CudaRuntime) -> None:
     dst = rt.alloc_pinned(n)
     dst.array[:] = 0
     assert rt.locate(dev.ptr) == DEVICE0
-    assert rt.locate(src.ptr) == HOST
+    assert rt.locate(src.ptr) == PINNED0
     s = rt.create_stream(0)
     rt.copy_async(dev.ptr, src.ptr, n, s)
     rt.copy_async(dst.ptr, dev.ptr, n, s)
@@ -334,7 +335,7 @@ def test_pytorch_tensors_are_located(rt: CudaRuntime) -> None:
     assert rt.locate(desc.ptr) == DEVICE0
     assert rt.locate(t.t().contiguous().data_ptr()) == DEVICE0
     pinned = torch.empty(16).pin_memory()
-    assert rt.locate(pinned.data_ptr()) == HOST
+    assert rt.locate(pinned.data_ptr()) == PINNED0
 
 
 def test_pytorch_transposed_tensor_packs(rt: CudaRuntime) -> None:

@@ -55,8 +55,16 @@ def test_config_bools(name: str, field: str, raw: str, value: bool) -> None:
 @pytest.mark.parametrize("name", ["CAI_MPI_SYNC", "CAI_MPI_DEVICE_DATATYPES"])
 @pytest.mark.parametrize("raw", ["2", "maybe", "y", "-1", "01", "truee"])
 def test_config_bad_bools(name: str, raw: str) -> None:
-    with pytest.raises(ValueError, match=f"^{name}={raw!r}: expected 1 or 0$"):
+    expected = "1, 0 or device" if name == "CAI_MPI_SYNC" else "1 or 0"
+    with pytest.raises(ValueError, match=f"^{name}={raw!r}: expected {expected}$"):
         Config.from_env({name: raw})
+
+
+@pytest.mark.parametrize("raw", ["device", " Device "])
+def test_cai_mpi_sync_device_opts_in_to_whole_device_synchronization(raw: str) -> None:
+    c = Config.from_env({"CAI_MPI_SYNC": raw})
+    assert c.sync and c.sync_device
+    assert not Config.from_env({"CAI_MPI_SYNC": "1"}).sync_device and not Config.from_env({}).sync_device
 
 
 @pytest.mark.parametrize(

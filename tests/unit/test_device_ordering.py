@@ -5,6 +5,7 @@ that what arrives is exactly what the stream order says it must be."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import threading
 from collections.abc import Iterator
@@ -41,12 +42,20 @@ def kernel_write(rt: CudaRuntime, stream: int, ptr: int, data: np.ndarray[Any, A
         double_of(rt).kernel_write(stream, ptr, data.tobytes(), delay=delay)
 
 
-def user_stream(rt: CudaRuntime) -> int:
-    """A stream of the user's (CU_STREAM_NON_BLOCKING, like a PyTorch side stream)."""
+def user_stream(rt: CudaRuntime, *, blocking: bool = False) -> int:
+    """A stream of the user's: CU_STREAM_NON_BLOCKING (like a PyTorch side stream), or a blocking one (as
+    ``cupy.cuda.Stream()`` makes by default)."""
     d = double_of(rt)
+    flags = d.CUstream_flags.CU_STREAM_DEFAULT if blocking else d.CUstream_flags.CU_STREAM_NON_BLOCKING
     with rt._driver.on(0):
-        (handle,) = rt._driver.check("cuStreamCreate", d.CUstream_flags.CU_STREAM_NON_BLOCKING)
+        (handle,) = rt._driver.check("cuStreamCreate", flags)
     return int(handle)
+
+
+@pytest.fixture(params=["legacy", "blocking"])
+def users_stream(request: pytest.FixtureRequest) -> Any:
+    """Where a user's kernel on a received Array runs, of the streams the default rule covers."""
+    return lambda rt: 1 if request.param == "legacy" else user_stream(rt, blocking=True)
 
 
 @contextlib.contextmanager
@@ -100,22 +109,61 @@ def test_v3_stream_none_on_device_waits_for_the_default_stream(route: tuple[Cuda
     assert np.array_equal(np.asarray(round_trip(x, comm, device="host")), NEW)
 
 
-def test_forwarding_a_received_device_array_waits_for_work_on_it(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+def test_forwarding_a_received_device_array_waits_for_work_on_it(
+    route: tuple[CudaRuntime, MPI.Comm], users_stream: Any
+) -> None:
     # cupy.asarray(got) *= 2 runs on the caller's stream; send_array(got) must send the result.
     rt, comm = route
     got = round_trip(DoubleDeviceArray(rt, OLD), comm, device=0)
     assert got.device == 0
-    kernel_write(rt, user_stream(rt), got.descriptor.ptr, NEW)
+    kernel_write(rt, users_stream(rt), got.descriptor.ptr, NEW)
     assert np.array_equal(np.asarray(round_trip(got, comm, device="host")), NEW)
 
 
-def test_receiving_into_a_device_array_waits_for_work_on_it(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+def test_receiving_into_a_device_array_waits_for_work_on_it(
+    route: tuple[CudaRuntime, MPI.Comm], users_stream: Any
+) -> None:
     rt, comm = route
     out = round_trip(DoubleDeviceArray(rt, OLD), comm, device=0)
-    kernel_write(rt, user_stream(rt), out.descriptor.ptr, OLD)  # still writing when the receive starts
+    kernel_write(rt, users_stream(rt), out.descriptor.ptr, OLD)  # still writing when the receive starts
     got = round_trip(NEW, comm, out=out)
     assert got.descriptor.ptr == out.descriptor.ptr
     assert device_bytes(rt, got) == NEW.tobytes()
+
+
+def test_work_on_a_non_blocking_stream_is_waited_for_only_with_sync_device(
+    route: tuple[CudaRuntime, MPI.Comm],
+) -> None:
+    # Issue 24, defect 6: a producer that names no stream is ordered after the legacy default stream (and so every
+    # blocking stream); a non-blocking stream's work (an NCCL collective, say) is not waited for, or a collective
+    # whose peer waits for this message would deadlock. CAI_MPI_SYNC=device opts in to the whole device.
+    rt, comm = route
+    x = DoubleDeviceArray(rt, OLD, stream=None)
+    side = user_stream(rt)
+    kernel_write(rt, side, x.buf.ptr, NEW, delay=1.0)
+    assert np.array_equal(np.asarray(round_trip(x, comm, device="host")), OLD)  # not waited for
+    rt.sync_device(0)
+    kernel_write(rt, side, x.buf.ptr, OLD)
+    reload_config({"CAI_MPI_INLINE_BYTES": "0", "CAI_MPI_CHUNK_BYTES": "65536", "CAI_MPI_SYNC": "device"})
+    assert np.array_equal(np.asarray(round_trip(x, comm, device="host")), OLD)  # the whole device: waited for
+
+
+def test_pinned_host_memory_a_kernel_writes_is_waited_for(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    # Issue 24, defect 6: Numba's mapped_array is pinned host memory a default-stream kernel writes; it names no
+    # stream, and MPI reads it directly, so the default-stream rule applies to it too.
+    rt, comm = route
+    d = double_of(rt)
+    with rt._driver.on(0):
+        host = int(rt._driver.check("cuMemHostAlloc", OLD.nbytes, d.CU_MEMHOSTALLOC_DEVICEMAP)[0])
+        alias = int(rt._driver.check("cuMemHostGetDevicePointer", host, 0)[0])
+    ctypes.memmove(host, OLD.ctypes.data, OLD.nbytes)
+    mapped = DoubleDeviceArray.__new__(DoubleDeviceArray)  # a v3 exporter of the device alias, stream None
+    mapped.__dict__.update(shape=OLD.shape, dtype=OLD.dtype, version=3, stream=None, strides=None,
+                           buf=type("Alias", (), {"ptr": alias})())
+    kernel_write(rt, 1, alias, NEW)
+    assert np.array_equal(np.asarray(round_trip(mapped, comm, device="host")), NEW)
+    with rt._driver.on(0):
+        rt._driver.check("cuMemFreeHost", host)
 
 
 def test_numpy_of_a_device_array_sees_pending_work(route: tuple[CudaRuntime, MPI.Comm]) -> None:
@@ -146,8 +194,9 @@ def test_a_channel_waits_for_work_on_its_array_before_the_next_message(monkeypat
                 first = rx.recv()
                 seen = bytearray()
                 ptr, nbytes = first.descriptor.ptr, first.nbytes
-                with rt._driver.on(0):  # a kernel still reading the first message
-                    double_of(rt).launch(user_stream(rt), lambda: seen.extend(double_of(rt).read_device(ptr, nbytes)),
+                reader = user_stream(rt, blocking=True)
+                with rt._driver.on(0):  # a kernel still reading the first message (on a blocking stream)
+                    double_of(rt).launch(reader, lambda: seen.extend(double_of(rt).read_device(ptr, nbytes)),
                                          delay=SLOW)
                 x[:] = NEW
                 req = tx.isend()
@@ -159,6 +208,47 @@ def test_a_channel_waits_for_work_on_its_array_before_the_next_message(monkeypat
     finally:
         comm.Free()
         double_of(rt).close()
+
+
+# -- issue 24, defect 1: a received block is not recycled while a user kernel still reads it ----------------------
+
+
+def test_a_received_block_is_not_reused_while_a_kernel_still_reads_it(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    # z = f(cupy.asarray(recv_array(0))): f still reads the block on the caller's stream when the Array dies; the
+    # next receive must not land in that block under f (the pool hands a freed block to the next allocation on
+    # the stream it was freed on at once).
+    rt, comm = route
+    first = round_trip(DoubleDeviceArray(rt, OLD), comm, device=0)
+    seen = bytearray()
+    ptr, nbytes = first.descriptor.ptr, first.nbytes
+    with rt._driver.on(0):  # f, on the legacy default stream (the caller's current stream without CuPy)
+        double_of(rt).launch(1, lambda: seen.extend(double_of(rt).read_device(ptr, nbytes)), delay=SLOW)
+    del first
+    gc.collect()
+    second = round_trip(NEW, comm, device=0)  # (a host send: nothing on the device is waited for)
+    assert device_bytes(rt, second) == NEW.tobytes()
+    assert bytes(seen) == OLD.tobytes()
+
+
+def test_a_retired_block_is_reused_once_the_kernels_reading_it_are_done(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    # The guard holds a block back only while user work may read it: a steady stream of receives reuses memory.
+    rt, comm = route
+    first = round_trip(DoubleDeviceArray(rt, OLD), comm, device=0)
+    ptr = first.descriptor.ptr
+    del first
+    gc.collect()
+    rt.sync_device(0)
+    second = round_trip(DoubleDeviceArray(rt, NEW), comm, device=0)
+    assert second.descriptor.ptr == ptr
+    assert device_bytes(rt, second) == NEW.tobytes()
+
+
+def test_a_received_array_names_the_stream_its_data_is_ready_on(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    rt, comm = route
+    got = round_trip(DoubleDeviceArray(rt, NEW), comm, device=0)
+    cai = got.__cuda_array_interface__
+    assert cai["version"] == 3 and cai["stream"] == 1  # the caller's current stream: the legacy default one
+    assert device_bytes(rt, got) == NEW.tobytes()
 
 
 # -- defect 12: the producer's stream after a device pack, and v3 streams on the staged path -------------------
@@ -231,8 +321,15 @@ class FakeCupy:
                 super().__init__(nbytes)
                 self.ptr = np.frombuffer(self, np.uint8).ctypes.data
 
+        class NullStream:
+            ptr = 0
+
+        def get_current_stream(device_id: int = -1) -> Any:
+            return NullStream()
+
         self.cuda = type("cuda", (), {"Stream": Stream, "Device": Device, "alloc": Memory,
-                                      "alloc_pinned_memory": PinnedMemory})
+                                      "alloc_pinned_memory": PinnedMemory,
+                                      "get_current_stream": staticmethod(get_current_stream)})
 
 
 def test_receive_buffers_are_allocated_on_cai_mpis_stream(route: tuple[CudaRuntime, MPI.Comm]) -> None:
@@ -303,7 +400,7 @@ def test_a_failed_staged_send_holds_back_the_block_mpi_still_reads(
 
     monkeypatch.setattr(d, "cuEventSynchronize", second_copy_fails)
     with pytest.raises(cai_mpi.CudaError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
-        cai_mpi.send_array(x, me, 8, comm)
+        cai_mpi.send_array(x, me, 8, comm, sync=False)  # (nothing pending: only the staging waits are counted)
     rt.sync_device(0)  # chunk 1's copy has finished by now
     pool = pieces.pinned_pool(rt)
     assert pool.idle_bytes == 65536  # chunk 1's block is back; chunk 0's is still being sent

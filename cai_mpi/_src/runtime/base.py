@@ -37,7 +37,8 @@ class MemoryKind(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Location:
-    """Where a pointer lives. ``ordinal`` is the GPU for DEVICE/MANAGED memory, else None.
+    """Where a pointer lives. ``ordinal`` is the GPU for DEVICE/MANAGED memory; for HOST memory, the GPU whose
+    context knows it (pinned, registered or mapped memory, which a kernel may write), None for pageable memory.
 
     ``host_address``: for host memory CUDA maps at another address (a device alias of mapped pinned or
     registered memory), where the host reads what the pointer points at; None when it is the pointer itself.
@@ -52,11 +53,16 @@ HOST = Location(MemoryKind.HOST)
 
 
 class DeviceBuffer(abc.ABC):
-    """An owned device allocation; freed by ``free()`` or when garbage collected."""
+    """An owned device allocation; freed by ``free()`` or when garbage collected.
+
+    ``stream``: for memory handed to the user (``alloc_device(..., handed_out=True)``), the CAI v3 handle of the
+    stream its data is ready on, which the received Array exports; None for cai_mpi's own buffers.
+    """
 
     ptr: int
     nbytes: int
     ordinal: int
+    stream: int | None = None
 
     @abc.abstractmethod
     def free(self) -> None: ...
@@ -134,8 +140,14 @@ class Runtime(abc.ABC):
         """
 
     @abc.abstractmethod
+    def sync_legacy(self, ordinal: int | None) -> None:
+        """Block until the work queued so far on ``ordinal``'s legacy default stream has completed, and with it
+        the work of every blocking stream of that context queued before (an event recorded on the legacy stream
+        waits for them: CUDA's legacy default stream semantics). What a producer that names no stream gets."""
+
+    @abc.abstractmethod
     def sync_device(self, ordinal: int | None) -> None:
-        """Conservative synchronization for exporters that give no stream (CAI v0-v2)."""
+        """Block until all work on ``ordinal`` has completed, on every stream (the opt-in CAI_MPI_SYNC=device)."""
 
     @abc.abstractmethod
     def stream_wait_event(self, handle: int, event: Event, ordinal: int | None) -> None:
@@ -143,9 +155,16 @@ class Runtime(abc.ABC):
 
     # -- allocation -------------------------------------------------------
     @abc.abstractmethod
-    def alloc_device(self, nbytes: int, ordinal: int, stream: Stream | None = None) -> DeviceBuffer:
-        """``nbytes`` on GPU ``ordinal``; pooled allocators take the block from ``stream``'s share of the pool
-        (cai_mpi's own stream: a block freed on another stream may still be in use there)."""
+    def alloc_device(
+        self, nbytes: int, ordinal: int, stream: Stream | None = None, *, handed_out: bool = False
+    ) -> DeviceBuffer:
+        """``nbytes`` on GPU ``ordinal``, from a caching pool's share for cai_mpi's ``stream`` (None: the legacy
+        default stream, as a user's allocation): a block freed on that stream is reused by the next allocation on
+        it at once, which stream order makes safe for work on that stream only.
+
+        ``handed_out``: the memory becomes a received Array. The user's kernels may still read it when the Array
+        dies, on the streams users compute on, so it goes back to the pool only once those are idle; ``stream`` of
+        the buffer is then the caller's current stream (where its data is ready for the user)."""
 
     @abc.abstractmethod
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer: ...

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
+import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import CudaError, RuntimeUnavailableError, StreamError
-from .base import DeviceBuffer, Event, Location, MemoryKind, PinnedBuffer, Runtime, Stream
+from .base import (
+    LEGACY_STREAM,
+    PER_THREAD_STREAM,
+    DeviceBuffer,
+    Event,
+    Location,
+    MemoryKind,
+    PinnedBuffer,
+    Runtime,
+    Stream,
+)
 from .cudadriver import NOT_READY, SUCCESS, Driver, classify_pointer, error_text, load_cupy, load_driver, raw_call
 from .cudapack import as_cupy, byte_view, copy_plan
 
@@ -25,27 +37,20 @@ if TYPE_CHECKING:
 
 
 class CudaDeviceBuffer(DeviceBuffer):
-    """Device memory from CuPy's pool (``owner`` keeps the block) or cuMemAlloc (``finalizer`` frees it)."""
+    """Device memory from a caching pool; ``free()``, or garbage collection, runs ``release`` (a finalizer that gives
+    the block back: to CuPy's pool, the driver's stream-ordered pool, or first to the runtime's retired blocks)."""
 
-    def __init__(
-        self,
-        ptr: int,
-        nbytes: int,
-        ordinal: int,
-        owner: Any = None,
-        finalizer: weakref.finalize[Any, Any] | None = None,
-    ) -> None:
+    def __init__(self, ptr: int, nbytes: int, ordinal: int, stream: int | None = None) -> None:
         self.ptr = ptr
         self.nbytes = nbytes
         self.ordinal = ordinal
-        self._owner = owner
-        self._finalizer = finalizer
+        self.stream = stream
+        self._release: weakref.finalize[Any, Any] | None = None
 
     def free(self) -> None:
-        """Release now: the pool block goes back to CuPy's pool, raw memory to the driver."""
-        self._owner = None
-        if self._finalizer is not None:
-            self._finalizer()
+        """Release now (the block goes where ``release`` says)."""
+        if self._release is not None:
+            self._release()
 
 
 class CudaPinnedBuffer(PinnedBuffer):
@@ -155,6 +160,7 @@ class CudaRuntime(Runtime):
         self.default_device = ordinal
         self._driver = Driver(drv)
         self._count: int | None = None
+        self._retired = _Retired(self)
         # CuPy calls the real driver: with a driver given (the double), its memory means nothing to CuPy.
         self._load_cupy = load_cupy if driver is None else _no_cupy
 
@@ -199,7 +205,7 @@ class CudaRuntime(Runtime):
         where = classify_pointer(memory_type, is_managed, device_ordinal, self.ordinal)
         if where.kind is MemoryKind.HOST and host_pointer and int(host_pointer) != ptr:
             # Mapped pinned or registered memory seen through its device alias: the host reads it elsewhere.
-            return Location(MemoryKind.HOST, None, int(host_pointer))
+            return Location(MemoryKind.HOST, where.ordinal, int(host_pointer))
         return where
 
     def sync_stream(self, handle: int, ordinal: int | None) -> None:
@@ -213,6 +219,16 @@ class CudaRuntime(Runtime):
                 self._driver.check("cuStreamSynchronize", handle)
         except CudaError as exc:
             raise StreamError(_stream_failure("synchronized", handle, ordinal, exc)) from exc
+
+    def sync_legacy(self, ordinal: int | None) -> None:
+        gpu = self.ordinal if ordinal is None else ordinal
+        try:
+            self._record_on(LEGACY_STREAM, gpu).synchronize()
+        except CudaError as exc:
+            raise StreamError(
+                f"the legacy default stream of GPU {gpu} cannot be synchronized: {exc}. A kernel that faulted "
+                "leaves the CUDA context unusable; run the producer under compute-sanitizer to find it"
+            ) from exc
 
     def sync_device(self, ordinal: int | None) -> None:
         try:
@@ -237,25 +253,64 @@ class CudaRuntime(Runtime):
             raise StreamError(message) from exc
 
     # -- allocation -----------------------------------------------------------
-    def alloc_device(self, nbytes: int, ordinal: int, stream: Stream | None = None) -> DeviceBuffer:
-        """Device memory on ``ordinal``: from CuPy's pool when present, so freed buffers are reused.
-
-        CuPy's pool is per stream: a block freed on the caller's current stream may still be read by a kernel
-        there, so cai_mpi, which writes from its own stream or through MPI, takes blocks from ``stream``'s share.
-        """
-        if nbytes == 0:
-            return CudaDeviceBuffer(0, 0, ordinal)
+    def current_stream(self, ordinal: int) -> int:
+        """The calling thread's current stream on ``ordinal`` as a CAI v3 handle: CuPy's current stream (where
+        CuPy work the user launches next runs), else the legacy default stream (1)."""
         cp = self._load_cupy()
+        if cp is None:
+            return LEGACY_STREAM
+        return int(cp.cuda.get_current_stream(ordinal).ptr) or LEGACY_STREAM  # CuPy's null stream: the legacy one
+
+    def alloc_device(
+        self, nbytes: int, ordinal: int, stream: Stream | None = None, *, handed_out: bool = False
+    ) -> DeviceBuffer:
+        """``nbytes`` on GPU ``ordinal`` from a caching pool: CuPy's when present, else the driver's stream-ordered
+        pool (cuMemAllocAsync). Both give a block freed on ``stream`` to the next allocation on it at once.
+
+        A block ``handed_out`` (a received Array) is retired when the Array dies: events recorded then on the
+        legacy default stream (which every blocking stream orders against: CuPy's, PyTorch's and Numba's defaults)
+        and on the caller's current stream at receive time mark the user work that may still read it, and the
+        block goes back to the pool once they have passed, so the next receive cannot overwrite it under a kernel.
+        """
+        own = None if stream is None else _own_stream(stream)
+        consumer = self.current_stream(ordinal) if handed_out else None
+        buf = CudaDeviceBuffer(0, nbytes, ordinal, consumer)
+        if nbytes == 0:
+            return buf
+        self._retired.reap()
+        cp = self._load_cupy()
+        give_back: Callable[[], None]
         if cp is not None:
-            with self._cupy_on(cp, ordinal, None if stream is None else _own_stream(stream)):
+            with self._cupy_on(cp, ordinal, own):
                 mem = cp.cuda.alloc(nbytes)
-            return CudaDeviceBuffer(int(mem.ptr), nbytes, ordinal, owner=mem)
-        with self._on(ordinal):
-            (dptr,) = self._driver.check("cuMemAlloc", nbytes)
-        ptr = int(dptr)
-        buf = CudaDeviceBuffer(ptr, nbytes, ordinal)
-        buf._finalizer = weakref.finalize(buf, self._driver.release, ordinal, "cuMemFree", ptr)
+            buf.ptr, give_back = int(mem.ptr), _Keep(mem)
+        else:
+            buf.ptr, give_back = self._alloc_ordered(nbytes, ordinal, own)
+        if handed_out:
+            assert consumer is not None
+            buf._release = weakref.finalize(buf, self._retired.hold, ordinal, consumer, give_back)
+        else:
+            buf._release = weakref.finalize(buf, give_back)
         return buf
+
+    def _alloc_ordered(self, nbytes: int, ordinal: int, stream: CudaStream | None) -> tuple[int, Callable[[], None]]:
+        """Device memory from the driver's stream-ordered pool on ``stream`` (None: the legacy default stream), and
+        what frees it on the same stream (the stream object is kept alive until then)."""
+        handle = LEGACY_STREAM if stream is None else stream.handle
+        with self._on(ordinal):
+            (dptr,) = self._driver.check("cuMemAllocAsync", nbytes, handle)
+        ptr = int(dptr)
+        return ptr, _OrderedFree(self._driver, ordinal, ptr, handle, stream)
+
+    def _release_events(self, ordinal: int, consumer: int) -> list[Event]:
+        """Events recorded now on the streams user work on a handed-out block runs on (see ``alloc_device``)."""
+        events: list[Event] = [self._record_on(LEGACY_STREAM, ordinal)]
+        if consumer not in (LEGACY_STREAM, PER_THREAD_STREAM):  # the per-thread default stream is a blocking one
+            try:
+                events.append(self._record_on(consumer, ordinal))
+            except CudaError:  # the user's stream is gone: what ran on it is ordered by nothing we can see
+                self.sync_device(ordinal)
+        return events
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
         """Portable page-locked memory (usable in every context): CuPy's pinned pool, else cuMemHostAlloc."""
@@ -292,11 +347,15 @@ class CudaRuntime(Runtime):
 
     def record_event(self, stream: Stream) -> Event:
         s = _own_stream(stream)
+        return self._record_on(s.handle, s.ordinal)
+
+    def _record_on(self, handle: int, ordinal: int) -> CudaEvent:
+        """An event recorded now on CAI stream ``handle`` (1 and 2: the default streams of ``ordinal``'s context)."""
         flags = self._driver.drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
-        with self._on(s.ordinal):
-            (handle,) = self._driver.check("cuEventCreate", flags)
-            event = CudaEvent(self, int(handle), s.ordinal)
-            self._driver.check("cuEventRecord", event.handle, s.handle)
+        with self._on(ordinal):
+            (raw,) = self._driver.check("cuEventCreate", flags)
+            event = CudaEvent(self, int(raw), ordinal)
+            self._driver.check("cuEventRecord", event.handle, handle)
         return event
 
     # -- layout ---------------------------------------------------------------
@@ -332,7 +391,9 @@ class CudaRuntime(Runtime):
             out = cp.ascontiguousarray(src)  # a 0-d input comes back as shape (1,): same bytes
             if int(out.data.ptr) == desc.ptr:  # already C-ordered: still hand back a new buffer
                 out = src.copy()
-        return CudaDeviceBuffer(int(out.data.ptr), desc.nbytes, ordinal, owner=out)
+        buf = CudaDeviceBuffer(int(out.data.ptr), desc.nbytes, ordinal)
+        buf._release = weakref.finalize(buf, _Keep(out))
+        return buf
 
     def _copy_2d(self, desc: CAIDescriptor, packed: int, stream: CudaStream, *, pack: bool) -> None:
         """Between the strided array ``desc`` and C-ordered bytes at ``packed``, with cuMemcpy2DAsync."""
@@ -374,6 +435,67 @@ class CudaRuntime(Runtime):
 
 def _no_cupy() -> None:
     return None
+
+
+class _Keep:
+    """Holds an object (a CuPy allocation) until called: calling it lets the object go back to its pool."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: Any) -> None:
+        self.held = held
+
+    def __call__(self) -> None:
+        self.held = None
+
+
+class _OrderedFree:
+    """Frees stream-ordered memory on the stream it was allocated on (keeping that stream alive until then)."""
+
+    __slots__ = ("_driver", "_handle", "_ordinal", "_ptr", "_stream")
+
+    def __init__(self, driver: Driver, ordinal: int, ptr: int, handle: int, stream: CudaStream | None) -> None:
+        self._driver, self._ordinal, self._ptr, self._handle, self._stream = driver, ordinal, ptr, handle, stream
+
+    def __call__(self) -> None:
+        self._driver.release(self._ordinal, "cuMemFreeAsync", self._ptr, self._handle)
+        self._stream = None
+
+
+class _Retired:
+    """Handed-out device blocks whose Array has died, each kept from its pool until the events recorded at its
+    release (the user work that may still read it) have passed. Finalizers add to it from any thread."""
+
+    def __init__(self, runtime: CudaRuntime) -> None:
+        self._runtime = runtime
+        self._held: collections.deque[tuple[list[Event], Callable[[], None]]] = collections.deque()
+        self._lost: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def hold(self, ordinal: int, consumer: int, give_back: Callable[[], None]) -> None:
+        try:
+            events = self._runtime._release_events(ordinal, consumer)
+        except Exception:  # the driver is gone (interpreter exit) or the context is dead: never reuse the block
+            with self._lock:
+                self._lost.append(give_back)
+            return
+        with self._lock:
+            self._held.append((events, give_back))
+
+    def reap(self) -> None:
+        """Give back, oldest first, the blocks whose user work has passed (queries only: it never blocks)."""
+        while self._held:
+            with self._lock:
+                if not self._held:
+                    return
+                events, give_back = self._held[0]
+                if not all(e.query() for e in events):
+                    return
+                self._held.popleft()
+            give_back()
+
+    def __len__(self) -> int:
+        return len(self._held)
 
 
 def _own_stream(stream: Stream) -> CudaStream:

@@ -193,8 +193,8 @@ def classify_pointer(
     ordinal = int(device_ordinal)
     if bool(is_managed) or memory_type == MEMTYPE_UNIFIED:
         return Location(MemoryKind.MANAGED, ordinal if ordinal >= 0 else fallback_ordinal)
-    if memory_type == MEMTYPE_HOST:
-        return HOST
+    if memory_type == MEMTYPE_HOST:  # pinned or registered: a kernel on its GPU may write it
+        return Location(MemoryKind.HOST, ordinal if ordinal >= 0 else None)
     if memory_type == MEMTYPE_DEVICE:
         return Location(MemoryKind.DEVICE, ordinal)
     if memory_type == MEMTYPE_ARRAY:

@@ -37,13 +37,18 @@ class HostRuntime(Runtime):
                 "On a GPU node, check that cuda-python can see the GPU (python -m cai_mpi info)"
             )
 
+    def sync_legacy(self, ordinal: int | None) -> None:
+        """Nothing can be pending without a GPU."""
+
     def sync_device(self, ordinal: int | None) -> None:
         """Nothing can be pending without a GPU."""
 
     def stream_wait_event(self, handle: int, event: Event, ordinal: int | None) -> None:
         raise RuntimeUnavailableError(f"no stream can wait on a device event: {_NO_GPU}")
 
-    def alloc_device(self, nbytes: int, ordinal: int, stream: Stream | None = None) -> DeviceBuffer:
+    def alloc_device(
+        self, nbytes: int, ordinal: int, stream: Stream | None = None, *, handed_out: bool = False
+    ) -> DeviceBuffer:
         raise RuntimeUnavailableError(f"cannot allocate device memory: {_NO_GPU}; receive with device='host'")
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:

@@ -112,7 +112,7 @@ class Landing:
             host = host_receive_pool().take_array(info.shape, info.dtype, nbytes, info.fortran)
             owner = host
         else:
-            buffer = rt.alloc_device(nbytes, ordinal, internal_stream(rt, ordinal))
+            buffer = rt.alloc_device(nbytes, ordinal, internal_stream(rt, ordinal), handed_out=True)
             result = Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=source, tag=tag,
                                        meta=info.meta)
             desc = result.descriptor
@@ -173,7 +173,7 @@ class Gathered:
             self._host = host_receive_pool().take_array((n,), _BYTES, n)
             self.address = self._host.__array_interface__["data"][0]
         elif direct:
-            self._device = rt.alloc_device(offset, ordinal, internal_stream(rt, ordinal))
+            self._device = rt.alloc_device(offset, ordinal, internal_stream(rt, ordinal), handed_out=True)
             self.address = self._device.ptr
         else:
             self._staging = pinned_pool(rt).take(max(offset, 1))
@@ -194,10 +194,10 @@ class Gathered:
             assert self.ordinal is not None and stream is not None
             if self._device is not None:
                 desc = CAIDescriptor.for_new_buffer(self.address + off if info.payload_nbytes else 0, info.shape,
-                                                    info.dtype, fortran=info.fortran)
+                                                    info.dtype, fortran=info.fortran, stream=self._device.stream)
                 out.append(Array(desc, device=self.ordinal, owner=self._device, source=rank, tag=tag, meta=info.meta))
                 continue
-            buffer = rt.alloc_device(info.payload_nbytes, self.ordinal, stream)
+            buffer = rt.alloc_device(info.payload_nbytes, self.ordinal, stream, handed_out=True)
             rt.copy_async(buffer.ptr, self.address + off, info.payload_nbytes, stream)
             out.append(Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=rank, tag=tag,
                                          meta=info.meta))

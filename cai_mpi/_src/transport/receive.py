@@ -97,7 +97,7 @@ def plan_recv(
             result = Array._over_host(arr, source, tag, info.meta)
             landing = _into_host(result, arr.T if info.fortran else arr, info, source, ptag, inbox)
         else:
-            buffer = rt.alloc_device(info.payload_nbytes, ordinal, internal_stream(rt, ordinal))
+            buffer = rt.alloc_device(info.payload_nbytes, ordinal, internal_stream(rt, ordinal), handed_out=True)
             result = Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=source, tag=tag,
                                        meta=info.meta)
             desc = result.descriptor

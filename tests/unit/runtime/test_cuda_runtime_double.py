@@ -150,7 +150,7 @@ def test_the_callers_context_is_restored(rt: CudaRuntime, d: CudaDriverDouble) -
     buf = rt.alloc_device(64, 1)
     rt.locate(buf.ptr)
     assert [c[1] for c in calls(d, "cuCtxSynchronize")] == [d._context_of(1)]
-    assert [c[1] for c in calls(d, "cuMemAlloc")] == [d._context_of(1)]
+    assert [c[1] for c in calls(d, "cuMemAllocAsync")] == [d._context_of(1)]
     assert current_ordinal(d) == 0
 
 
@@ -171,7 +171,7 @@ def test_invalid_ordinal_is_explained(d: CudaDriverDouble) -> None:
 
 @pytest.mark.parametrize(
     ("memory_type", "managed", "ordinal", "expected"),
-    [(0, False, 0, HOST), (1, False, 1, HOST), (2, False, 1, Location(MemoryKind.DEVICE, 1)),
+    [(0, False, 0, HOST), (1, False, 1, Location(MemoryKind.HOST, 1)), (2, False, 1, Location(MemoryKind.DEVICE, 1)),
      (2, True, 0, Location(MemoryKind.MANAGED, 0)), (4, False, -2, Location(MemoryKind.MANAGED, 7))],
 )
 def test_classify_pointer(memory_type: int, managed: bool, ordinal: int, expected: Location) -> None:
@@ -182,7 +182,7 @@ def test_locate_every_kind_of_memory(rt: CudaRuntime, d: CudaDriverDouble) -> No
     dev = rt.alloc_device(64, 0)
     pinned = rt.alloc_pinned(64)
     assert rt.locate(dev.ptr + 8) == Location(MemoryKind.DEVICE, 0)
-    assert rt.locate(pinned.ptr) == HOST
+    assert rt.locate(pinned.ptr) == Location(MemoryKind.HOST, 1)  # pinned: a kernel on GPU 1 may write it
     assert rt.locate(np.zeros(3).ctypes.data) == HOST
     assert rt.locate(0) == Location(MemoryKind.DEVICE, 1)  # zero-size arrays: the rank's GPU
 

@@ -129,18 +129,62 @@ def test_a_stream_runs_in_order_and_reports_pending_work(d: CudaDriverDouble) ->
     assert d.cuStreamDestroy(s) == (OK,) and d.cuStreamSynchronize(s) == (CUresult.CUDA_ERROR_INVALID_HANDLE,)
 
 
-def test_freeing_memory_waits_for_the_work_that_uses_it(d: CudaDriverDouble) -> None:
-    # cuMemFree / cuMemFreeHost synchronize, as cudaFree does: a kernel still writing is not cut off.
+def test_freeing_device_memory_waits_for_nothing(d: CudaDriverDouble) -> None:
+    # CUDA documents no implicit synchronization in cuMemFree of stream-ordered memory and only a possible one
+    # for the rest: the double frees at once, and a kernel still writing the memory writes a dead allocation.
     on(d, 0)
     s = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
     dptr = d.cuMemAlloc(64)[1]
-    host = d.cuMemHostAlloc(64, 0)[1]
     done: list[str] = []
     d.kernel_write(s, dptr, b"x" * 64, delay=0.2)
     d.launch(s, lambda: done.append("kernel"))
-    assert d.cuMemFree(dptr) == (OK,) and done == ["kernel"]
+    assert d.cuMemFree(dptr) == (OK,) and done == []
+    assert d.cuStreamSynchronize(s) == (OK,) and done == ["kernel"]
+    assert d.cuPointerGetAttributes(1, [A.CU_POINTER_ATTRIBUTE_MEMORY_TYPE], dptr) == (OK, [0])  # forgotten
+
+
+def test_freeing_pinned_memory_waits_for_the_work_that_uses_it(d: CudaDriverDouble) -> None:
+    on(d, 0)
+    s = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
+    host = d.cuMemHostAlloc(64, 0)[1]
+    done: list[str] = []
     d.launch(s, lambda: done.append("second"), delay=0.2)
-    assert d.cuMemFreeHost(host) == (OK,) and done == ["kernel", "second"]
+    assert d.cuMemFreeHost(host) == (OK,) and done == ["second"]
+
+
+def test_the_stream_ordered_pool_reuses_a_block_on_its_stream_at_once(d: CudaDriverDouble) -> None:
+    # As CUDA's default memory pool and CuPy's pool: a block freed on stream S goes to the next allocation on S
+    # at once (stream order makes that safe on S only); another stream gets it only once the free has run.
+    on(d, 0)
+    s = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
+    other = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
+    first = int(d.cuMemAllocAsync(4096, s)[1])
+    d.launch(s, lambda: None, delay=0.3)  # work on s still using the block
+    assert d.cuMemFreeAsync(first, s) == (OK,)
+    elsewhere = int(d.cuMemAllocAsync(4096, other)[1])
+    assert elsewhere != first  # its free has not run yet
+    assert int(d.cuMemAllocAsync(4096, s)[1]) == first
+    assert d.cuMemFreeAsync(elsewhere, other) == (OK,) and d.cuStreamSynchronize(other) == (OK,)
+    assert int(d.cuMemAllocAsync(4096, s)[1]) == elsewhere  # freed and done: any stream may take it
+
+
+def test_a_lazy_double_runs_work_only_when_something_waits_for_it() -> None:
+    with CudaDriverDouble(lazy=30.0) as d:
+        assert d.cuInit(0) == (OK,)
+        on(d, 0)
+        s = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
+        dptr = d.cuMemAlloc(8)[1]
+        d.write_device(dptr, b"old-data")
+        d.kernel_write(s, dptr, b"new-data")
+        event = d.cuEventCreate(0)[1]
+        assert d.cuEventRecord(event, s) == (OK,)
+        time.sleep(0.2)
+        assert d.cuEventQuery(event) == (CUresult.CUDA_ERROR_NOT_READY,)  # a query makes nothing run
+        assert d.read_device(dptr, 8) == b"old-data"  # a read that skips its wait sees the old bytes
+        waiter = d.cuStreamCreate(0)[1]
+        assert d.cuStreamWaitEvent(waiter, event, 0) == (OK,)
+        assert d.cuStreamSynchronize(waiter) == (OK,)  # a wait from another stream makes s run up to the event
+        assert d.read_device(dptr, 8) == b"new-data" and d.cuEventQuery(event) == (OK,)
 
 
 @pytest.mark.parametrize(("flags", "waits"), [(0, True), (1, False)], ids=["blocking", "non-blocking"])
