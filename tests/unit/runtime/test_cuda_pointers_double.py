@@ -10,13 +10,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
+import cai_mpi
+from cai_mpi._src.config import reload_config
 from cai_mpi._src.errors import CudaError
 from cai_mpi._src.operands import DeviceSource, send_source
 from cai_mpi._src.runtime import cudadriver
 from cai_mpi._src.runtime.base import Location, MemoryKind
 from cai_mpi._src.runtime.cuda import CudaRuntime, device_attribution
-from cai_mpi.testing import CudaDriverDouble, DoubleDeviceArray
+from cai_mpi.testing import CudaDriverDouble, DoubleDeviceArray, use_runtime
 
 A = CudaDriverDouble.CUpointer_attribute
 
@@ -102,6 +105,33 @@ def test_a_pending_kernel_of_another_gpu_is_waited_for(rt: CudaRuntime, d: CudaD
     source = send_source("send_array", x, None, rt)
     assert isinstance(source, DeviceSource) and source.ordinal == gpu
     assert d.read_device(x.buf.ptr, 16) == bytes(range(1, 17))  # synchronized: no stream order needed to look
+
+
+@pytest.mark.parametrize("aware", [False, True], ids=["staged", "direct"])
+def test_a_strided_array_of_another_gpu_arrives_as_written(rt: CudaRuntime, d: CudaDriverDouble, aware: bool,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end, a rank sending to itself: a strided CAI v3 array on the last GPU, a kernel still writing it on
+    that GPU's legacy default stream. It must be synchronized and packed there, and arrive as written."""
+    gpu = last_gpu(d)
+    d.host_accessible = aware  # a CUDA-aware MPI reads device memory; else a host access faults
+    monkeypatch.setenv("CAI_MPI_CUDA_AWARE", "1" if aware else "0")
+    reload_config({"CAI_MPI_INLINE_BYTES": "0", "CAI_MPI_CHUNK_BYTES": "4096"})
+    base = np.zeros(4096, np.float64)
+    written = np.arange(4096, dtype=np.float64) + 1
+    x = DoubleDeviceArray(rt, base, stream=1, ordinal=gpu, view=((2048,), (16,)))  # every other element
+    d.cuCtxPushCurrent(d._context_of(gpu))
+    d.kernel_write(1, x.buf.ptr, written.tobytes(), delay=0.3)
+    comm = MPI.COMM_SELF.Dup()
+    try:
+        with use_runtime(rt):
+            request = cai_mpi.isend_array(x, 0, 3, comm)
+            got = cai_mpi.recv_array(0, 3, comm, device="host")
+            request.wait()
+        assert np.array_equal(np.asarray(got), written[::2])
+    finally:
+        comm.Free()
+        reload_config()
+        d.cuCtxPopCurrent()
 
 
 def test_memory_without_a_context_under_broken_bindings_is_refused(rt: CudaRuntime, d: CudaDriverDouble) -> None:
