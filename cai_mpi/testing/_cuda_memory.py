@@ -248,10 +248,11 @@ class Memory:
     def _pointer_query(self, block: Block | None, attributes: list[int]) -> CUresult | None:
         """Why a query of ``attributes`` fails in the calling thread's context, or None.
 
-        UVA lets any context ask where memory lives (type, context, ordinal); what is relative to the current
-        context is not: with none current the query fails (CUDA documents INVALID_CONTEXT for DEVICE_POINTER;
-        the double refuses every query then, so code that queries must make a context current), and device
-        memory of another GPU has no DEVICE_POINTER here (INVALID_VALUE, as cupy#3991 met it).
+        UVA lets any context ask where memory lives (type, context, ordinal). With no context current a query
+        fails: CUDA documents INVALID_CONTEXT for DEVICE_POINTER, and cudaPointerGetAttributes failed so until
+        CuPy made a context current first (cupy/cupy#3991); the double refuses every query then. Device memory
+        of another GPU has no DEVICE_POINTER in the asking context: INVALID_VALUE, documented for
+        cuPointerGetAttribute and applied to the bulk query too (peer access is not modelled).
         """
         current = self._current()
         if not current:

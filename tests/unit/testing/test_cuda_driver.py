@@ -118,13 +118,14 @@ def test_pointer_queries_from_a_context_of_another_device(d: CudaDriverDouble) -
     assert d.cuPointerGetAttribute(A.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dev) == (OK, 1)
     invalid = CUresult.CUDA_ERROR_INVALID_VALUE
     assert d.cuPointerGetAttribute(A.CU_POINTER_ATTRIBUTE_DEVICE_POINTER, dev) == (invalid, None)
-    assert d.cuPointerGetAttributes(1, [A.CU_POINTER_ATTRIBUTE_DEVICE_POINTER], dev) == (invalid, None)  # cupy#3991
+    assert d.cuPointerGetAttributes(1, [A.CU_POINTER_ATTRIBUTE_DEVICE_POINTER], dev) == (invalid, None)
     assert d.cuPointerGetAttribute(A.CU_POINTER_ATTRIBUTE_HOST_POINTER, dev) == (invalid, None)  # no host address
     on(d, 1)
     assert int(d.cuPointerGetAttribute(A.CU_POINTER_ATTRIBUTE_DEVICE_POINTER, dev + 8)[1]) == dev + 8
 
 
 def test_pointer_queries_need_a_current_context(d: CudaDriverDouble) -> None:
+    """cupy/cupy#3991: a pointer query with no context current failed; CuPy now makes one current first."""
     on(d, 0)
     dev = int(d.cuMemAlloc(64)[1])
     assert d.cuCtxSetCurrent(0) == (OK,)
