@@ -12,18 +12,7 @@ import numpy as np
 
 from ..errors import CudaError, RuntimeUnavailableError, StreamError
 from .base import DeviceBuffer, Event, Location, MemoryKind, PinnedBuffer, Runtime, Stream
-from .cudadriver import (
-    MEMTYPE_DEVICE,
-    MEMTYPE_UNIFIED,
-    NOT_READY,
-    SUCCESS,
-    Driver,
-    classify_pointer,
-    error_text,
-    load_cupy,
-    load_driver,
-    raw_call,
-)
+from .cudadriver import NOT_READY, SUCCESS, Driver, classify_pointer, error_text, load_cupy, load_driver, raw_call
 from .cudapack import as_cupy, byte_view, copy_plan
 
 __all__ = ["CudaRuntime", "device_attribution"]
@@ -196,9 +185,8 @@ class CudaRuntime(Runtime):
         the query runs in the caller's context if one is current, else in this rank's."""
         if ptr == 0:  # zero-size arrays export NULL: they "live" where this rank works
             return Location(MemoryKind.DEVICE, self.ordinal)
-        memory_type, is_managed, ordinal, host_pointer, context = self._driver.pointer_attributes(ptr, self.ordinal)
-        if memory_type in (MEMTYPE_DEVICE, MEMTYPE_UNIFIED) or is_managed:
-            ordinal = self._driver.pointer_ordinal(ptr, context, ordinal, self.device_count)
+        memory_type, is_managed, reported, host_pointer, context = self._driver.pointer_attributes(ptr, self.ordinal)
+        ordinal = self._driver.pointer_ordinal(ptr, memory_type, is_managed, context, reported, self.device_count)
         where = classify_pointer(memory_type, is_managed, ordinal, self.ordinal)
         if where.kind is MemoryKind.HOST and host_pointer and host_pointer != ptr:
             # Mapped pinned or registered memory seen through its device alias: the host reads it elsewhere.

@@ -343,13 +343,17 @@ class Driver:
         memory_type, is_managed, reported, host_pointer, context = values
         return int(memory_type), bool(is_managed), signed_ordinal(reported), int(host_pointer or 0), context
 
-    def pointer_ordinal(self, ptr: int, context: Any, reported: int, device_count: Callable[[], int]) -> int:
-        """The GPU of device or managed memory at ``ptr``: its context's device, else the DEVICE_ORDINAL reported.
+    def pointer_ordinal(self, ptr: int, memory_type: int, is_managed: bool, context: Any, reported: int,
+                        device_count: Callable[[], int]) -> int:
+        """The GPU of device or managed memory at ``ptr``: its context's device, else the DEVICE_ORDINAL reported
+        (host memory: the reported ordinal, unused).
 
         The context is asked first because some cuda-bindings releases report DEVICE_ORDINAL 0 for every pointer.
         Memory with no context (stream-ordered pools, virtual memory management) has only the reported ordinal;
         under those releases, with more than one GPU, it cannot be placed, and that is an error, not a guess.
         """
+        if memory_type not in (MEMTYPE_DEVICE, MEMTYPE_UNIFIED) and not is_managed:
+            return reported
         if int(context or 0):
             return self.context_ordinal(context)
         version = bindings_version(self.drv)
