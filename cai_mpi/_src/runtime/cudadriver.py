@@ -327,7 +327,8 @@ class Driver:
 
         Asked in the caller's current context when it has one (under unified addressing any context may ask where
         memory lives, and the caller's needs no switch), else in ``ordinal``'s: a query with no context current
-        can fail (cupy/cupy#3991).
+        can fail (cupy/cupy#3991). If the caller's context cannot answer (a context poisoned by a failed kernel),
+        ``ordinal``'s is asked before giving up.
         """
         a = self.drv.CUpointer_attribute
         attrs = [a.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a.CU_POINTER_ATTRIBUTE_IS_MANAGED,
@@ -335,11 +336,18 @@ class Driver:
                  a.CU_POINTER_ATTRIBUTE_CONTEXT]
         self.init()
         (current,) = self.check("cuCtxGetCurrent")
-        with contextlib.nullcontext() if int(current) else self.on(ordinal):
-            try:
+        try:
+            with contextlib.nullcontext() if int(current) else self.on(ordinal):
                 (values,) = self.check("cuPointerGetAttributes", len(attrs), attrs, ptr)
-            except CudaError as exc:
-                raise CudaError(f"cannot classify pointer {ptr:#x}: {exc}", exc.call, exc.code, exc.name) from exc
+        except CudaError as exc:
+            failure = exc
+            values = None
+            if int(current) and int(current) != int(self.primary(ordinal)):
+                with contextlib.suppress(CudaError), self.on(ordinal):
+                    (values,) = self.check("cuPointerGetAttributes", len(attrs), attrs, ptr)
+            if values is None:
+                raise CudaError(f"cannot classify pointer {ptr:#x}: {failure}", failure.call, failure.code,
+                                failure.name) from failure
         memory_type, is_managed, reported, host_pointer, context = values
         return int(memory_type), bool(is_managed), signed_ordinal(reported), int(host_pointer or 0), context
 

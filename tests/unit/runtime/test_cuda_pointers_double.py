@@ -87,6 +87,19 @@ def test_a_query_runs_in_the_callers_context_and_leaves_it_current(rt: CudaRunti
     assert queries(d) == [d._context_of(0)] and int(d.cuCtxGetCurrent()[1]) == 0
 
 
+def test_a_query_the_callers_context_cannot_answer_is_asked_in_ours(rt: CudaRuntime, d: CudaDriverDouble) -> None:
+    gpu = last_gpu(d)
+    ptr = users_allocation(d, gpu)
+    d.fail_next("cuPointerGetAttributes", d.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS)  # the caller's context is poisoned
+    assert rt.locate(ptr).ordinal == gpu
+    assert queries(d) == [d._context_of(gpu), d._context_of(0)]
+    assert int(d.cuCtxGetCurrent()[1]) == d._context_of(gpu)
+    d.fail_next("cuPointerGetAttributes", d.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS)
+    d.cuCtxSetCurrent(d._context_of(0))  # already ours: no second try
+    with pytest.raises(CudaError, match=r"cannot classify pointer 0x[0-9a-f]+: cuPointerGetAttributes failed"):
+        rt.locate(ptr)
+
+
 def test_a_foreign_context_is_asked_its_device_once(rt: CudaRuntime, d: CudaDriverDouble) -> None:
     gpu = last_gpu(d)
     ptr = users_allocation(d, gpu)
