@@ -62,3 +62,43 @@ def test_version_option_prints_the_package_version() -> None:
     proc = subprocess.run([sys.executable, "-m", "cai_mpi", "--version"], capture_output=True, text=True,
                           timeout=120)
     assert (proc.returncode, proc.stdout.strip()) == (0, f"cai_mpi {cai_mpi.__version__}"), proc
+
+
+def info_on(factory: str, *args: str) -> str:
+    """``python -m cai_mpi info`` with the CUDA driver double made by ``factory`` standing in for cuda-bindings."""
+    import os
+
+    env = {**os.environ, "CAI_MPI_CUDA_DRIVER": f"cai_mpi.testing.cuda_driver:{factory}"}
+    env.pop("CAI_MPI_RUNTIME", None)
+    proc = subprocess.run([sys.executable, "-m", "cai_mpi", "info", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_info_checks_device_attribution_on_every_gpu() -> None:
+    """Each visible GPU gets a buffer, placed as cai_mpi places arrays; bindings that report GPU 0 for it are
+    named with the release to install."""
+    broken = info_on("ordinal_bug_double")
+    assert "device attribution: GPU 0 ok, GPU 1 ok (cuda-bindings reports 0)" in broken
+    assert "cuda-bindings 12.9.6 reports the wrong GPU" in broken and "cuda-bindings>=12.9.9,<13" in broken
+    fixed = info_on("CudaDriverDouble")
+    assert "device attribution: GPU 0 ok, GPU 1 ok\n" in fixed and "reports the wrong GPU" not in fixed
+    import json
+
+    report = json.loads(info_on("ordinal_bug_double", "--json"))["ranks"][0]["device_attribution"]
+    assert report == {"bindings": "12.9.6", "gpus": [{"gpu": 0, "located": 0, "reported": 0},
+                                                      {"gpu": 1, "located": 1, "reported": 0}]}
+
+
+def test_info_says_when_cai_mpi_itself_misplaces_memory() -> None:
+    from cai_mpi._src import info
+
+    found = {"bindings": "13.2.0", "gpus": [{"gpu": 0, "located": 0, "reported": 0},
+                                            {"gpu": 1, "located": 0, "reported": 0},
+                                            {"gpu": 2, "located": None, "reported": None, "error": "out of memory"}]}
+    assert info._attribution_text(found) == (
+        "device attribution: GPU 0 ok, GPU 1 WRONG (placed on 0), GPU 2 unchecked")
+    tips = info._attribution_advice(found)
+    assert any("places device memory on the wrong GPU with cuda-bindings 13.2.0" in t for t in tips), tips
+    assert "GPU 2 could not be checked: out of memory" in tips

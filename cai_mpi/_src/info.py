@@ -53,6 +53,7 @@ def collect(comm: MPI.Comm | None = None) -> dict[str, Any]:
     rt = get_runtime()
     choice = choose_device(visible_count=rt.device_count() if rt.name == "cuda" else None)
     gpus = rt.device_count()
+    attribution = _device_attribution(rt)
     if gpus == 0:
         route = "no GPU on this rank: host buffers only"
     elif aware.aware:
@@ -76,11 +77,59 @@ def collect(comm: MPI.Comm | None = None) -> dict[str, Any]:
                           "visible": list(choice.visible) if choice.visible is not None else None,
                           "reason": choice.reason},
         "gpu_route": route,
+        "device_attribution": attribution,
         "python": sys.version.split()[0],
         "accelerators": _accelerators(),
         "versions": _versions(),
         "env": {k: os.environ.get(k) for k in (*ENV_VARS, *_OTHER_ENV) if k in os.environ},
     }
+
+
+def _device_attribution(rt: Any) -> dict[str, Any] | None:
+    """Per visible GPU, where cai_mpi places a buffer allocated there and what cuda-bindings reports for it
+    (some releases report GPU 0 for every pointer); None without the CUDA runtime."""
+    if rt.name != "cuda":
+        return None
+    from .runtime.cuda import device_attribution
+    from .runtime.cudadriver import bindings_version
+
+    return {"bindings": bindings_version(rt._driver.drv), "gpus": device_attribution(rt)}
+
+
+def _attribution_text(found: dict[str, Any] | None) -> str:
+    if found is None:
+        return ""
+    parts = []
+    for g in found["gpus"]:
+        if "error" in g:
+            parts.append(f"GPU {g['gpu']} unchecked")
+        elif g["located"] != g["gpu"]:
+            parts.append(f"GPU {g['gpu']} WRONG (placed on {g['located']})")
+        elif g["reported"] != g["gpu"]:
+            parts.append(f"GPU {g['gpu']} ok (cuda-bindings reports {g['reported']})")
+        else:
+            parts.append(f"GPU {g['gpu']} ok")
+    return "device attribution: " + ", ".join(parts) if parts else ""
+
+
+def _attribution_advice(found: dict[str, Any] | None) -> list[str]:
+    from .runtime.cudadriver import FIXED_BINDINGS
+
+    if found is None:
+        return []
+    tips = []
+    bindings = f"cuda-bindings {found['bindings'] or '(version unknown)'}"
+    if any("error" not in g and g["reported"] != g["gpu"] for g in found["gpus"]):
+        tips.append(f"{bindings} reports the wrong GPU for device memory (DEVICE_ORDINAL); cai_mpi places memory "
+                    "by its context instead, but memory without one (stream-ordered pools) cannot be placed: "
+                    f"install {FIXED_BINDINGS}")
+    if any("error" not in g and g["located"] != g["gpu"] for g in found["gpus"]):
+        tips.append(f"cai_mpi places device memory on the wrong GPU with {bindings}: transfers from GPUs other "
+                    f"than 0 will read the wrong device; install {FIXED_BINDINGS} and report this as a bug")
+    for g in found["gpus"]:
+        if "error" in g:
+            tips.append(f"GPU {g['gpu']} could not be checked: {g['error']}")
+    return tips
 
 
 def _advice(r: dict[str, Any]) -> list[str]:
@@ -93,7 +142,7 @@ def _advice(r: dict[str, Any]) -> list[str]:
                     "MPI (docs/gpu-and-mpi.md) or set CAI_MPI_CUDA_AWARE=1 if yours is")
     if r["thread_level"] != "multiple":
         tips.append("MPI is not at THREAD_MULTIPLE: call cai_mpi from one thread at a time")
-    return tips
+    return tips + _attribution_advice(r.get("device_attribution"))
 
 
 def _text(reports: list[dict[str, Any]]) -> str:
@@ -116,6 +165,9 @@ def _text(reports: list[dict[str, Any]]) -> str:
             f"CUDA_VISIBLE_DEVICES={vis} gpus={r['gpus_visible']} device={r['device']} "
             f"choice={dc['ordinal']} runtime={r['runtime']}"
         )
+        attribution = _attribution_text(r.get("device_attribution"))
+        if attribution:
+            lines.append(f"{'':11}{attribution}")
     routes = sorted({r["gpu_route"] for r in reports})
     lines.append("verdict       : GPU buffers will travel: " + " | ".join(routes))
     for tip in sorted({t for r in reports for t in _advice(r)}):

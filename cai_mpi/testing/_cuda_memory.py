@@ -30,6 +30,7 @@ class Memory:
     """The memory calls of the double (mixed into ``CudaDriverDouble``)."""
 
     host_accessible: bool
+    ordinal_bug: bool
     _lock: threading.RLock
     _blocks: dict[int, Block]
     _starts: list[int]
@@ -245,6 +246,7 @@ class Memory:
         return CUresult.CUDA_SUCCESS, CUdeviceptr((block.alias or block.address) + offset)
 
     def _pointer_values(self, block: Block | None, ptr: int) -> dict[int, Any]:
+        """Every attribute of ``ptr`` as the driver knows it (the bindings' reading is applied later)."""
         a = CUpointer_attribute
         if block is None:
             return {
@@ -258,17 +260,43 @@ class Memory:
         on_host = block.kind in ("pinned", "alias")
         memory_type = CUmemorytype.CU_MEMORYTYPE_HOST if on_host else CUmemorytype.CU_MEMORYTYPE_DEVICE
         device_pointer = (block.alias or block.address) if block.kind == "pinned" else block.address
+        # Stream-ordered allocations belong to a memory pool, not a context: CUDA documents CONTEXT as NULL.
+        context = 0 if block.kind == "async" else block.context
         return {
             a.CU_POINTER_ATTRIBUTE_MEMORY_TYPE: int(memory_type),
             a.CU_POINTER_ATTRIBUTE_IS_MANAGED: block.kind == "managed",
             a.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: block.ordinal,
             a.CU_POINTER_ATTRIBUTE_HOST_POINTER: (block.host + offset) if on_host else 0,
             a.CU_POINTER_ATTRIBUTE_DEVICE_POINTER: CUdeviceptr(device_pointer + offset),
-            a.CU_POINTER_ATTRIBUTE_CONTEXT: CUcontext(block.context),
+            a.CU_POINTER_ATTRIBUTE_CONTEXT: CUcontext(context),
             a.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: CUdeviceptr(block.address),
             a.CU_POINTER_ATTRIBUTE_RANGE_SIZE: block.nbytes,
             a.CU_POINTER_ATTRIBUTE_MAPPED: True,
         }
+
+    def _pointer_query(self, block: Block | None, attributes: list[int]) -> CUresult | None:
+        """Why a query of ``attributes`` fails in the calling thread's context, or None.
+
+        UVA lets any context ask where memory lives (type, context, ordinal). With no context current a query
+        fails: CUDA documents INVALID_CONTEXT for DEVICE_POINTER, and cudaPointerGetAttributes failed so until
+        CuPy made a context current first (cupy/cupy#3991); the double refuses every query then. Device memory
+        of another GPU has no DEVICE_POINTER in the asking context: INVALID_VALUE, documented for
+        cuPointerGetAttribute and applied to the bulk query too (peer access is not modelled).
+        """
+        current = self._current()
+        if not current:
+            return CUresult.CUDA_ERROR_INVALID_CONTEXT
+        foreign = block is not None and block.kind in ("device", "async") and block.ordinal != self._ordinal_of(current)
+        if foreign and int(CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_POINTER) in attributes:
+            return CUresult.CUDA_ERROR_INVALID_VALUE
+        return None
+
+    def _as_read(self, attribute: int, answer: Any) -> Any:
+        """The value as the Python bindings hand it back: ``ordinal_bug`` reads DEVICE_ORDINAL from a field
+        never written, so every pointer reports 0 (cuda-bindings 12.9.6-12.9.8, 13.1.2-13.4.2)."""
+        if self.ordinal_bug and attribute == int(CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL):
+            return 0
+        return answer
 
     def cuPointerGetAttribute(self, attribute: CUpointer_attribute, ptr: Any) -> tuple[CUresult, Any]:
         attribute.value  # noqa: B018  (a plain int raises AttributeError, as in cuda-bindings)
@@ -276,9 +304,15 @@ class Memory:
         block = self._find(value(ptr))
         if failure is None and block is None:
             failure = CUresult.CUDA_ERROR_INVALID_VALUE  # memory CUDA does not know
+        failure = failure or self._pointer_query(block, [int(attribute)])
+        if failure is None and attribute == CUpointer_attribute.CU_POINTER_ATTRIBUTE_HOST_POINTER:
+            assert block is not None
+            if block.kind in ("device", "async"):
+                failure = CUresult.CUDA_ERROR_INVALID_VALUE  # device memory has no host address
         if failure:
             return failure, None
-        return CUresult.CUDA_SUCCESS, self._pointer_values(block, value(ptr))[int(attribute)]
+        answer = self._pointer_values(block, value(ptr))[int(attribute)]
+        return CUresult.CUDA_SUCCESS, self._as_read(int(attribute), answer)
 
     def cuPointerGetAttributes(
         self, numAttributes: int, attributes: list[CUpointer_attribute] | tuple[CUpointer_attribute, ...], ptr: Any
@@ -287,11 +321,13 @@ class Memory:
         if not typed:
             raise TypeError("Argument 'attributes' is not instance of type (expected "
                             "tuple[cydriver.CUpointer_attribute] or list[cydriver.CUpointer_attribute]")
-        failure = self._enter("cuPointerGetAttributes")
+        asked = [int(a) for a in attributes[: int(numAttributes)]]
+        block = self._find(value(ptr))
+        failure = self._enter("cuPointerGetAttributes") or self._pointer_query(block, asked)
         if failure:
             return failure, None
-        values = self._pointer_values(self._find(value(ptr)), value(ptr))
-        return CUresult.CUDA_SUCCESS, [values[int(a)] for a in attributes[: int(numAttributes)]]
+        values = self._pointer_values(block, value(ptr))  # unknown memory: NULL values and success, as documented
+        return CUresult.CUDA_SUCCESS, [self._as_read(a, values[a]) for a in asked]
 
 
 def _capacity_for(nbytes: int) -> int:

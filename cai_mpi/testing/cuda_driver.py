@@ -15,7 +15,11 @@ real ``cai_mpi._src.runtime.cuda`` and everything above it run on a machine with
 - streams with a worker thread each; the legacy default stream (handles 0 and 1) is ordered against the
   blocking streams of its context but not the ``CU_STREAM_NON_BLOCKING`` ones; handle 2 is the calling
   thread's per-thread default stream; events; copies, 2-D copies and memsets in stream order;
-- pinned host memory, counted (``pinned_bytes_outstanding``, ``pinned_bytes_peak``, ``pinned_allocations``).
+- pinned host memory, counted (``pinned_bytes_outstanding``, ``pinned_bytes_peak``, ``pinned_allocations``);
+- pointer attributes as UVA answers them from any context (type, CONTEXT, DEVICE_ORDINAL; CONTEXT is NULL for
+  stream-ordered memory), context-relative ones refused where CUDA refuses them, and every query refused with no
+  context current. ``ordinal_bug=True`` reads DEVICE_ORDINAL as cuda-bindings 12.9.6-12.9.8 and 13.1.2-13.4.2
+  do: 0 for every pointer, in ``cuPointerGetAttribute`` and ``cuPointerGetAttributes`` alike.
 
 Test hooks play the producer: ``launch`` and ``kernel_write`` enqueue a "kernel" on any stream,
 ``set_copy_delay`` makes copies slow, ``fail_next`` makes one call return an error, ``read_device`` and
@@ -45,7 +49,7 @@ from ._cuda_types import CUstream as _CUstream
 from ._cuda_types import CUstream_flags as _CUstream_flags
 from ._cuda_types import value as _value
 
-__all__ = ["CudaDriverDouble", "host_accessible_double"]
+__all__ = ["CudaDriverDouble", "host_accessible_double", "ordinal_bug_double"]
 
 
 class CudaDriverDouble(StreamCalls, Memory):
@@ -59,9 +63,13 @@ class CudaDriverDouble(StreamCalls, Memory):
     CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
     CUDA_VERSION = 12090
 
-    def __init__(self, devices: int = 2, *, device_memory_host_accessible: bool = False, lazy: float = 0.0) -> None:
+    def __init__(self, devices: int = 2, *, device_memory_host_accessible: bool = False,
+                 ordinal_bug: bool = False, lazy: float = 0.0) -> None:
         self.devices = devices
         self.host_accessible = device_memory_host_accessible
+        self.ordinal_bug = ordinal_bug
+        # The cuda-bindings release whose pointer-attribute reading this double plays (read by cai_mpi's checks).
+        self.bindings_version = "12.9.6" if ordinal_bug else "12.9.10"
         self.lazy = lazy
         self._lock = threading.RLock()
         self._tls = threading.local()
@@ -214,6 +222,14 @@ class CudaDriverDouble(StreamCalls, Memory):
         failure = self._enter("cuCtxGetDevice", needs_context=True)
         return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, _CUdevice(self._ordinal_of(self._current())))
 
+    def cuCtxGetId(self, ctx: Any) -> tuple[_CUresult, int | None]:
+        """A context's id, unique for the life of the process (a handle may be reused by a later context)."""
+        failure = self._enter("cuCtxGetId")
+        value = _value(ctx) or self._current()
+        if failure is None and (value == 0 or not self._valid_context(value)):
+            failure = _CUresult.CUDA_ERROR_INVALID_CONTEXT
+        return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, self._ordinal_of(value) + 1)
+
     def cuCtxSynchronize(self) -> tuple[_CUresult]:
         failure = self._enter("cuCtxSynchronize", needs_context=True)
         if failure is None:
@@ -335,3 +351,9 @@ def host_accessible_double() -> CudaDriverDouble:
     """A double whose device memory the host (so a CUDA-aware MPI) can read and write: the factory for
     ``CAI_MPI_CUDA_DRIVER=cai_mpi.testing.cuda_driver:host_accessible_double`` with ``CAI_MPI_CUDA_AWARE=1``."""
     return CudaDriverDouble(device_memory_host_accessible=True)
+
+
+def ordinal_bug_double() -> CudaDriverDouble:
+    """A double that reads DEVICE_ORDINAL as the broken cuda-bindings releases do (0 for every pointer): the factory
+    for ``CAI_MPI_CUDA_DRIVER=cai_mpi.testing.cuda_driver:ordinal_bug_double``."""
+    return CudaDriverDouble(ordinal_bug=True)

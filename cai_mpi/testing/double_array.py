@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -9,6 +10,20 @@ import numpy as np
 from .._src.runtime.base import Runtime
 
 __all__ = ["DoubleDeviceArray"]
+
+
+class _UsersAllocation:
+    """Device memory as CuPy's and PyTorch's default allocators make it: cuMemAlloc in the GPU's primary context
+    (memory that belongs to a context), freed when collected."""
+
+    def __init__(self, runtime: Any, nbytes: int, ordinal: int) -> None:
+        self.nbytes, self.ordinal, self.ptr = nbytes, ordinal, 0
+        if nbytes:
+            driver = runtime._driver
+            with driver.on(ordinal):
+                (dptr,) = driver.check("cuMemAlloc", nbytes)
+            self.ptr = int(dptr)
+            weakref.finalize(self, driver.release, ordinal, "cuMemFree", self.ptr)
 
 
 class DoubleDeviceArray:
@@ -28,7 +43,7 @@ class DoubleDeviceArray:
                  view: tuple[tuple[int, ...], tuple[int, ...]] | None = None, ordinal: int = 0) -> None:
         src = np.ascontiguousarray(data)
         self.runtime, self.double = runtime, runtime.driver_double  # type: ignore[attr-defined]
-        self.buf = runtime.alloc_device(src.nbytes, ordinal)
+        self.buf = _UsersAllocation(runtime, src.nbytes, ordinal)
         if src.nbytes:
             self.double.write_device(self.buf.ptr, src.tobytes())
         self.dtype, self.version, self.stream = src.dtype, version, stream

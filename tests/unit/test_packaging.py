@@ -50,3 +50,21 @@ def test_a_source_tree_without_package_metadata_still_imports() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", hide_metadata], capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout.strip()) == (0, "0+unknown"), proc.stderr
+
+
+# cuda-bindings releases whose cuPointerGetAttribute(s) report DEVICE_ORDINAL 0 for every pointer (NVIDIA/cuda-python
+# #2928), and the first fixed ones; cuda-python X.Y.Z requires cuda-bindings~=X.Y.Z.
+BROKEN_BINDINGS = ("12.9.6", "12.9.7", "12.9.8", "13.1.2", "13.2.0", "13.3.0", "13.3.1", "13.4.0", "13.4.1", "13.4.2")
+FIXED_BINDINGS = {"cuda12": ("12.9.9", "12.9.10"), "cuda13": ("13.4.3", "13.5.0"),
+                  "test": ("12.9.9", "12.9.10", "13.4.3", "13.5.0")}
+
+
+@pytest.mark.parametrize("extra", ["cuda12", "cuda13", "test"])
+def test_no_extra_admits_bindings_that_misplace_pointers(extra: str) -> None:
+    requirements = pytest.importorskip("packaging.requirements")
+    reqs = {r.name: r for r in map(requirements.Requirement, EXTRAS[extra]) if r.name.startswith("cuda-")}
+    bindings = reqs["cuda-bindings"].specifier
+    assert not [v for v in BROKEN_BINDINGS if bindings.contains(v)], (extra, str(bindings))
+    assert all(bindings.contains(v) for v in FIXED_BINDINGS[extra]), (extra, str(bindings))
+    if "cuda-python" in reqs:  # it pins cuda-bindings to its own release series: its floor must be a fixed one
+        assert not [v for v in BROKEN_BINDINGS if reqs["cuda-python"].specifier.contains(v)], extra

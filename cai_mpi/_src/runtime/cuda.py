@@ -27,7 +27,7 @@ from .base import (
 from .cudadriver import NOT_READY, SUCCESS, Driver, classify_pointer, error_text, load_cupy, load_driver, raw_call
 from .cudapack import as_cupy, byte_view, copy_plan
 
-__all__ = ["CudaRuntime"]
+__all__ = ["CudaRuntime", "device_attribution"]
 
 
 if TYPE_CHECKING:
@@ -186,26 +186,17 @@ class CudaRuntime(Runtime):
 
     # -- pointers and streams ---------------------------------------------
     def locate(self, ptr: int) -> Location:
+        """Where ``ptr`` lives. Device and managed memory are placed by the pointer's context, not by the
+        DEVICE_ORDINAL attribute alone (cuda-bindings 12.9.6-12.9.8 and 13.1.2-13.4.2 report 0 for every pointer);
+        the query runs in the caller's context if one is current, else in this rank's."""
         if ptr == 0:  # zero-size arrays export NULL: they "live" where this rank works
             return Location(MemoryKind.DEVICE, self.ordinal)
-        drv = self._driver.drv
-        attrs = [
-            drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED,
-            drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_HOST_POINTER,
-        ]
-        with self._on(self.ordinal):  # the query can fail with no current context (cupy#3991)
-            try:
-                (values,) = self._driver.check("cuPointerGetAttributes", len(attrs), attrs, ptr)
-            except CudaError as exc:
-                message = f"cannot classify pointer {ptr:#x}: {exc}"
-                raise CudaError(message, exc.call, exc.code, exc.name) from exc
-        memory_type, is_managed, device_ordinal, host_pointer = values
-        where = classify_pointer(memory_type, is_managed, device_ordinal, self.ordinal)
-        if where.kind is MemoryKind.HOST and host_pointer and int(host_pointer) != ptr:
+        memory_type, is_managed, reported, host_pointer, context = self._driver.pointer_attributes(ptr, self.ordinal)
+        ordinal = self._driver.pointer_ordinal(ptr, memory_type, is_managed, context, reported, self.device_count)
+        where = classify_pointer(memory_type, is_managed, ordinal, self.ordinal)
+        if where.kind is MemoryKind.HOST and host_pointer and host_pointer != ptr:
             # Mapped pinned or registered memory seen through its device alias: the host reads it elsewhere.
-            return Location(MemoryKind.HOST, where.ordinal, int(host_pointer))
+            return Location(MemoryKind.HOST, where.ordinal, host_pointer)
         return where
 
     def sync_stream(self, handle: int, ordinal: int | None) -> None:
@@ -529,3 +520,26 @@ def _stream_failure(what: str, handle: int, ordinal: int | None, exc: CudaError)
         text += ". Work queued on the stream failed; the CUDA context is now unusable"
     return text
 
+
+
+# -- device attribution, for ``python -m cai_mpi info`` -------------------------------------
+
+
+def device_attribution(runtime: CudaRuntime) -> list[dict[str, Any]]:
+    """For each visible GPU: a small buffer allocated in its primary context, where ``locate`` places it
+    (``located``), and the DEVICE_ORDINAL the bindings report for it (``reported``); ``error`` if either failed."""
+    found: list[dict[str, Any]] = []
+    for gpu in range(runtime.device_count()):
+        entry: dict[str, Any] = {"gpu": gpu, "located": None, "reported": None}
+        try:  # context-bound memory, as the default allocators of CuPy and PyTorch make (not a stream-ordered pool)
+            with runtime._on(gpu):
+                (dptr,) = runtime._driver.check("cuMemAlloc", 256)
+            try:
+                entry["located"] = runtime.locate(int(dptr)).ordinal
+                entry["reported"] = runtime._driver.pointer_attributes(int(dptr), gpu)[2]
+            finally:
+                runtime._driver.release(gpu, "cuMemFree", dptr)
+        except CudaError as exc:
+            entry["error"] = str(exc)
+        found.append(entry)
+    return found

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import os
+import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import CudaError
 from .base import HOST, Location, MemoryKind
 
-__all__ = ["NOT_READY", "SUCCESS", "Driver", "check", "classify_pointer", "error_text", "load_cupy", "load_driver",
-           "probe", "raw_call", "visible_device_count"]
+__all__ = ["FIXED_BINDINGS", "NOT_READY", "SUCCESS", "Driver", "bindings_version", "check", "classify_pointer",
+           "error_text", "load_cupy", "load_driver", "ordinal_unreliable", "probe", "raw_call", "signed_ordinal",
+           "visible_device_count"]
 
 SUCCESS = 0
 NO_DEVICE = 100
@@ -23,8 +26,6 @@ MEMTYPE_HOST = 1
 MEMTYPE_DEVICE = 2
 MEMTYPE_ARRAY = 3
 MEMTYPE_UNIFIED = 4
-
-
 
 # -- loading the optional modules ---------------------------------------------------
 
@@ -207,6 +208,43 @@ def classify_pointer(
     )
 
 
+# -- the cuda-bindings releases that misreport DEVICE_ORDINAL ------------------------------------
+
+# [first broken, first fixed): these write DEVICE_ORDINAL to a signed field and read it from an unsigned one never
+# written, so cuPointerGetAttribute(s) report 0 for every pointer (NVIDIA/cuda-python#2928).
+_ORDINAL_BUG = (((12, 9, 6), (12, 9, 9)), ((13, 1, 2), (13, 4, 3)))
+FIXED_BINDINGS = "cuda-bindings>=12.9.9,<13 (CUDA 12) or cuda-bindings>=13.4.3 (CUDA 13)"
+
+
+def bindings_version(drv: Any) -> str | None:
+    """The cuda-bindings release behind the driver module ``drv`` (a stand-in declares ``bindings_version``)."""
+    declared = getattr(drv, "bindings_version", None)
+    if declared is not None:
+        return str(declared)
+    if not str(getattr(drv, "__name__", "")).startswith("cuda."):
+        return None
+    for dist in ("cuda-bindings", "cuda-python"):  # cuda-python <= 12.6.0 carried the bindings itself
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(dist)
+    return None
+
+
+def ordinal_unreliable(version: str | None) -> bool:
+    """Whether cuda-bindings ``version`` reports DEVICE_ORDINAL 0 for every pointer (12.9.6-12.9.8, 13.1.2-13.4.2)."""
+    found = re.match(r"(\d+)\.(\d+)\.(\d+)", version or "")
+    if found is None:
+        return False
+    release = tuple(int(part) for part in found.groups())
+    return any(first <= release < fixed for first, fixed in _ORDINAL_BUG)
+
+
+def signed_ordinal(reported: Any) -> int:
+    """DEVICE_ORDINAL as the signed int CUDA writes: releases before 12.9.6 / 13.1.2 read it as unsigned, so -2
+    (no device) came back as 2**32 - 2."""
+    ordinal = int(reported)
+    return ordinal - 2**32 if ordinal >= 2**31 else ordinal
+
+
 # -- contexts -------------------------------------------------------------------------
 
 
@@ -218,6 +256,8 @@ class Driver:
         self._lock = threading.Lock()
         self._initialized = False
         self._contexts: dict[int, Any] = {}
+        self._foreign: dict[int, tuple[int, int]] = {}  # context handle -> (its unique id, its GPU)
+        self._ordinals: dict[int, int] = {}  # CUdevice handle -> ordinal (CUDA does not promise they are equal)
 
     def check(self, call: str, *args: Any) -> tuple[Any, ...]:
         return check(self.drv, call, *args)
@@ -279,3 +319,98 @@ class Driver:
             self.check(call, *args)
 
 
+
+    # -- which GPU holds a pointer --------------------------------------------------------------
+
+    def pointer_attributes(self, ptr: int, ordinal: int) -> tuple[int, bool, int, int, Any]:
+        """``(MEMORY_TYPE, IS_MANAGED, DEVICE_ORDINAL, HOST_POINTER, CONTEXT)`` of ``ptr``.
+
+        Asked in the caller's current context when it has one (under unified addressing any context may ask where
+        memory lives, and the caller's needs no switch), else in ``ordinal``'s: a query with no context current
+        can fail (cupy/cupy#3991). If the caller's context cannot answer (a context poisoned by a failed kernel),
+        ``ordinal``'s is asked before giving up.
+        """
+        a = self.drv.CUpointer_attribute
+        attrs = [a.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a.CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                 a.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, a.CU_POINTER_ATTRIBUTE_HOST_POINTER,
+                 a.CU_POINTER_ATTRIBUTE_CONTEXT]
+        self.init()
+        (current,) = self.check("cuCtxGetCurrent")
+        try:
+            with contextlib.nullcontext() if int(current) else self.on(ordinal):
+                (values,) = self.check("cuPointerGetAttributes", len(attrs), attrs, ptr)
+        except CudaError as exc:
+            failure = exc
+            values = None
+            if int(current) and int(current) != int(self.primary(ordinal)):
+                with contextlib.suppress(CudaError), self.on(ordinal):
+                    (values,) = self.check("cuPointerGetAttributes", len(attrs), attrs, ptr)
+            if values is None:
+                raise CudaError(f"cannot classify pointer {ptr:#x}: {failure}", failure.call, failure.code,
+                                failure.name) from failure
+        memory_type, is_managed, reported, host_pointer, context = values
+        return int(memory_type), bool(is_managed), signed_ordinal(reported), int(host_pointer or 0), context
+
+    def pointer_ordinal(self, ptr: int, memory_type: int, is_managed: bool, context: Any, reported: int,
+                        device_count: Callable[[], int]) -> int:
+        """The GPU of device or managed memory at ``ptr``: its context's device, else the DEVICE_ORDINAL reported
+        (host memory: the reported ordinal, unused).
+
+        The context is asked first because some cuda-bindings releases report DEVICE_ORDINAL 0 for every pointer.
+        Memory with no context (stream-ordered pools, virtual memory management) has only the reported ordinal;
+        under those releases, with more than one GPU, it cannot be placed, and that is an error, not a guess.
+        """
+        if memory_type not in (MEMTYPE_DEVICE, MEMTYPE_UNIFIED) and not is_managed:
+            return reported
+        if int(context or 0):
+            return self.context_ordinal(context)
+        version = bindings_version(self.drv)
+        if reported == 0 and ordinal_unreliable(version) and device_count() > 1:
+            raise CudaError(
+                f"cannot tell which GPU holds pointer {ptr:#x}: it belongs to no CUDA context (a stream-ordered "
+                f"pool or virtual memory) and cuda-bindings {version} reports GPU 0 for every pointer; "
+                f"install {FIXED_BINDINGS}",
+                "cuPointerGetAttributes",
+            )
+        return reported
+
+    def context_ordinal(self, context: Any) -> int:
+        """The GPU of ``context``: a primary context retained here maps directly; another is made current once to
+        ask (cuCtxGetDevice), and remembered with its unique id, since a handle may return for a later context."""
+        handle = int(context)
+        for ordinal, own in list(self._contexts.items()):
+            if int(own) == handle:
+                return ordinal
+        ident = self._context_id(context)
+        known = self._foreign.get(handle)
+        if known is not None and ident is not None and known[0] == ident:
+            return known[1]
+        self.check("cuCtxPushCurrent", context)
+        try:
+            (device,) = self.check("cuCtxGetDevice")
+        finally:
+            self.check("cuCtxPopCurrent")
+        ordinal = self._device_ordinal(device)
+        if ident is not None:
+            self._foreign[handle] = (ident, ordinal)
+        return ordinal
+
+    def _context_id(self, context: Any) -> int | None:
+        """cuCtxGetId (CUDA 12.0+), or None where the driver or bindings lack it."""
+        with contextlib.suppress(CudaError):
+            code, _status, outputs = raw_call(self.drv, "cuCtxGetId", context)
+            if code == SUCCESS:
+                return int(outputs[0])
+        return None
+
+    def _device_ordinal(self, device: Any) -> int:
+        """The ordinal of a CUdevice handle (cuDeviceGet's inverse)."""
+        handle = int(device)
+        if handle not in self._ordinals:
+            (count,) = self.check("cuDeviceGetCount")
+            for ordinal in range(int(count)):
+                (dev,) = self.check("cuDeviceGet", ordinal)
+                self._ordinals[int(dev)] = ordinal
+        if handle not in self._ordinals:
+            raise CudaError(f"cuCtxGetDevice returned device {handle}, which cuDeviceGet never gives", "cuCtxGetDevice")
+        return self._ordinals[handle]

@@ -106,6 +106,70 @@ def test_pointer_attributes_of_every_kind_of_memory(d: CudaDriverDouble) -> None
         d.cuPointerGetAttributes(1, [2], dev)  # type: ignore[list-item]
 
 
+def test_pointer_queries_from_a_context_of_another_device(d: CudaDriverDouble) -> None:
+    """UVA: any context may ask where memory lives; what is relative to the asking context is refused."""
+    ctx1 = on(d, 1)
+    dev = int(d.cuMemAlloc(64)[1])
+    where = [A.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, A.CU_POINTER_ATTRIBUTE_CONTEXT, A.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL]
+    on(d, 0)
+    err, values = d.cuPointerGetAttributes(3, where, dev + 8)
+    assert err == OK and values is not None
+    assert (values[0], int(values[1]), values[2]) == (2, int(ctx1), 1)
+    assert d.cuPointerGetAttribute(A.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dev) == (OK, 1)
+    invalid = CUresult.CUDA_ERROR_INVALID_VALUE
+    assert d.cuPointerGetAttribute(A.CU_POINTER_ATTRIBUTE_DEVICE_POINTER, dev) == (invalid, None)
+    assert d.cuPointerGetAttributes(1, [A.CU_POINTER_ATTRIBUTE_DEVICE_POINTER], dev) == (invalid, None)
+    assert d.cuPointerGetAttribute(A.CU_POINTER_ATTRIBUTE_HOST_POINTER, dev) == (invalid, None)  # no host address
+    on(d, 1)
+    assert int(d.cuPointerGetAttribute(A.CU_POINTER_ATTRIBUTE_DEVICE_POINTER, dev + 8)[1]) == dev + 8
+
+
+def test_pointer_queries_need_a_current_context(d: CudaDriverDouble) -> None:
+    """cupy/cupy#3991: a pointer query with no context current failed; CuPy now makes one current first."""
+    on(d, 0)
+    dev = int(d.cuMemAlloc(64)[1])
+    assert d.cuCtxSetCurrent(0) == (OK,)
+    no_context = CUresult.CUDA_ERROR_INVALID_CONTEXT
+    assert d.cuPointerGetAttributes(1, [A.CU_POINTER_ATTRIBUTE_MEMORY_TYPE], dev) == (no_context, None)
+    assert d.cuPointerGetAttribute(A.CU_POINTER_ATTRIBUTE_CONTEXT, dev) == (no_context, None)
+
+
+def test_stream_ordered_memory_belongs_to_no_context(d: CudaDriverDouble) -> None:
+    on(d, 1)
+    p = d.cuMemAllocAsync(16, 1)[1]
+    asked = [A.CU_POINTER_ATTRIBUTE_CONTEXT, A.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL]
+    err, values = d.cuPointerGetAttributes(2, asked, p)
+    assert err == OK and values is not None and (int(values[0]), values[1]) == (0, 1)
+    d.cuMemFreeAsync(p, 1)
+    d.cuStreamSynchronize(1)
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_ordinal_bug_reports_every_pointer_on_device_zero(bug: bool) -> None:
+    """cuda-bindings 12.9.6-12.9.8 and 13.1.2-13.4.2 write DEVICE_ORDINAL to one field and read another, never
+    written: 0 for every pointer, from both calls. CONTEXT is read right in every release."""
+    with CudaDriverDouble(2, ordinal_bug=bug) as d:
+        d.cuInit(0)
+        ctx1 = on(d, 1)
+        dev = int(d.cuMemAlloc(64)[1])
+        expected = 0 if bug else 1
+        assert d.cuPointerGetAttribute(A.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dev) == (OK, expected)
+        err, values = d.cuPointerGetAttributes(
+            2, [A.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, A.CU_POINTER_ATTRIBUTE_CONTEXT], dev)
+        assert err == OK and values is not None and (values[0], int(values[1])) == (expected, int(ctx1))
+        assert d.bindings_version == ("12.9.6" if bug else "12.9.10")
+
+
+def test_context_ids_are_per_context(d: CudaDriverDouble) -> None:
+    ctx0 = on(d, 0)
+    ctx1 = d.cuDevicePrimaryCtxRetain(1)[1]
+    first, second = d.cuCtxGetId(ctx0), d.cuCtxGetId(ctx1)
+    assert first[0] == second[0] == OK and first[1] != second[1]
+    assert d.cuCtxGetId(0) == first  # NULL: the current context
+    assert d.cuCtxSetCurrent(0) == (OK,)
+    assert d.cuCtxGetId(0) == (CUresult.CUDA_ERROR_INVALID_CONTEXT, None)
+
+
 def test_pinned_memory_is_counted(d: CudaDriverDouble) -> None:
     on(d, 0)
     blocks = [d.cuMemHostAlloc(n, d.CU_MEMHOSTALLOC_PORTABLE)[1] for n in (100, 5000, 20)]
