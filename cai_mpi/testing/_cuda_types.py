@@ -8,8 +8,9 @@ import mmap
 from typing import Any
 
 __all__ = [
-    "MAP_FAILED", "PAGE", "Block", "CUDA_MEMCPY2D", "CUcontext", "CUdevice", "CUdeviceptr", "CUevent", "CUevent_flags",
-    "CUmemorytype", "CUpointer_attribute", "CUresult", "CUstream", "CUstream_flags", "libc", "value",
+    "MAP_FAILED", "PAGE", "Block", "CUDA_MEMCPY2D", "CUcontext", "CUdevice", "CUdevice_attribute", "CUdeviceptr",
+    "CUevent", "CUevent_flags", "CUmemorytype", "CUpointer_attribute", "CUresult", "CUstream", "CUstream_flags", "libc",
+    "value",
 ]
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -110,6 +111,10 @@ class CUcontext(_Handle): ...
 
 
 class CUdevice(_ByIdentity): ...
+
+
+class CUdevice_attribute(enum.IntEnum):
+    CU_DEVICE_ATTRIBUTE_MAX_PITCH = 11
 
 
 class CUDA_MEMCPY2D:

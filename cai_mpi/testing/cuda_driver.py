@@ -35,6 +35,7 @@ from ._cuda_types import CUDA_MEMCPY2D as _CUDA_MEMCPY2D
 from ._cuda_types import Block as _Block
 from ._cuda_types import CUcontext as _CUcontext
 from ._cuda_types import CUdevice as _CUdevice
+from ._cuda_types import CUdevice_attribute as _CUdevice_attribute
 from ._cuda_types import CUdeviceptr as _CUdeviceptr
 from ._cuda_types import CUevent as _CUevent
 from ._cuda_types import CUevent_flags as _CUevent_flags
@@ -56,6 +57,7 @@ class CudaDriverDouble(StreamCalls, Memory):
     CUdeviceptr, CUstream, CUevent, CUcontext, CUdevice = _CUdeviceptr, _CUstream, _CUevent, _CUcontext, _CUdevice
     CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_WRITECOMBINED = 1, 2, 4
     CU_MEM_ATTACH_GLOBAL = 1
+    CUdevice_attribute = _CUdevice_attribute
     CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
     CUDA_VERSION = 12090
 
@@ -74,6 +76,7 @@ class CudaDriverDouble(StreamCalls, Memory):
         self._next_handle = 0x5EED_0000
         self._fail: dict[str, _CUresult] = {}
         self.copy_delay = 0.0
+        self.max_pitch = (1 << 31) - 1  # CU_DEVICE_ATTRIBUTE_MAX_PITCH as current GPUs report it; a test may lower it
         self.pinned_bytes_outstanding = self.pinned_bytes_peak = self.pinned_allocations = 0
         self.calls: list[tuple[str, int]] = []  # (function, current context) of every call, for tests
 
@@ -130,6 +133,15 @@ class CudaDriverDouble(StreamCalls, Memory):
         if failure is None and not 0 <= int(ordinal) < self.devices:
             failure = _CUresult.CUDA_ERROR_INVALID_DEVICE
         return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, _CUdevice(ordinal))
+
+    def cuDeviceGetAttribute(self, attrib: Any, dev: Any) -> tuple[_CUresult, int | None]:
+        """CU_DEVICE_ATTRIBUTE_MAX_PITCH (``max_pitch``) only: other attributes are CUDA_ERROR_INVALID_VALUE here."""
+        failure = self._enter("cuDeviceGetAttribute")
+        if failure is None and not 0 <= _value(dev) < self.devices:
+            failure = _CUresult.CUDA_ERROR_INVALID_DEVICE
+        if failure is None and attrib is not _CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_PITCH:
+            failure = _CUresult.CUDA_ERROR_INVALID_VALUE
+        return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, self.max_pitch)
 
     def _context_of(self, ordinal: int) -> int:
         return 0xC0DE_0000 + ordinal

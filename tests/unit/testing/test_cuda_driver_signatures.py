@@ -34,7 +34,8 @@ def test_same_function_same_parameters(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "enum_name", ["CUresult", "CUpointer_attribute", "CUmemorytype", "CUstream_flags", "CUevent_flags"]
+    "enum_name",
+    ["CUresult", "CUpointer_attribute", "CUmemorytype", "CUstream_flags", "CUevent_flags", "CUdevice_attribute"],
 )
 def test_enum_members_have_the_real_values(enum_name: str) -> None:
     real = getattr(driver, enum_name)
