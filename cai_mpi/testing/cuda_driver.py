@@ -15,6 +15,8 @@ real ``cai_mpi._src.runtime.cuda`` and everything above it run on a machine with
 - streams with a worker thread each; the legacy default stream (handles 0 and 1) is ordered against the
   blocking streams of its context but not the ``CU_STREAM_NON_BLOCKING`` ones; handle 2 is the calling
   thread's per-thread default stream; events; copies, 2-D copies and memsets in stream order;
+- 2-D copies as strict as CUDA documents them (``_cuda_copy2d``): a struct with the real unsigned fields, each pitch
+  at least its row, at most ``max_pitch`` (CU_DEVICE_ATTRIBUTE_MAX_PITCH), no device-to-device 2-D copy;
 - pinned host memory, counted (``pinned_bytes_outstanding``, ``pinned_bytes_peak``, ``pinned_allocations``).
 
 Test hooks play the producer: ``launch`` and ``kernel_write`` enqueue a "kernel" on any stream,
@@ -28,6 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ._cuda_copy2d import MAX_PITCH, copy_2d_rows, refusal_2d
 from ._cuda_memory import Memory
 from ._cuda_stream_calls import StreamCalls
 from ._cuda_streams import Fence, Stream
@@ -76,7 +79,8 @@ class CudaDriverDouble(StreamCalls, Memory):
         self._next_handle = 0x5EED_0000
         self._fail: dict[str, _CUresult] = {}
         self.copy_delay = 0.0
-        self.max_pitch = (1 << 31) - 1  # CU_DEVICE_ATTRIBUTE_MAX_PITCH as current GPUs report it; a test may lower it
+        self.max_pitch = MAX_PITCH  # CU_DEVICE_ATTRIBUTE_MAX_PITCH; a test may lower it
+        self.refused: list[tuple[str, str]] = []  # (function, why) of every copy refused as CUDA would
         self.pinned_bytes_outstanding = self.pinned_bytes_peak = self.pinned_allocations = 0
         self.calls: list[tuple[str, int]] = []  # (function, current context) of every call, for tests
 
@@ -255,17 +259,16 @@ class CudaDriverDouble(StreamCalls, Memory):
         return (failure or _CUresult.CUDA_SUCCESS,)
 
     def cuMemcpy2DAsync(self, pCopy: _CUDA_MEMCPY2D, hStream: Any) -> tuple[_CUresult]:
+        """CUDA's documented limits (``_cuda_copy2d``): pitches of at least the row, at most MAX_PITCH, never
+        device to device; a refused copy is CUDA_ERROR_INVALID_VALUE and copies nothing."""
         failure, stream = self._on_stream("cuMemcpy2DAsync", hStream)
         if failure is None:
             assert stream is not None
-            c = pCopy
-            host = int(_CUmemorytype.CU_MEMORYTYPE_HOST)
-            src = _value(c.srcHost if int(c.srcMemoryType) == host else c.srcDevice)
-            src += c.srcXInBytes + c.srcY * c.srcPitch
-            dst = _value(c.dstHost if int(c.dstMemoryType) == host else c.dstDevice)
-            dst += c.dstXInBytes + c.dstY * c.dstPitch
-            rows = [(dst + r * c.dstPitch, src + r * c.srcPitch) for r in range(int(c.Height))]
-            width = int(c.WidthInBytes)
+            why = refusal_2d(pCopy, self.max_pitch, self._is_device_memory)
+            if why is not None:
+                self.refused.append(("cuMemcpy2DAsync", why))
+                return (_CUresult.CUDA_ERROR_INVALID_VALUE,)
+            rows, width = copy_2d_rows(pCopy), pCopy.WidthInBytes
 
             def copy_rows() -> None:
                 for d, s in rows:
@@ -273,6 +276,10 @@ class CudaDriverDouble(StreamCalls, Memory):
 
             stream.enqueue(copy_rows, self._implicit(stream), self.copy_delay)
         return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def _is_device_memory(self, address: int) -> bool:
+        block = self._find(address)
+        return block is not None and block.kind in ("device", "async", "managed")
 
     def cuMemsetD8Async(self, dstDevice: Any, uc: int, N: int, hStream: Any) -> tuple[_CUresult]:
         failure, stream = self._on_stream("cuMemsetD8Async", hStream)
