@@ -318,14 +318,14 @@ class CudaRuntime(Runtime):
 
     def pack(self, desc: CAIDescriptor, ordinal: int, stream: Stream) -> DeviceBuffer:
         """Gather into a new C-ordered buffer on ``stream``: CuPy's copy kernel (the result stays in CuPy's
-        pool), or without CuPy driver copies through pinned memory (``_copy_2d``)."""
+        pool), or without CuPy driver copies through pinned memory (``_copy_strided``)."""
         s = _own_stream(stream)
         cp = self._load_cupy()
         if desc.nbytes == 0:
             return CudaDeviceBuffer(0, 0, ordinal)
         if cp is None:
             out = self.alloc_device(desc.nbytes, ordinal, s)
-            self._copy_2d(desc, out.ptr, s, pack=True)
+            self._copy_strided(desc, out.ptr, s, pack=True)
             return out
         dtype, shape, strides = byte_view(desc.shape, desc.byte_strides, desc.itemsize, (desc.ptr,))
         with self._cupy_on(cp, ordinal, s):
@@ -335,7 +335,7 @@ class CudaRuntime(Runtime):
                 out = src.copy()
         return CudaDeviceBuffer(int(out.data.ptr), desc.nbytes, ordinal, owner=out)
 
-    def _copy_2d(self, desc: CAIDescriptor, packed: int, stream: CudaStream, *, pack: bool) -> None:
+    def _copy_strided(self, desc: CAIDescriptor, packed: int, stream: CudaStream, *, pack: bool) -> None:
         """Between the strided array ``desc`` and C-ordered bytes at ``packed`` with driver copies CUDA documents as
         valid (``cudastrided``: through pinned memory, 2-D copies where the pitch rules allow); returns when done."""
         with self._on(stream.ordinal):
@@ -346,13 +346,13 @@ class CudaRuntime(Runtime):
 
     def unpack(self, src: int, desc: CAIDescriptor, ordinal: int, stream: Stream) -> None:
         """Scatter C-ordered bytes at ``src`` into ``desc`` on ``stream`` (the caller synchronizes it): CuPy's
-        copy kernel, or without CuPy driver copies through pinned memory (``_copy_2d``)."""
+        copy kernel, or without CuPy driver copies through pinned memory (``_copy_strided``)."""
         s = _own_stream(stream)
         cp = self._load_cupy()
         if desc.nbytes == 0:
             return
         if cp is None:
-            self._copy_2d(desc, src, s, pack=False)
+            self._copy_strided(desc, src, s, pack=False)
             return
         dtype, shape, strides = byte_view(desc.shape, desc.byte_strides, desc.itemsize, (desc.ptr, src))
         with self._cupy_on(cp, ordinal, s):

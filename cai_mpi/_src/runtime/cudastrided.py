@@ -17,7 +17,8 @@ kernels pack every layout on the device.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -127,6 +128,17 @@ class _Copier:
         self.driver.check("cuMemcpy2DAsync", c, self.stream_handle)
 
 
+@contextlib.contextmanager
+def _settled(stream: Any) -> Iterator[None]:
+    """On an error, wait for the copies already queued: they must not outlive the pinned memory they use."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            stream.synchronize()
+        raise
+
+
 def _elements(buffer: PinnedBuffer, shape: Sequence[int], itemsize: int) -> np.ndarray[Any, Any]:
     """The pinned bytes as an array of ``shape`` elements, each ``itemsize`` bytes on a trailing axis."""
     return buffer.array[: int(np.prod(shape, dtype=np.int64)) * itemsize].reshape(*shape, itemsize)
@@ -145,15 +157,17 @@ def pack_with_copies(
     plan = plan_copies(desc.shape, desc.byte_strides, desc.itemsize)
     copier = _Copier(driver, stream.handle, stream.ordinal)
     gathered = alloc_pinned(int(np.prod(plan.host_shape, dtype=np.int64)) * desc.itemsize)
-    copier.run(plan.copies, desc.ptr + plan.low, gathered.ptr, to_host=True)
-    source = gathered
-    if plan.reorders:
-        stream.synchronize()  # numpy reads the gathered bytes next
-        source = alloc_pinned(desc.nbytes)
-        upward = _elements(gathered, plan.host_shape, desc.itemsize)[_flip(plan)]
-        np.copyto(_elements(source, desc.shape, desc.itemsize), np.broadcast_to(upward, (*desc.shape, desc.itemsize)))
-    copier.copy_1d(packed, source.ptr, desc.nbytes)
-    stream.synchronize()  # the pinned blocks may be reused once this returns
+    with _settled(stream):
+        copier.run(plan.copies, desc.ptr + plan.low, gathered.ptr, to_host=True)
+        source = gathered
+        if plan.reorders:
+            stream.synchronize()  # numpy reads the gathered bytes next
+            source = alloc_pinned(desc.nbytes)
+            upward = _elements(gathered, plan.host_shape, desc.itemsize)[_flip(plan)]
+            whole = np.broadcast_to(upward, (*desc.shape, desc.itemsize))
+            np.copyto(_elements(source, desc.shape, desc.itemsize), whole)
+        copier.copy_1d(packed, source.ptr, desc.nbytes)
+        stream.synchronize()  # the pinned blocks may be reused once this returns
 
 
 def unpack_with_copies(
@@ -170,12 +184,13 @@ def unpack_with_copies(
     plan = plan_copies(desc.shape, desc.byte_strides, desc.itemsize)
     copier = _Copier(driver, stream.handle, stream.ordinal)
     packed = alloc_pinned(desc.nbytes)
-    copier.copy_1d(packed.ptr, src, desc.nbytes)
-    source = packed
-    if plan.reorders:
-        stream.synchronize()  # numpy reads the packed bytes next
-        source = alloc_pinned(desc.nbytes)
-        upward = _elements(source, plan.host_shape, desc.itemsize)
-        upward[_flip(plan)] = _elements(packed, desc.shape, desc.itemsize)
-    copier.run(plan.copies, desc.ptr + plan.low, source.ptr, to_host=False)
-    stream.synchronize()
+    with _settled(stream):
+        copier.copy_1d(packed.ptr, src, desc.nbytes)
+        source = packed
+        if plan.reorders:
+            stream.synchronize()  # numpy reads the packed bytes next
+            source = alloc_pinned(desc.nbytes)
+            upward = _elements(source, plan.host_shape, desc.itemsize)
+            upward[_flip(plan)] = _elements(packed, desc.shape, desc.itemsize)
+        copier.run(plan.copies, desc.ptr + plan.low, source.ptr, to_host=False)
+        stream.synchronize()  # the pinned blocks may be reused once this returns

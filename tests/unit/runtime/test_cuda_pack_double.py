@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from cai_mpi._src.descriptor import CAIDescriptor
+from cai_mpi._src.errors import CudaError
 from cai_mpi._src.runtime.cuda import CudaRuntime
 from cai_mpi.testing import CudaDriverDouble
 
@@ -181,3 +182,36 @@ def test_unpack_refuses_a_destination_whose_elements_share_memory(rt: CudaRuntim
     desc = CAIDescriptor(ptr=buf.ptr, shape=(4, 4), typestr="<u4", strides=(0, 4))
     with pytest.raises(ValueError, match=r"unpack.*share memory"):
         unpack_into(rt, d, bytes(64), desc)
+
+
+def test_a_failed_copy_leaves_no_copy_running_into_freed_pinned_memory(
+    rt: CudaRuntime, d: CudaDriverDouble, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Copies queued before one fails still write into the pinned memory in between: the error waits for them,
+    so that memory is not freed under them."""
+    d.max_pitch = 16  # one 1-D copy per element
+    base = base_array(8, (12, 9, 7))
+    mem = OnDevice(rt, d, base)
+    desc = mem.descriptor(base[:, 3, 2])
+    real_copy, issued = d.cuMemcpyAsync, []
+
+    def third_fails(*args: Any) -> Any:
+        issued.append(args)
+        if len(issued) == 3:
+            return (d.CUresult.CUDA_ERROR_INVALID_VALUE,)
+        return real_copy(*args)
+
+    s = rt.create_stream(0)
+    real_free, busy_at_free = d.cuMemFreeHost, []
+
+    def free(p: Any) -> Any:
+        busy_at_free.append(d.cuStreamQuery(s.handle) != (d.CUresult.CUDA_SUCCESS,))
+        return real_free(p)
+
+    monkeypatch.setattr(d, "cuMemcpyAsync", third_fails)
+    monkeypatch.setattr(d, "cuMemFreeHost", free)
+    d.set_copy_delay(0.2)
+    with pytest.raises(CudaError, match="cuMemcpyAsync failed with CUDA_ERROR_INVALID_VALUE"):
+        rt.pack(desc, 0, s)
+    gc.collect()
+    assert busy_at_free == [False]  # the two copies queued before the failure were done before the free
