@@ -111,6 +111,22 @@ def test_receive_into_a_strided_device_array(gpu: tuple[Runtime, MPI.Comm], layo
     assert got.shape == shape and np.array_equal(out.read(), expected)
 
 
+def test_a_broadcast_device_out_is_refused_and_the_communicator_stays_in_step(gpu: tuple[Runtime, MPI.Comm]) -> None:
+    """Which value would land in an element that repeats is undefined: such an out= is refused (the payload
+    is received and dropped), and the next message arrives as sent."""
+    rt, comm = gpu
+    shape, strides, offset = STRIDED["broadcast-row"]
+    out = DoubleDeviceArray(rt, np.full(40, -7, "<i4"), view=(shape, strides), offset=offset)
+    sent = payload(rank, 7 * 40, "<i4").reshape(shape)
+    req = cai_mpi.isend_array(DoubleDeviceArray(rt, sent), nxt, 9, comm)
+    with pytest.raises(ValueError, match="overlapping strides"):
+        cai_mpi.recv_array(prv, 9, comm, out=out)
+    req.wait()
+    assert np.array_equal(out.read(), np.full(40, -7, "<i4"))
+    got = cai_mpi.sendrecv_array(DoubleDeviceArray(rt, payload(rank, 100)), nxt, prv, 10, 10, comm)
+    assert np.array_equal(received(got), payload(prv, 100))
+
+
 def test_forwarding_around_the_ring_after_work_on_the_device(gpu: tuple[Runtime, MPI.Comm]) -> None:
     rt, comm = gpu
     got = cai_mpi.sendrecv_array(DoubleDeviceArray(rt, payload(rank, 5000)), nxt, prv, 5, 5, comm)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -28,6 +28,15 @@ from .base import PinnedBuffer
 from .cudadriver import Driver
 
 __all__ = ["StridedPlan", "pack_with_copies", "plan_copies", "unpack_with_copies"]
+
+class OwnStream(Protocol):
+    """cai_mpi's stream the copies run on (``CudaStream``)."""
+
+    handle: int
+    ordinal: int
+
+    def synchronize(self) -> None: ...
+
 
 Copy = tuple[int, int, int, int, int]  # (device offset from the lowest address, host offset, width, height, pitch)
 
@@ -129,7 +138,7 @@ class _Copier:
 
 
 @contextlib.contextmanager
-def _settled(stream: Any) -> Iterator[None]:
+def _settled(stream: OwnStream) -> Iterator[None]:
     """On an error, wait for the copies already queued: they must not outlive the pinned memory they use."""
     try:
         yield
@@ -149,11 +158,10 @@ def _flip(plan: StridedPlan) -> tuple[slice, ...]:
 
 
 def pack_with_copies(
-    driver: Driver, stream: Any, desc: CAIDescriptor, packed: int, alloc_pinned: Callable[[int], PinnedBuffer]
+    driver: Driver, stream: OwnStream, desc: CAIDescriptor, packed: int, alloc_pinned: Callable[[int], PinnedBuffer]
 ) -> None:
     """Gather ``desc`` into the C-ordered device buffer at ``packed``; returns once ``stream`` has done it (the
-    pinned memory in between is free again). ``stream``: cai_mpi's stream (``handle``, ``ordinal``,
-    ``synchronize()``), whose context is current."""
+    pinned memory in between is free again). ``stream``'s context is current."""
     plan = plan_copies(desc.shape, desc.byte_strides, desc.itemsize)
     copier = _Copier(driver, stream.handle, stream.ordinal)
     gathered = alloc_pinned(int(np.prod(plan.host_shape, dtype=np.int64)) * desc.itemsize)
@@ -171,7 +179,7 @@ def pack_with_copies(
 
 
 def unpack_with_copies(
-    driver: Driver, stream: Any, src: int, desc: CAIDescriptor, alloc_pinned: Callable[[int], PinnedBuffer]
+    driver: Driver, stream: OwnStream, src: int, desc: CAIDescriptor, alloc_pinned: Callable[[int], PinnedBuffer]
 ) -> None:
     """Scatter the C-ordered device bytes at ``src`` into ``desc``, writing no byte outside its elements; returns
     once ``stream`` has done it."""
