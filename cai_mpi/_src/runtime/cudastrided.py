@@ -29,6 +29,7 @@ from .cudadriver import Driver
 
 __all__ = ["StridedPlan", "pack_with_copies", "plan_copies", "unpack_with_copies"]
 
+
 class OwnStream(Protocol):
     """cai_mpi's stream the copies run on (``CudaStream``)."""
 

@@ -215,3 +215,22 @@ def test_a_failed_copy_leaves_no_copy_running_into_freed_pinned_memory(
         rt.pack(desc, 0, s)
     gc.collect()
     assert busy_at_free == [False]  # the two copies queued before the failure were done before the free
+
+
+@pytest.mark.parametrize(("name", "copies_2d", "copies_1d"), [
+    ("every-other-reversed", 4, 1),  # elements 12 bytes apart: a 2-D copy per row; the packed bytes in one
+    ("3d-slice", 2, 1),  # one 2-D copy per outer index
+    ("broadcast-rows", 0, 2),  # the row read once
+    ("sliding-windows", 0, 4),  # overlapping rows: one copy each (3 windows), then the packed bytes
+])
+def test_2d_copies_where_they_are_valid(rt: CudaRuntime, d: CudaDriverDouble, name: str, copies_2d: int,
+                                        copies_1d: int) -> None:
+    base = base_array(4)
+    view = {**LAYOUTS, **BROADCASTS}[name](base)
+    mem = OnDevice(rt, d, base)
+    desc = mem.descriptor(view)
+    s = rt.create_stream(0)
+    d.calls.clear()
+    rt.pack(desc, 0, s)
+    made = [name for name, _ in d.calls]
+    assert (made.count("cuMemcpy2DAsync"), made.count("cuMemcpyAsync")) == (copies_2d, copies_1d)
