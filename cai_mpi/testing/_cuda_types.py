@@ -5,11 +5,13 @@ from __future__ import annotations
 import ctypes
 import enum
 import mmap
+import operator
 from typing import Any
 
 __all__ = [
-    "MAP_FAILED", "PAGE", "Block", "CUDA_MEMCPY2D", "CUcontext", "CUdevice", "CUdeviceptr", "CUevent", "CUevent_flags",
-    "CUmemorytype", "CUpointer_attribute", "CUresult", "CUstream", "CUstream_flags", "libc", "value",
+    "MAP_FAILED", "PAGE", "Block", "CUDA_MEMCPY2D", "CUcontext", "CUdevice", "CUdevice_attribute", "CUdeviceptr",
+    "CUevent", "CUevent_flags", "CUmemorytype", "CUpointer_attribute", "CUresult", "CUstream", "CUstream_flags", "libc",
+    "value",
 ]
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -112,16 +114,120 @@ class CUcontext(_Handle): ...
 class CUdevice(_ByIdentity): ...
 
 
+class CUdevice_attribute(enum.IntEnum):
+    CU_DEVICE_ATTRIBUTE_MAX_PITCH = 11
+
+
+_SIZE_T_LIMIT = 1 << 64
+
+
+def _size_t(value: Any) -> int:
+    """A ``size_t`` field as cuda-bindings converts it: negative or too large overflows; only integers (the real
+    struct also truncates floats: the double refuses them)."""
+    if isinstance(value, float) or not hasattr(value, "__index__"):
+        raise TypeError("an integer is required")
+    number = operator.index(value)
+    if number < 0:
+        raise OverflowError("can't convert negative value to size_t")
+    if number >= _SIZE_T_LIMIT:
+        raise OverflowError("Python int too large to convert to C unsigned long")
+    return number
+
+
+def _device_pointer(value: Any) -> CUdeviceptr:
+    if value is None:
+        return CUdeviceptr(0)
+    if isinstance(value, CUdeviceptr):
+        return value
+    if isinstance(value, float) or not hasattr(value, "__index__"):
+        raise TypeError("an integer is required")
+    number = operator.index(value)
+    if number < 0:
+        raise OverflowError("can't convert negative value to unsigned PY_LONG_LONG")
+    if number >= _SIZE_T_LIMIT:
+        raise OverflowError("Python int too large to convert to C unsigned long")
+    return CUdeviceptr(number)
+
+
+def _host_pointer(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _SIZE_T_LIMIT:
+        return value
+    raise TypeError(f"Provided argument is of type {type(value)} but expected Type None or int (the double takes no "
+                    "buffer objects)")
+
+
+def _memory_type(value: Any) -> int:
+    """Stored as the C enum's 32 bits, as cuda-bindings does: an invalid value is taken, and refused when read and
+    by the copy."""
+    if value is None or isinstance(value, (float, str)) or not hasattr(value, "__index__"):
+        raise TypeError(f"srcMemoryType/dstMemoryType must be a CUmemorytype, got {value!r}")
+    number = operator.index(value)
+    if not -(1 << 63) <= number < 1 << 63:
+        raise OverflowError("Python int too large to convert to C long")
+    return number & 0xFFFF_FFFF
+
+
+class _Field:
+    """A typed struct field: ``convert`` runs on every assignment, as cuda-bindings' setters do."""
+
+    def __init__(self, convert: Any, default: Any) -> None:
+        self.convert, self.default = convert, default
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return getattr(obj, self.slot, self.default)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj, self.slot, self.convert(value))
+
+
+class _MemoryTypeField(_Field):
+    """A memory type: 0 until set, which is no CUmemorytype, so reading it raises, as in cuda-bindings."""
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return CUmemorytype(getattr(obj, self.slot, 0))  # ValueError: "... is not a valid CUmemorytype"
+
+
 class CUDA_MEMCPY2D:
-    """The 2-D copy description: ``Height`` rows of ``WidthInBytes`` bytes, each side with its own pitch."""
+    """The 2-D copy description: ``Height`` rows of ``WidthInBytes`` bytes, each side with its own pitch.
+
+    Its fields have the real struct's C types: offsets, pitches, width and height are ``size_t`` (a negative pitch,
+    as a reversed axis would need, raises OverflowError on assignment, as it does in cuda-bindings), device pointers
+    are ``CUdeviceptr``, memory types the C enum's 32 bits (0, the value before assignment, is no memory type, and
+    reading it raises ValueError, as reading any invalid value does).
+    """
+
+    srcXInBytes = _Field(_size_t, 0)
+    srcY = _Field(_size_t, 0)
+    srcPitch = _Field(_size_t, 0)
+    dstXInBytes = _Field(_size_t, 0)
+    dstY = _Field(_size_t, 0)
+    dstPitch = _Field(_size_t, 0)
+    WidthInBytes = _Field(_size_t, 0)
+    Height = _Field(_size_t, 0)
+    srcHost = _Field(_host_pointer, 0)
+    dstHost = _Field(_host_pointer, 0)
+    srcDevice = _Field(_device_pointer, CUdeviceptr(0))
+    dstDevice = _Field(_device_pointer, CUdeviceptr(0))
+    srcMemoryType = _MemoryTypeField(_memory_type, 0)
+    dstMemoryType = _MemoryTypeField(_memory_type, 0)
 
     def __init__(self) -> None:
-        self.srcXInBytes = self.srcY = self.srcPitch = self.srcHost = self.srcDevice = 0
-        self.dstXInBytes = self.dstY = self.dstPitch = self.dstHost = self.dstDevice = 0
-        self.srcMemoryType: Any = CUmemorytype.CU_MEMORYTYPE_HOST
-        self.dstMemoryType: Any = CUmemorytype.CU_MEMORYTYPE_HOST
-        self.WidthInBytes = self.Height = 0
         self.srcArray = self.dstArray = None
+
+    def _memory_types(self) -> tuple[CUmemorytype | None, CUmemorytype | None]:
+        """(source, destination) memory types, None for a value that is none (never set, or invalid)."""
+        kinds = (getattr(self, "_srcMemoryType", 0), getattr(self, "_dstMemoryType", 0))
+        return tuple(CUmemorytype(k) if k in CUmemorytype._value2member_map_ else None  # type: ignore[return-value]
+                     for k in kinds)
 
 
 def value(handle: Any) -> int:

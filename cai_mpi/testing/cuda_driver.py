@@ -15,6 +15,8 @@ real ``cai_mpi._src.runtime.cuda`` and everything above it run on a machine with
 - streams with a worker thread each; the legacy default stream (handles 0 and 1) is ordered against the
   blocking streams of its context but not the ``CU_STREAM_NON_BLOCKING`` ones; handle 2 is the calling
   thread's per-thread default stream; events; copies, 2-D copies and memsets in stream order;
+- 2-D copies as strict as CUDA documents them (``_cuda_copy2d``): a struct with the real unsigned fields, each pitch
+  at least its row, at most ``max_pitch`` (CU_DEVICE_ATTRIBUTE_MAX_PITCH), no device-to-device 2-D copy;
 - pinned host memory, counted (``pinned_bytes_outstanding``, ``pinned_bytes_peak``, ``pinned_allocations``);
 - pointer attributes as UVA answers them from any context (type, CONTEXT, DEVICE_ORDINAL; CONTEXT is NULL for
   stream-ordered memory), context-relative ones refused where CUDA refuses them, and every query refused with no
@@ -32,6 +34,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ._cuda_copy2d import MAX_PITCH, copy_2d_rows, refusal_2d
 from ._cuda_memory import Memory
 from ._cuda_stream_calls import StreamCalls
 from ._cuda_streams import Fence, Stream
@@ -39,6 +42,7 @@ from ._cuda_types import CUDA_MEMCPY2D as _CUDA_MEMCPY2D
 from ._cuda_types import Block as _Block
 from ._cuda_types import CUcontext as _CUcontext
 from ._cuda_types import CUdevice as _CUdevice
+from ._cuda_types import CUdevice_attribute as _CUdevice_attribute
 from ._cuda_types import CUdeviceptr as _CUdeviceptr
 from ._cuda_types import CUevent as _CUevent
 from ._cuda_types import CUevent_flags as _CUevent_flags
@@ -60,6 +64,7 @@ class CudaDriverDouble(StreamCalls, Memory):
     CUdeviceptr, CUstream, CUevent, CUcontext, CUdevice = _CUdeviceptr, _CUstream, _CUevent, _CUcontext, _CUdevice
     CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_WRITECOMBINED = 1, 2, 4
     CU_MEM_ATTACH_GLOBAL = 1
+    CUdevice_attribute = _CUdevice_attribute
     CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
     CUDA_VERSION = 12090
 
@@ -85,6 +90,8 @@ class CudaDriverDouble(StreamCalls, Memory):
         self._pool: list[tuple[_Block, Stream, Fence]] = []  # the stream-ordered allocator's freed blocks
         self._graveyard: list[_Block] = []  # freed blocks still mapped until no stream has work queued
         self.copy_delay = 0.0
+        self.max_pitch = MAX_PITCH  # CU_DEVICE_ATTRIBUTE_MAX_PITCH; a test may lower it
+        self.refused: list[tuple[str, str]] = []  # (function, why) of every copy refused as CUDA would
         self.pinned_bytes_outstanding = self.pinned_bytes_peak = self.pinned_allocations = 0
         self.calls: list[tuple[str, int]] = []  # (function, current context) of every call, for tests
 
@@ -141,6 +148,15 @@ class CudaDriverDouble(StreamCalls, Memory):
         if failure is None and not 0 <= int(ordinal) < self.devices:
             failure = _CUresult.CUDA_ERROR_INVALID_DEVICE
         return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, _CUdevice(ordinal))
+
+    def cuDeviceGetAttribute(self, attrib: Any, dev: Any) -> tuple[_CUresult, int | None]:
+        """CU_DEVICE_ATTRIBUTE_MAX_PITCH (``max_pitch``) only: other attributes are CUDA_ERROR_INVALID_VALUE here."""
+        failure = self._enter("cuDeviceGetAttribute")
+        if failure is None and not 0 <= _value(dev) < self.devices:
+            failure = _CUresult.CUDA_ERROR_INVALID_DEVICE
+        if failure is None and attrib is not _CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_PITCH:
+            failure = _CUresult.CUDA_ERROR_INVALID_VALUE
+        return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, self.max_pitch)
 
     def _context_of(self, ordinal: int) -> int:
         return 0xC0DE_0000 + ordinal
@@ -270,17 +286,16 @@ class CudaDriverDouble(StreamCalls, Memory):
         return (failure or _CUresult.CUDA_SUCCESS,)
 
     def cuMemcpy2DAsync(self, pCopy: _CUDA_MEMCPY2D, hStream: Any) -> tuple[_CUresult]:
+        """CUDA's documented limits (``_cuda_copy2d``): pitches of at least the row, at most MAX_PITCH, never
+        device to device; a refused copy is CUDA_ERROR_INVALID_VALUE and copies nothing."""
         failure, stream = self._on_stream("cuMemcpy2DAsync", hStream)
         if failure is None:
             assert stream is not None
-            c = pCopy
-            host = int(_CUmemorytype.CU_MEMORYTYPE_HOST)
-            src = _value(c.srcHost if int(c.srcMemoryType) == host else c.srcDevice)
-            src += c.srcXInBytes + c.srcY * c.srcPitch
-            dst = _value(c.dstHost if int(c.dstMemoryType) == host else c.dstDevice)
-            dst += c.dstXInBytes + c.dstY * c.dstPitch
-            rows = [(dst + r * c.dstPitch, src + r * c.srcPitch) for r in range(int(c.Height))]
-            width = int(c.WidthInBytes)
+            why = refusal_2d(pCopy, self.max_pitch, self._is_device_memory)
+            if why is not None:
+                self.refused.append(("cuMemcpy2DAsync", why))
+                return (_CUresult.CUDA_ERROR_INVALID_VALUE,)
+            rows, width = copy_2d_rows(pCopy), pCopy.WidthInBytes
 
             def copy_rows() -> None:
                 for d, s in rows:
@@ -288,6 +303,10 @@ class CudaDriverDouble(StreamCalls, Memory):
 
             stream.enqueue(copy_rows, self._implicit(stream), self.copy_delay)
         return (failure or _CUresult.CUDA_SUCCESS,)
+
+    def _is_device_memory(self, address: int) -> bool:
+        block = self._find(address)
+        return block is not None and block.kind in ("device", "async", "managed")
 
     def cuMemsetD8Async(self, dstDevice: Any, uc: int, N: int, hStream: Any) -> tuple[_CUresult]:
         failure, stream = self._on_stream("cuMemsetD8Async", hStream)

@@ -32,7 +32,9 @@ class DoubleDeviceArray:
     Args:
         stream: the CAI v3 ``stream`` to export (an int handle, or None).
         view: ``(shape, byte_strides)`` to export instead of ``data``'s own C-ordered layout (a strided view of
-            the same memory, element 0 at its start).
+            the same memory; strides may be negative or 0).
+        offset: where the view's element 0 lies, in bytes from the start of the memory (a reversed axis
+            starts at its end).
         ordinal: the GPU to allocate on.
 
     Attributes:
@@ -40,7 +42,8 @@ class DoubleDeviceArray:
     """
 
     def __init__(self, runtime: Runtime, data: Any, *, stream: int | None = None, version: int = 3,
-                 view: tuple[tuple[int, ...], tuple[int, ...]] | None = None, ordinal: int = 0) -> None:
+                 view: tuple[tuple[int, ...], tuple[int, ...]] | None = None, offset: int = 0,
+                 ordinal: int = 0) -> None:
         src = np.ascontiguousarray(data)
         self.runtime, self.double = runtime, runtime.driver_double  # type: ignore[attr-defined]
         self.buf = _UsersAllocation(runtime, src.nbytes, ordinal)
@@ -50,11 +53,12 @@ class DoubleDeviceArray:
         self.shape: tuple[int, ...] = src.shape if view is None else view[0]
         self.strides: tuple[int, ...] | None = None if view is None else view[1]
         self._nbytes = src.nbytes
+        self.offset = offset
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        cai: dict[str, Any] = {"shape": self.shape, "typestr": self.dtype.str, "data": (self.buf.ptr, False),
-                               "version": self.version, "strides": self.strides}
+        cai: dict[str, Any] = {"shape": self.shape, "typestr": self.dtype.str, "version": self.version,
+                               "data": (self.buf.ptr + self.offset, False), "strides": self.strides}
         if self.version >= 3:
             cai["stream"] = self.stream
         return cai

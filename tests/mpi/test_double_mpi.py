@@ -70,19 +70,61 @@ def test_ring_of_device_arrays(gpu: tuple[Runtime, MPI.Comm], n: int, device: st
     assert got.shape == (n,) and np.array_equal(received(got), payload(prv, n))
 
 
-@pytest.mark.parametrize(("shape", "strides"), [((30, 40), (4, 120)), ((40, 15), (120, 8)), ((20, 10), (240, 12))],
-                         ids=["F", "every-other-column", "rows-and-columns"])
-def test_strided_device_layouts(
-    gpu: tuple[Runtime, MPI.Comm], shape: tuple[int, ...], strides: tuple[int, ...]
-) -> None:
+STRIDED = {  # (shape, byte strides, offset of element 0) over 30 x 40 int32, rows 160 bytes apart
+    "F": ((30, 40), (4, 120), 0),
+    "every-other-column": ((40, 15), (120, 8), 0),
+    "rows-and-columns": ((20, 10), (240, 12), 0),
+    "reversed": ((30, 40), (-160, -4), 4796),
+    "reversed-rows-every-other-column": ((15, 20), (-320, 8), 29 * 160),
+    "broadcast-row": ((7, 40), (0, 4), 0),
+    "reversed-column-broadcast": ((30, 5), (-160, 0), 29 * 160 + 12),
+}
+
+
+@pytest.mark.parametrize("layout", list(STRIDED))
+def test_strided_device_layouts(gpu: tuple[Runtime, MPI.Comm], layout: str) -> None:
     rt, comm = gpu
+    shape, strides, offset = STRIDED[layout]
 
     def view(r: int) -> np.ndarray[Any, Any]:
-        return np.lib.stride_tricks.as_strided(payload(r, 40 * 30, "<i4"), shape, strides)
+        return np.lib.stride_tricks.as_strided(payload(r, 40 * 30, "<i4")[offset // 4:], shape, strides)
 
-    x = DoubleDeviceArray(rt, payload(rank, 40 * 30, "<i4"), view=(shape, strides))
+    x = DoubleDeviceArray(rt, payload(rank, 40 * 30, "<i4"), view=(shape, strides), offset=offset)
     got = cai_mpi.sendrecv_array(x, nxt, prv, 4, 4, comm)
     assert got.shape == shape and np.array_equal(received(got), view(prv))
+
+
+@pytest.mark.parametrize("layout", ["F", "reversed", "reversed-rows-every-other-column"])
+def test_receive_into_a_strided_device_array(gpu: tuple[Runtime, MPI.Comm], layout: str) -> None:
+    """The payload is scattered into out='s elements, and not one byte between them is written."""
+    rt, comm = gpu
+    shape, strides, offset = STRIDED[layout]
+    fill = np.full(40 * 30, -7, "<i4")
+    out = DoubleDeviceArray(rt, fill, view=(shape, strides), offset=offset)
+    sent = np.ascontiguousarray(payload(rank, int(np.prod(shape)), "<i4").reshape(shape))
+    req = cai_mpi.isend_array(DoubleDeviceArray(rt, sent), nxt, 8, comm)
+    got = cai_mpi.recv_array(prv, 8, comm, out=out)
+    req.wait()
+    expected = fill.copy()
+    np.lib.stride_tricks.as_strided(expected[offset // 4:], shape, strides)[...] = payload(prv, sent.size,
+                                                                                          "<i4").reshape(shape)
+    assert got.shape == shape and np.array_equal(out.read(), expected)
+
+
+def test_a_broadcast_device_out_is_refused_and_the_communicator_stays_in_step(gpu: tuple[Runtime, MPI.Comm]) -> None:
+    """Which value would land in an element that repeats is undefined: such an out= is refused (the payload
+    is received and dropped), and the next message arrives as sent."""
+    rt, comm = gpu
+    shape, strides, offset = STRIDED["broadcast-row"]
+    out = DoubleDeviceArray(rt, np.full(40, -7, "<i4"), view=(shape, strides), offset=offset)
+    sent = payload(rank, 7 * 40, "<i4").reshape(shape)
+    req = cai_mpi.isend_array(DoubleDeviceArray(rt, sent), nxt, 9, comm)
+    with pytest.raises(ValueError, match="overlapping strides"):
+        cai_mpi.recv_array(prv, 9, comm, out=out)
+    req.wait()
+    assert np.array_equal(out.read(), np.full(40, -7, "<i4"))
+    got = cai_mpi.sendrecv_array(DoubleDeviceArray(rt, payload(rank, 100)), nxt, prv, 10, 10, comm)
+    assert np.array_equal(received(got), payload(prv, 100))
 
 
 def test_forwarding_around_the_ring_after_work_on_the_device(gpu: tuple[Runtime, MPI.Comm]) -> None:

@@ -148,6 +148,14 @@ def test_work_on_a_non_blocking_stream_is_waited_for_only_with_sync_device(
     assert np.array_equal(np.asarray(round_trip(x, comm, device="host")), OLD)  # the whole device: waited for
 
 
+class MappedArray:
+    """A CAI v3 exporter of mapped pinned memory at its device alias ``ptr``, naming no stream."""
+
+    def __init__(self, ptr: int, like: np.ndarray[Any, Any]) -> None:
+        self.__cuda_array_interface__ = {"shape": like.shape, "typestr": like.dtype.str, "data": (ptr, False),
+                                         "version": 3, "strides": None, "stream": None}
+
+
 def test_pinned_host_memory_a_kernel_writes_is_waited_for(route: tuple[CudaRuntime, MPI.Comm]) -> None:
     # Issue 24, defect 6: Numba's mapped_array is pinned host memory a default-stream kernel writes; it names no
     # stream, and MPI reads it directly, so the default-stream rule applies to it too.
@@ -157,9 +165,7 @@ def test_pinned_host_memory_a_kernel_writes_is_waited_for(route: tuple[CudaRunti
         host = int(rt._driver.check("cuMemHostAlloc", OLD.nbytes, d.CU_MEMHOSTALLOC_DEVICEMAP)[0])
         alias = int(rt._driver.check("cuMemHostGetDevicePointer", host, 0)[0])
     ctypes.memmove(host, OLD.ctypes.data, OLD.nbytes)
-    mapped = DoubleDeviceArray.__new__(DoubleDeviceArray)  # a v3 exporter of the device alias, stream None
-    mapped.__dict__.update(shape=OLD.shape, dtype=OLD.dtype, version=3, stream=None, strides=None,
-                           buf=type("Alias", (), {"ptr": alias})())
+    mapped = MappedArray(alias, OLD)  # what Numba's mapped_array exports: the device alias, stream None
     kernel_write(rt, 1, alias, NEW)
     assert np.array_equal(np.asarray(round_trip(mapped, comm, device="host")), NEW)
     with rt._driver.on(0):

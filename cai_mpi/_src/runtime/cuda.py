@@ -25,7 +25,8 @@ from .base import (
     Stream,
 )
 from .cudadriver import NOT_READY, SUCCESS, Driver, classify_pointer, error_text, load_cupy, load_driver, raw_call
-from .cudapack import as_cupy, byte_view, copy_plan
+from .cudapack import as_cupy, byte_view
+from .cudastrided import pack_with_copies, unpack_with_copies
 
 __all__ = ["CudaRuntime", "device_attribution"]
 
@@ -367,14 +368,14 @@ class CudaRuntime(Runtime):
 
     def pack(self, desc: CAIDescriptor, ordinal: int, stream: Stream) -> DeviceBuffer:
         """Gather into a new C-ordered buffer on ``stream``: CuPy's copy kernel (the result stays in CuPy's
-        pool), or without CuPy one 2-D driver copy per row of the array's outer axes."""
+        pool), or without CuPy driver copies through pinned memory (``_copy_strided``)."""
         s = _own_stream(stream)
         cp = self._load_cupy()
         if desc.nbytes == 0:
             return CudaDeviceBuffer(0, 0, ordinal)
         if cp is None:
             out = self.alloc_device(desc.nbytes, ordinal, s)
-            self._copy_2d(desc, out.ptr, s, pack=True)
+            self._copy_strided(desc, out.ptr, s, pack=True)
             return out
         dtype, shape, strides = byte_view(desc.shape, desc.byte_strides, desc.itemsize, (desc.ptr,))
         with self._cupy_on(cp, ordinal, s):
@@ -386,33 +387,24 @@ class CudaRuntime(Runtime):
         buf._release = weakref.finalize(buf, _Keep(out))
         return buf
 
-    def _copy_2d(self, desc: CAIDescriptor, packed: int, stream: CudaStream, *, pack: bool) -> None:
-        """Between the strided array ``desc`` and C-ordered bytes at ``packed``, with cuMemcpy2DAsync."""
-        drv = self._driver.drv
-        width, height, pitch, pieces = copy_plan(desc.shape, desc.byte_strides, desc.itemsize)
-        device = drv.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    def _copy_strided(self, desc: CAIDescriptor, packed: int, stream: CudaStream, *, pack: bool) -> None:
+        """Between the strided array ``desc`` and C-ordered bytes at ``packed`` with driver copies CUDA documents as
+        valid (``cudastrided``: through pinned memory, 2-D copies where the pitch rules allow); returns when done."""
         with self._on(stream.ordinal):
-            for strided, contiguous in pieces:
-                c = drv.CUDA_MEMCPY2D()
-                c.WidthInBytes, c.Height = width, height
-                c.srcMemoryType = c.dstMemoryType = device
-                if pack:
-                    c.srcDevice, c.srcPitch = desc.ptr + strided, pitch
-                    c.dstDevice, c.dstPitch = packed + contiguous, width
-                else:
-                    c.srcDevice, c.srcPitch = packed + contiguous, width
-                    c.dstDevice, c.dstPitch = desc.ptr + strided, pitch
-                self._driver.check("cuMemcpy2DAsync", c, stream.handle)
+            if pack:
+                pack_with_copies(self._driver, stream, desc, packed, self.alloc_pinned)
+            else:
+                unpack_with_copies(self._driver, stream, packed, desc, self.alloc_pinned)
 
     def unpack(self, src: int, desc: CAIDescriptor, ordinal: int, stream: Stream) -> None:
         """Scatter C-ordered bytes at ``src`` into ``desc`` on ``stream`` (the caller synchronizes it): CuPy's
-        copy kernel, or without CuPy 2-D driver copies."""
+        copy kernel, or without CuPy driver copies through pinned memory (``_copy_strided``)."""
         s = _own_stream(stream)
         cp = self._load_cupy()
         if desc.nbytes == 0:
             return
         if cp is None:
-            self._copy_2d(desc, src, s, pack=False)
+            self._copy_strided(desc, src, s, pack=False)
             return
         dtype, shape, strides = byte_view(desc.shape, desc.byte_strides, desc.itemsize, (desc.ptr, src))
         with self._cupy_on(cp, ordinal, s):

@@ -1,4 +1,4 @@
-"""Packing strided device arrays into contiguous bytes and back: CuPy's copy kernels."""
+"""Packing strided device arrays into contiguous bytes and back: CuPy's copy kernels (``cudastrided`` without CuPy)."""
 
 from __future__ import annotations
 
@@ -63,32 +63,3 @@ def as_cupy(
     mem = cp.cuda.UnownedMemory(ptr + low, high - low, None, ordinal)
     memptr = cp.cuda.MemoryPointer(mem, -low)
     return cp.ndarray(shape, dtype, memptr=memptr, strides=strides)
-
-
-
-
-def copy_plan(
-    shape: Sequence[int], strides: Sequence[int], itemsize: int
-) -> tuple[int, int, int, list[tuple[int, int]]]:
-    """How 2-D copies move a strided array to or from C-ordered bytes, when no copy kernel is at hand.
-
-    Returns ``(width, height, pitch, pieces)``: each piece ``(strided offset, packed offset)`` is one
-    ``cuMemcpy2D`` of ``height`` rows of ``width`` bytes, ``pitch`` bytes apart on the strided side and
-    back to back on the packed side. The innermost axis is one row when its elements are adjacent (then
-    the next axis gives the rows), else each element is a row; every other axis is a loop of copies.
-    """
-    dims = [(n, s) for n, s in zip(shape, strides, strict=True)]
-    if not dims:
-        return itemsize, 1, itemsize, [(0, 0)]
-    n, s = dims[-1]
-    if s == itemsize and len(dims) > 1:
-        width = n * itemsize
-        height, pitch = dims[-2]
-        outer = dims[:-2]
-    else:
-        width, height, pitch = itemsize, n, s
-        outer = dims[:-1]
-    pieces = []
-    for packed, index in enumerate(np.ndindex(*[m for m, _ in outer])):
-        pieces.append((sum(i * st for i, (_, st) in zip(index, outer, strict=True)), packed * width * height))
-    return width, height, pitch, pieces

@@ -339,6 +339,76 @@ def test_2d_copies_gather_strided_rows(d: CudaDriverDouble) -> None:
     assert out.tolist() == [v for row in src.reshape(6, 8) for v in row[2:4]]
 
 
+def copy_2d(d: CudaDriverDouble, src: tuple[str, int, int], dst: tuple[str, int, int], width: int,
+            height: int) -> Any:
+    """A CUDA_MEMCPY2D from ``(memory type, address, pitch)`` to another."""
+    c = d.CUDA_MEMCPY2D()
+    for side, (kind, address, pitch) in (("src", src), ("dst", dst)):
+        setattr(c, f"{side}MemoryType", d.CUmemorytype[f"CU_MEMORYTYPE_{kind}"])
+        setattr(c, f"{side}Host" if kind == "HOST" else f"{side}Device", address)
+        setattr(c, f"{side}Pitch", pitch)
+    c.WidthInBytes, c.Height = width, height
+    return c
+
+
+def test_the_2d_copy_struct_has_cudas_unsigned_fields(d: CudaDriverDouble) -> None:
+    """Defect: a negative pitch (a reversed axis) was accepted; the real struct's size_t fields refuse it."""
+    c = d.CUDA_MEMCPY2D()
+    for field in ("srcXInBytes", "srcY", "srcPitch", "dstXInBytes", "dstY", "dstPitch", "WidthInBytes", "Height"):
+        with pytest.raises(OverflowError, match="negative"):
+            setattr(c, field, -8)
+        with pytest.raises(OverflowError, match="too large"):
+            setattr(c, field, 1 << 64)
+        with pytest.raises(TypeError):
+            setattr(c, field, "8")
+        setattr(c, field, (1 << 64) - 1)
+        assert getattr(c, field) == (1 << 64) - 1
+    with pytest.raises(OverflowError):
+        c.srcDevice = -1
+    with pytest.raises(TypeError):
+        c.dstHost = -1
+    c.srcMemoryType = 9  # taken as the C enum's bits, as cuda-bindings does, and refused when read
+    with pytest.raises(ValueError, match="not a valid CUmemorytype"):
+        c.srcMemoryType  # noqa: B018
+    c.srcDevice = 4096
+    assert isinstance(c.srcDevice, d.CUdeviceptr) and int(c.srcDevice) == 4096
+
+
+def test_2d_copies_refuse_what_cuda_refuses(d: CudaDriverDouble) -> None:
+    """cuMemcpy2D's documented limits: each pitch at least WidthInBytes plus the X offset, no pitch over
+    CU_DEVICE_ATTRIBUTE_MAX_PITCH, and no device-to-device copy with pitches cuMemAllocPitch did not give. A refused
+    copy returns CUDA_ERROR_INVALID_VALUE and writes nothing."""
+    on(d, 0)
+    dev = int(d.cuMemAlloc(1 << 16)[1])
+    other = int(d.cuMemAlloc(1 << 16)[1])
+    host = np.zeros(1 << 16, np.uint8)
+    h = host.ctypes.data
+    d.write_device(dev, bytes(range(256)) * 256)
+    invalid = (CUresult.CUDA_ERROR_INVALID_VALUE,)
+    assert d.cuDeviceGetAttribute(d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_PITCH, 0) == (OK, (1 << 31) - 1)
+    d.max_pitch = 4096
+    assert d.cuDeviceGetAttribute(d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_PITCH, d.cuDeviceGet(0)[1]) == (OK,
+                                                                                                              4096)
+    assert d.cuMemcpy2DAsync(copy_2d(d, ("DEVICE", dev, 4), ("HOST", h, 8), 8, 4), 1) == invalid  # src pitch < width
+    assert d.cuMemcpy2DAsync(copy_2d(d, ("DEVICE", dev, 0), ("HOST", h, 8), 8, 4), 1) == invalid  # broadcast rows
+    assert d.cuMemcpy2DAsync(copy_2d(d, ("DEVICE", dev, 16), ("HOST", h, 4), 8, 4), 1) == invalid  # dst pitch < width
+    c = copy_2d(d, ("DEVICE", dev, 16), ("HOST", h, 16), 8, 4)
+    c.srcXInBytes = 9
+    assert d.cuMemcpy2DAsync(c, 1) == invalid  # the X offset counts against the pitch
+    assert d.cuMemcpy2DAsync(copy_2d(d, ("DEVICE", dev, 8192), ("HOST", h, 8), 8, 4), 1) == invalid  # > max pitch
+    assert d.cuMemcpy2DAsync(copy_2d(d, ("DEVICE", dev, 16), ("DEVICE", other, 8), 8, 4), 1) == invalid  # intra-device
+    assert d.cuMemcpy2DAsync(copy_2d(d, ("DEVICE", dev, 16), ("UNIFIED", other, 8), 8, 4), 1) == invalid
+    c = d.CUDA_MEMCPY2D()  # the destination's memory type never set: the real struct starts with type 0
+    c.srcMemoryType, c.srcDevice, c.srcPitch, c.dstHost, c.dstPitch = d.CUmemorytype.CU_MEMORYTYPE_DEVICE, dev, 8, h, 8
+    c.WidthInBytes, c.Height = 8, 4
+    assert d.cuMemcpy2DAsync(c, 1) == invalid
+    d.cuCtxSynchronize()
+    assert not host.any() and d.read_device(other, 64) == bytes(64)
+    assert d.cuMemcpy2DAsync(copy_2d(d, ("DEVICE", dev, 4096), ("HOST", h, 8), 8, 4), 1) == (OK,)  # at the limit
+    d.cuCtxSynchronize()
+    assert host[:32].tolist() == [b for r in range(4) for b in range(r * 4096 % 256, r * 4096 % 256 + 8)]
+
+
 def test_memset_and_stream_ordered_allocation(d: CudaDriverDouble) -> None:
     on(d, 0)
     s = d.cuStreamCreate(1)[1]

@@ -34,7 +34,8 @@ def test_same_function_same_parameters(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "enum_name", ["CUresult", "CUpointer_attribute", "CUmemorytype", "CUstream_flags", "CUevent_flags"]
+    "enum_name",
+    ["CUresult", "CUpointer_attribute", "CUmemorytype", "CUstream_flags", "CUevent_flags", "CUdevice_attribute"],
 )
 def test_enum_members_have_the_real_values(enum_name: str) -> None:
     real = getattr(driver, enum_name)
@@ -48,7 +49,7 @@ def test_constants_and_the_2d_copy_struct() -> None:
         assert int(getattr(driver, name)) == getattr(CudaDriverDouble, name), name
     assert int(driver.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL) == CudaDriverDouble.CU_MEM_ATTACH_GLOBAL
     real_fields = {f for f in dir(driver.CUDA_MEMCPY2D()) if not f.startswith("_")}
-    ours = {f for f in vars(CudaDriverDouble.CUDA_MEMCPY2D()) if not f.startswith("_")}
+    ours = {f for f in dir(CudaDriverDouble.CUDA_MEMCPY2D()) if not f.startswith("_")}
     assert ours <= real_fields, ours - real_fields
 
 
@@ -58,3 +59,29 @@ def test_handles_behave_alike(handle: str) -> None:
     assert int(ours(7)) == int(real(7)) == 7
     assert (ours(7) == ours(7)) == (real(7) == real(7))  # by value for some handles, by identity for others
     assert (ours(7) == 7) == (real(7) == 7) is False
+
+
+def outcome(struct: Any, field: str, value: Any) -> Any:
+    """What setting ``field`` to ``value`` does: the exception's type, or the value read back as an int, or
+    ``("read", exception type)`` when the value was taken but reading it raises (a memory type that is none)."""
+    try:
+        setattr(struct, field, value)
+    except (OverflowError, TypeError, ValueError) as exc:
+        return type(exc)
+    try:
+        return int(getattr(struct, field))
+    except ValueError as exc:
+        return ("read", type(exc))
+
+
+@pytest.mark.parametrize("field", ["srcXInBytes", "srcY", "srcPitch", "dstXInBytes", "dstY", "dstPitch", "WidthInBytes",
+                                   "Height", "srcDevice", "dstDevice", "srcHost", "dstHost", "srcMemoryType",
+                                   "dstMemoryType"])
+@pytest.mark.parametrize("value", [-8, -1, 0, 2, 1 << 31, (1 << 64) - 1, 1 << 64, "8", None])
+def test_2d_copy_struct_fields_take_what_the_real_ones_take(field: str, value: Any) -> None:
+    """A negative pitch (a reversed axis) or an oversized one fails as it does in cuda-bindings: the double may
+    refuse more than the real struct (it is strict), never less."""
+    real, ours = outcome(driver.CUDA_MEMCPY2D(), field, value), outcome(CudaDriverDouble.CUDA_MEMCPY2D(), field, value)
+    assert ours == real or isinstance(ours, type), (field, value, real, ours)
+    if isinstance(value, int) and (value < 0 or value >= 1 << 64):
+        assert ours == real, (field, value, real, ours)
