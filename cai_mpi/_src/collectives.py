@@ -262,7 +262,7 @@ def gather_array(
     mine = _contribute(fn, obj, sync, rt)
     infos, sizes = _agree_all(fn, comm_, mine, due)
     me = comm_.Get_rank()
-    place = Gathered(infos, rt.default_device, rt, direct=pc.aware.aware) if me == root else None
+    place = Gathered(infos, rt.current_device(), rt, direct=pc.aware.aware) if me == root else None
     piece = outgoing(mine.source, rt, direct=pc.aware.aware)
     recv = None if place is None else (place.address, [int(n) for n in sizes], place.displacements)
     gatherv(comm_, (piece.address, piece.nbytes), recv, root, small=_small(sizes, infos))
@@ -292,7 +292,7 @@ def allgather_array(
     pc, comm_, _root, rt, _cfg, due = setup(fn, comm, None, timeout)
     mine = _contribute(fn, obj, sync, rt)
     infos, sizes = _agree_all(fn, comm_, mine, due)
-    place = Gathered(infos, rt.default_device, rt, direct=pc.aware.aware)
+    place = Gathered(infos, rt.current_device(), rt, direct=pc.aware.aware)
     piece = outgoing(mine.source, rt, direct=pc.aware.aware)
     allgatherv(comm_, (piece.address, piece.nbytes), (place.address, [int(n) for n in sizes], place.displacements),
                small=_small(sizes, infos))
@@ -396,7 +396,7 @@ def alltoall_array(
     described = [read(b) for b in unpack(incoming, rcounts)]
     raise_failures(fn, described, parts[me], me)
     infos: list[MessageInfo] = described  # type: ignore[assignment]
-    landings = [Landing.plan(info, None, rt.default_device, r, _NO_TAG, rt, direct=pc.aware.aware)
+    landings = [Landing.plan(info, None, rt.current_device(), r, _NO_TAG, rt, direct=pc.aware.aware)
                 for r, info in enumerate(infos)]
     pieces = [outgoing(c.source, rt, direct=pc.aware.aware) for c in parts]
     alltoallw(comm_, [(p.address, p.nbytes) for p in pieces], [(land.address, land.nbytes) for land in landings])

@@ -196,14 +196,14 @@ def _receive_args(fn: str, source: Any, tag: Any, comm: Any, out: Any, device: A
     rt = get_runtime()
     if out is not None:
         return pc, source, tag, recv_target(fn, out, rt), None, rt
-    return pc, source, tag, None, rt.default_device if device is None else _pick_device(fn, device, rt), rt
+    return pc, source, tag, None, rt.current_device() if device is None else _pick_device(fn, device, rt), rt
 
 
 def _pick_device(fn: str, device: Device, rt: Runtime) -> int | None:
     """The GPU ordinal to receive into, or None for host memory."""
     device = check_device(fn, device)
     if device is None:
-        return rt.default_device
+        return rt.current_device()
     if device == "host":
         return None
     count = rt.device_count()
@@ -267,7 +267,7 @@ def recv_array(
         tag = check_tag("recv_array", tag, pc, wildcard=True)
     rt = get_runtime()
     if out is None:
-        target, ordinal = None, rt.default_device if device is None else _pick_device("recv_array", device, rt)
+        target, ordinal = None, rt.current_device() if device is None else _pick_device("recv_array", device, rt)
     else:
         target, ordinal = recv_target("recv_array", out, rt), None
     if source == PROC_NULL:

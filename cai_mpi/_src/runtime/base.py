@@ -113,8 +113,6 @@ class Runtime(abc.ABC):
     """
 
     name: str
-    #: Where a receive without ``out=`` or ``device=`` lands: this rank's GPU, or None (host memory).
-    default_device: int | None = None
 
     # -- devices ---------------------------------------------------------
     @abc.abstractmethod
@@ -123,7 +121,8 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     def current_device(self) -> int | None:
-        """The ordinal this rank works on (received device arrays land there), None without GPUs."""
+        """Where a receive without ``out=`` or ``device=`` lands: the GPU current in the calling thread (else the
+        rank's), or None without GPUs (host memory)."""
 
     # -- pointers and streams -------------------------------------------
     @abc.abstractmethod

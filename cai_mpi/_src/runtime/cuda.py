@@ -139,10 +139,12 @@ class CudaRuntime(Runtime):
     """Real GPUs through the CUDA driver API (cuda-python); CuPy, when importable, provides pooled
     device/pinned allocation and the kernels that pack strided arrays.
 
-    Every thread that calls in is bound to GPU ``ordinal`` on first use (its primary
-    context is made current, as ``cudaSetDevice`` would), because the current device is
-    per thread and an unbound thread silently works on GPU 0. Operations on another
-    device switch to that device's primary context and switch back.
+    ``ordinal`` is the rank's GPU (``choose_device``: local rank modulo visible GPUs, or CAI_MPI_DEVICE). The
+    device rule: what a rank receives without ``device=`` lands on the device current in the calling thread (the
+    one CuPy's ``Device``, ``torch.cuda.set_device`` or ``cudaSetDevice`` made current, where the user computes),
+    and on ``ordinal`` in a thread where no device is current. Each driver call runs in the primary context of
+    the device it concerns (a pointer's own GPU, say), pushed for the call and popped after it, so the caller's
+    current context is the same after every call as before it; cai_mpi never binds a thread to a device.
     """
 
     name = "cuda"
@@ -158,7 +160,6 @@ class CudaRuntime(Runtime):
                 f"the CUDA runtime needs cuda-python ({exc}); pip install 'cai_mpi[cuda12]'"
             ) from None
         self.ordinal = ordinal
-        self.default_device = ordinal
         self._driver = Driver(drv)
         self._count: int | None = None
         self._retired = _Retired(self)
@@ -183,7 +184,10 @@ class CudaRuntime(Runtime):
         return self._count
 
     def current_device(self) -> int:
-        return self.ordinal
+        """The device current in the calling thread, or the rank's (``ordinal``) where none is current."""
+        self._driver.init()
+        (context,) = self._driver.check("cuCtxGetCurrent")
+        return self.ordinal if int(context) == 0 else self._driver.context_ordinal(context)
 
     # -- pointers and streams ---------------------------------------------
     def locate(self, ptr: int) -> Location:
