@@ -57,6 +57,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         )
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)  # the other ranks may be waiting for this one: end them all now
+        # MPICH's Abort can return while its launcher ends the job; pytest would then log the failure again.
+        os._exit(1)
 
 
 def _write_junit_now(config: pytest.Config, report: pytest.TestReport) -> None:
