@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import platform
 import re
 import subprocess
@@ -121,6 +122,7 @@ def collect(mode: str, runs: list[tuple[str, int, int]], *, revision: str | None
         "mode": mode,
         **gpus(nvidia_smi),
         "versions": versions(),
+        "settings": {name: value for name, value in sorted(os.environ.items()) if name.startswith("CAI_MPI_")},
         "runs": [{"label": label, "ranks": ranks, "exit": code} for label, ranks, code in runs],
     }
 
@@ -219,9 +221,10 @@ def every_test(runs: list[Run]) -> list[str]:
 def render(summary: dict[str, Any], runs: list[Run]) -> str:
     tests = every_test(runs)
     lines = ["# GPU test results", "", GENERATED, "",
-             "What the GPU tests (`tests/gpu`) did on a real GPU, as `scripts/test-gpu.sh` ran them: at 1 rank, and at "
-             "2 ranks under mpiexec sharing the node's GPUs. Tests that need two GPUs or a CUDA-aware MPI say so "
+             "What the GPU tests (`tests/gpu`) did in one run of `scripts/test-gpu.sh`: at 1 rank, and at 2 ranks "
+             "under mpiexec sharing the node's GPUs. Tests that need two GPUs or a CUDA-aware MPI say so "
              "where they skip.", "",
+             *_not_a_gpu_run(summary.get("settings", {})),
              "| | |", "| --- | --- |",
              f"| date | {_cell(summary['date'])} |",
              f"| revision | {_cell(summary['revision'])} |"]
@@ -232,6 +235,8 @@ def render(summary: dict[str, Any], runs: list[Run]) -> str:
         lines.append(f"| GPU | none listed: {_cell(summary.get('error', 'nvidia-smi listed no GPU'))} |")
     lines.append(f"| packages | {MODES[summary['mode']]} |")
     lines += [f"| {_cell(name)} | {_cell(version)} |" for name, version in summary["versions"].items()]
+    settings = " ".join(f"{name}={value}" for name, value in summary.get("settings", {}).items())
+    lines.append(f"| cai_mpi settings | {_cell(settings) or 'none (the defaults)'} |")
 
     lines += ["", "## Runs", "", "| run | passed | failed | errors | skipped | not run | exit status |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -251,6 +256,15 @@ def render(summary: dict[str, Any], runs: list[Run]) -> str:
     for test in tests:
         lines.append(f"| `{_cell(test)}` | " + " | ".join(_cell(run.outcome(test)[1]) for run in runs) + " |")
     return "\n".join(lines) + "\n\n" + HOW_TO_MAKE_THIS_PAGE
+
+
+def _not_a_gpu_run(settings: dict[str, str]) -> list[str]:
+    """A warning at the top of the page when the run replaced the GPU by a double (a dry run of the script)."""
+    double = settings.get("CAI_MPI_CUDA_DRIVER") or (settings.get("CAI_MPI_RUNTIME") == "simulated" and "simulated")
+    if not double:
+        return []
+    return [f"**Not a GPU run:** cai_mpi talked to a stand-in for the GPU ({_cell(str(double))}), so nothing below "
+            "says how it behaves on real hardware.", ""]
 
 
 def text_summary(runs: list[Run]) -> str:

@@ -63,6 +63,7 @@ def fabricated_summary() -> dict[str, object]:
         "mode": "system", "gpus": [{"name": "Fixture GPU 80GB", "driver": "000.00"}], "cuda": "13.0",
         "versions": {"python": "3.12.3", "cupy-cuda13x": "0.0.fixture", "torch": "0.0.fixture+cu130",
                      "MPI library": "Fixture MPI 1.0"},
+        "settings": {"CAI_MPI_CHUNK_BYTES": "1048576"},
         "runs": [{"label": "1rank", "ranks": 1, "exit": 1}, {"label": "2ranks", "ranks": 2, "exit": 1}],
     }
 
@@ -100,6 +101,7 @@ def test_the_page_says_what_ran_passed_failed_and_skipped(fabricated_run: Path) 
         "| packages | the node's own (the script installed nothing) |",
         "| torch | 0.0.fixture+cu130 |",
         "| MPI library | Fixture MPI 1.0 |",
+        "| cai_mpi settings | CAI_MPI_CHUNK_BYTES=1048576 |",
         # run | passed | failed | errors | skipped | not run | exit status
         "| 1 rank | 2 | 0 | 1 | 3 | 0 | 1 |",
         "| 2 ranks | 0 | 1 | 0 | 0 | 5 | 1 |",  # rank 0 left no report: nothing is known to have passed there
@@ -114,6 +116,14 @@ def test_the_page_says_what_ran_passed_failed_and_skipped(fabricated_run: Path) 
         assert row in page, row
     assert "2 ranks: no report from rank 0: the run ended before that rank finished" in page
     assert "## Making this page" in page
+    assert "Not a GPU run" not in page
+
+
+def test_a_run_on_the_driver_double_says_it_was_not_a_gpu_run(fabricated_run: Path) -> None:
+    summary, runs = gpu_results.load(fabricated_run)
+    summary["settings"] = {"CAI_MPI_CUDA_DRIVER": "cai_mpi.testing.cuda_driver:CudaDriverDouble"}
+    page = gpu_results.render(summary, runs)
+    assert "**Not a GPU run:** cai_mpi talked to a stand-in for the GPU (cai_mpi.testing.cuda_driver:" in page
 
 
 def test_ranks_that_agree_share_one_cell(tmp_path: Path) -> None:
@@ -134,11 +144,14 @@ def fake_nvidia_smi(tmp_path: Path, script: str) -> str:
     return str(path)
 
 
-def test_collect_reads_the_gpus_and_the_cuda_version_from_nvidia_smi(tmp_path: Path) -> None:
+def test_collect_reads_the_gpus_and_the_cuda_version_from_nvidia_smi(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     smi = fake_nvidia_smi(tmp_path, 'if [ "$1" = --query-gpu=name,driver_version ]; then\n'
                                     '  echo "Fixture GPU A, 000.01"; echo "Fixture GPU B, 000.01"\n'
                                     'else echo "| Driver Version: 000.01   CUDA Version: 13.0 |"; fi\n')
+    monkeypatch.setenv("CAI_MPI_CHUNK_BYTES", "4096")
     summary = gpu_results.collect("venv", [("1rank", 1, 0)], revision="fixture", nvidia_smi=smi)
+    assert summary["settings"]["CAI_MPI_CHUNK_BYTES"] == "4096"
     assert summary["gpus"] == [{"name": "Fixture GPU A", "driver": "000.01"},
                                {"name": "Fixture GPU B", "driver": "000.01"}]
     assert summary["cuda"] == "13.0" and summary["runs"] == [{"label": "1rank", "ranks": 1, "exit": 0}]
@@ -169,3 +182,9 @@ def test_the_command_line_writes_the_page_and_prints_the_skip_reasons(fabricated
 def test_render_without_a_summary_says_what_to_run(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"run scripts/test-gpu\.sh"):
         gpu_results.load(tmp_path)
+
+
+def test_the_published_page_is_generated_or_says_no_gpu_run_was_made() -> None:
+    page = (ROOT / "docs" / "gpu-results.md").read_text()
+    assert gpu_results.GENERATED in page or "**No GPU run has been made of this revision yet.**" in page
+    assert gpu_results.HOW_TO_MAKE_THIS_PAGE in page  # one text of how to make it, in the script and the page
