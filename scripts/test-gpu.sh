@@ -158,7 +158,7 @@ results=${GPU_RESULTS:-gpu-results}
 mkdir -p "$results"
 results=$(cd "$results" && pwd)
 rm -f "$results"/1rank-rank*.xml "$results"/2ranks-rank*.xml "$results"/1rank.log "$results"/2ranks.log \
-  "$results"/summary.json "$results"/gpu-results.md
+  "$results"/*.xml.partial "$results"/summary.json "$results"/gpu-results.md
 # Each rank writes its own report: tests/gpu/conftest.py sets CAI_MPI_TEST_RANK and pytest expands the path.
 pytest_args=(-m pytest -m gpu tests/gpu -rs --color=no -p no:cacheprovider
              "--timeout=${GPU_TEST_TIMEOUT:-300}" --timeout-method=thread)

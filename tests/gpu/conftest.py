@@ -7,6 +7,8 @@
 - A failure on one rank aborts MPI_COMM_WORLD at once, as in tests/mpi/conftest.py, so the other rank, perhaps
   waiting in a receive from this one, does not hang until the time limit. The failing rank writes its JUnit
   report first, so the run's summary (scripts/gpu_results.py) names the test that failed.
+- The JUnit report (when one is asked for) is rewritten after every test, so a rank ended by another's abort or
+  by the per-test time limit still leaves the outcomes of the tests it finished.
 - ``CAI_MPI_TEST_RANK`` is set to this process's rank in COMM_WORLD before pytest opens its JUnit report, whose
   path pytest expands with ``os.path.expandvars``: ``--junitxml='DIR/rank${CAI_MPI_TEST_RANK}.xml'`` gives each
   rank its own file under any launcher.
@@ -18,6 +20,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mpi4py import MPI
@@ -34,6 +37,12 @@ CAI_MPI_WARNINGS_ONLY = pytest.mark.filterwarnings(
 )
 
 os.environ["CAI_MPI_TEST_RANK"] = str(MPI.COMM_WORLD.Get_rank())
+_config: pytest.Config | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _config
+    _config = config
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -41,6 +50,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(CAI_MPI_WARNINGS_ONLY)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's JUnit writer has taken the report in
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown" and _config is not None:
+        xml = _junit(_config)
+        if xml is not None:
+            _write_whole(xml)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -62,13 +79,29 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _write_junit_now(config: pytest.Config, report: pytest.TestReport) -> None:
-    """Write the JUnit report (if one was asked for) with this failure in it: the abort ends the process before
-    pytest would. pytest keeps its writer under a private key; without it the run's log still has the failure."""
+    """Write the JUnit report with this failure in it: the abort ends the process before pytest would."""
+    xml = _junit(config)
+    if xml is not None:
+        xml.pytest_runtest_logreport(report)
+        _write_whole(xml)
+
+
+def _write_whole(xml: Any) -> None:
+    """Write the JUnit report whole or not at all: another rank's abort may kill this one mid-write."""
+    final = xml.logfile
+    xml.logfile = f"{final}.partial"
+    try:
+        xml.pytest_sessionfinish()
+    finally:
+        xml.logfile = final
+    os.replace(f"{final}.partial", final)
+
+
+def _junit(config: pytest.Config) -> Any:
+    """pytest's JUnit writer, where --junitxml asked for one. pytest keeps it under a private key; without it the
+    reports are written at the end only, and the run's log still has every failure."""
     try:
         from _pytest.junitxml import xml_key
     except ImportError:
-        return
-    xml = config.stash.get(xml_key, None)
-    if xml is not None:
-        xml.pytest_runtest_logreport(report)
-        xml.pytest_sessionfinish()
+        return None
+    return config.stash.get(xml_key, None)

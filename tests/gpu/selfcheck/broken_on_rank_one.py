@@ -9,6 +9,7 @@ def test_every_rank_passes_first() -> None:
 
 
 def test_rank_one_fails_while_rank_zero_waits() -> None:
+    MPI.COMM_WORLD.Barrier()  # every rank has finished (and reported) the first test
     if MPI.COMM_WORLD.Get_rank() == 1:
         assert 6 * 7 == 43, "deliberate failure on rank 1"
     MPI.COMM_WORLD.recv(source=1, tag=5)  # never sent: without the abort, rank 0 would wait here forever
