@@ -3,7 +3,9 @@
 - Warnings: the project turns every warning into an error (pyproject's ``filterwarnings = ["error"]``). Here only
   cai_mpi's own warnings are: CuPy, PyTorch, Numba and cuda-bindings warn about their own affairs (deprecations,
   kernel launch sizes, versions), and a new release of one of them must not fail cai_mpi's tests. Their warnings
-  are shown in pytest's warnings summary instead.
+  are shown in pytest's warnings summary instead. The test modules probe for a GPU while pytest collects them,
+  when every warning is an error: the probe runs here first, where the driver bindings' import-time warnings are
+  shown, so a deprecation notice in them cannot make every GPU test skip as "no usable CUDA GPU".
 - A failure on one rank aborts MPI_COMM_WORLD at once, as in tests/mpi/conftest.py, so the other rank, perhaps
   waiting in a receive from this one, does not hang until the time limit. The failing rank writes its JUnit
   report first, so the run's summary (scripts/gpu_results.py) names the test that failed.
@@ -18,12 +20,15 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mpi4py import MPI
+
+from cai_mpi._src.runtime.cudadriver import probe
 
 HERE = Path(__file__).resolve().parent
 
@@ -37,6 +42,10 @@ CAI_MPI_WARNINGS_ONLY = pytest.mark.filterwarnings(
 )
 
 os.environ["CAI_MPI_TEST_RANK"] = str(MPI.COMM_WORLD.Get_rank())
+
+with warnings.catch_warnings():
+    warnings.simplefilter("default")
+    probe()  # imports the driver bindings (or CAI_MPI_CUDA_DRIVER's stand-in) once, for the test modules' probes
 _config: pytest.Config | None = None
 
 

@@ -4,6 +4,9 @@ rely on). Not marked gpu: these run with the rest of the suite."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -37,6 +40,27 @@ def test_warnings_of_cai_mpi_are_errors() -> None:
     # A CAI warning points at the caller (stacklevel), here this test: recognised by its prefix.
     with pytest.raises(UserWarning, match="__cuda_array_interface__: 'stream' key ignored"):
         descriptor_from_dict({"version": 2, "shape": (4,), "typestr": "<f4", "data": (4096, False), "stream": 7})
+
+
+NOISY_DRIVER = """
+import warnings
+
+warnings.warn("noisy_driver: this import path is deprecated", DeprecationWarning, stacklevel=1)
+
+from cai_mpi.testing.cuda_driver import CudaDriverDouble
+"""
+
+
+def test_a_gpu_library_that_warns_when_imported_does_not_hide_the_gpu(tmp_path: Path) -> None:
+    # The probe imports the driver bindings while pytest collects (warnings are errors there): a deprecation
+    # notice in them made every GPU test skip as "no usable CUDA GPU". Here a driver double that warns so.
+    (tmp_path / "noisy_driver.py").write_text(NOISY_DRIVER)
+    env = {**os.environ, "CAI_MPI_CUDA_DRIVER": "noisy_driver:CudaDriverDouble",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-rs",
+                           "tests/gpu/test_gpu_p2p.py::test_runtime_is_cuda"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
 
 
 def test_a_failing_rank_aborts_the_run_and_leaves_its_junit_report(tmp_path: Path) -> None:
