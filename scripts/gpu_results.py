@@ -4,8 +4,9 @@
         writes DIR/summary.json: the GPUs (nvidia-smi), the versions that matter, the date, the git revision
         and each run's exit status. Run it with the interpreter that ran the tests: it reads that one's packages.
     python scripts/gpu_results.py render DIR [-o PAGE]
-        reads DIR/summary.json and each run's JUnit reports (DIR/<run>-rank<N>.xml, one per rank), writes the page
-        (default DIR/gpu-results.md) and prints what ran, passed, failed and skipped, with the skip reasons.
+        reads DIR/summary.json and each run's JUnit reports (DIR/<run>-rank<N>.xml, one per rank), and the
+        benchmark tables DIR/bench.md if GPU_BENCH=1 made them; writes the page (default DIR/gpu-results.md) and
+        prints what ran, passed, failed and skipped, with the skip reasons.
 
 Standard library only, so any interpreter that test-gpu.sh uses can run it.
 """
@@ -45,6 +46,7 @@ On a GPU node, from the repository root:
 bash scripts/test-gpu.sh                                  # installs cai_mpi[cuda12|13], PyTorch, numba-cuda
 GPU_ENV=system bash scripts/test-gpu.sh                   # the node's own packages: installs nothing
 GPU_PUBLISH=1 bash scripts/test-gpu.sh                    # also writes this page (docs/gpu-results.md)
+GPU_BENCH=1 bash scripts/test-gpu.sh                      # and bench latency/bw with CuPy and PyTorch buffers
 ```
 
 The script runs the GPU tests (`pytest -m gpu tests/gpu`) at 1 rank and at 2 ranks under mpiexec (both ranks on
@@ -218,7 +220,7 @@ def every_test(runs: list[Run]) -> list[str]:
     return list(dict.fromkeys(test for run in runs for test in run.tests()))
 
 
-def render(summary: dict[str, Any], runs: list[Run]) -> str:
+def render(summary: dict[str, Any], runs: list[Run], bench: str = "") -> str:
     tests = every_test(runs)
     lines = ["# GPU test results", "", GENERATED, "",
              "What the GPU tests (`tests/gpu`) did in one run of `scripts/test-gpu.sh`: at 1 rank, and at 2 ranks "
@@ -255,6 +257,11 @@ def render(summary: dict[str, Any], runs: list[Run]) -> str:
               "| --- |" + " --- |" * len(runs)]
     for test in tests:
         lines.append(f"| `{_cell(test)}` | " + " | ".join(_cell(run.outcome(test)[1]) for run in runs) + " |")
+    if bench.strip():
+        lines += ["", "## Benchmarks", "",
+                  "`python -m cai_mpi bench latency|bw --modes raw-staged,cai,cai-out` at 2 ranks on the GPU above: "
+                  "`raw-staged` is mpi4py through host copies made by hand, the floor for an MPI that is not "
+                  "CUDA-aware.", "", bench.strip()]
     return "\n".join(lines) + "\n\n" + HOW_TO_MAKE_THIS_PAGE
 
 
@@ -304,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         (args.dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         return 0
     summary, runs = load(args.dir)
-    page = render(summary, runs)
+    bench = args.dir / "bench.md"
+    page = render(summary, runs, bench.read_text() if bench.exists() else "")
     for output in args.output or [args.dir / "gpu-results.md"]:
         output.write_text(page)
         print(f"wrote {output}")

@@ -18,6 +18,9 @@
 #   GPU_PUBLISH=1          also write docs/gpu-results.md
 #   GPU_TEST_TIMEOUT=300   seconds one test may take (pytest-timeout, thread method: a rank blocked in MPI is
 #                          interrupted with every thread's stack); GPU_RUN_TIMEOUT=3600 for a whole run
+#   GPU_BENCH=1            then the GPU benchmarks at 2 ranks: bench latency and bw with --buffer cupy and torch
+#                          (GPU_BENCH_BUFFERS), cai_mpi next to raw mpi4py over staged copies (raw-staged), into
+#                          bench.md, which the page includes; GPU_BENCH_ARGS adds bench options (e.g. --max-size 16M)
 # Extra arguments go to pytest (e.g. -x, -k numba).
 #
 # One failing rank cannot hang the other: tests/gpu/conftest.py aborts MPI_COMM_WORLD on a failure (as
@@ -26,14 +29,15 @@
 # The PyPI MPI wheels are not CUDA-aware: the direct-route tests skip there and say so; with a CUDA-aware system
 # MPI, build mpi4py against it and use MPI_EXTRA= or GPU_ENV=system. Tests that need two GPUs skip on one.
 #
-# A machine without registry access (the GPU machine a session may be lent: Python 3.12 with PyTorch, CuPy,
-# numba-cuda, cuda-bindings, mpi4py, pytest and pytest-timeout, but no MPI library for mpi4py): here, with
+# A machine without registry access (the GPU machine a session may be lent has Python 3.12 with PyTorch, CuPy,
+# numba-cuda, cuda-bindings, mpi4py, pytest and pytest-timeout; no MPI library is listed for mpi4py): here, with
 # registry access, `bash scripts/gpu-wheels.sh .whl` downloads the missing wheels (an MPI wheel, pytest-mpi) for
 # Python 3.12 manylinux x86_64; carry that folder there and run
 #   GPU_ENV=system GPU_WHEELS=.whl GPU_RESULTS=$OUT bash scripts/test-gpu.sh
 # The wheels are installed with pip --no-index into a temporary prefix that is put first on PYTHONPATH, PATH
 # and mpi4py's library search (MPI4PY_LIBMPI): the machine's environment is left as it was. The results folder
-# then holds 7 files (summary.json, 3 JUnit reports, 2 logs, gpu-results.md); copy them back and publish with
+# then holds 7 files (summary.json, 3 JUnit reports, 2 logs, gpu-results.md; 8 with GPU_BENCH=1's bench.md),
+# within what a call brings back; copy them back and publish with
 #   python scripts/gpu_results.py render DIR -o docs/gpu-results.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -176,6 +180,29 @@ tail -n 60 "$results/2ranks.log" | sed 's/^/[2 ranks] /'
 for rc in "$rc1" "$rc2"; do
   [ "$rc" != 124 ] || echo "test-gpu.sh: a run outlasted GPU_RUN_TIMEOUT=$run_timeout s and was stopped" >&2
 done
+
+# -- the benchmarks (optional) ----------------------------------------------------------------------------------
+rm -f "$results/bench.md"
+if [ "${GPU_BENCH:-0}" = 1 ]; then
+  bench_json=$(mktemp -d "${TMPDIR:-/tmp}/cai-mpi-gpu-bench.XXXXXX")
+  read -r -a bench_args <<< "${GPU_BENCH_ARGS:-}"
+  for buffer in ${GPU_BENCH_BUFFERS:-cupy torch}; do
+    for kind in latency bw; do
+      say "bench $kind --buffer $buffer, 2 ranks"
+      timeout "$run_timeout" "${launch[@]}" -n 2 "$PY" -m cai_mpi bench "$kind" --buffer "$buffer" \
+        --modes raw-staged,cai,cai-out "${bench_args[@]}" --json "$bench_json/$kind-$buffer.json" \
+        || echo "test-gpu.sh: warning: bench $kind --buffer $buffer failed: left out of bench.md" >&2
+    done
+  done
+  for json in "$bench_json"/*.json; do
+    [ -e "$json" ] || continue
+    name=$(basename "$json" .json)
+    { printf '### bench %s --buffer %s\n\n' "${name%-*}" "${name##*-}"
+      "$PY" -m cai_mpi bench report "$json" --markdown; echo; } >> "$results/bench.md" \
+      || echo "test-gpu.sh: warning: bench report $name failed" >&2
+  done
+  rm -rf "$bench_json"
+fi
 
 # -- the summary -------------------------------------------------------------------------------------------------
 echo

@@ -117,6 +117,18 @@ def test_the_page_says_what_ran_passed_failed_and_skipped(fabricated_run: Path) 
     assert "2 ranks: no report from rank 0: the run ended before that rank finished" in page
     assert "## Making this page" in page
     assert "Not a GPU run" not in page
+    assert "## Benchmarks" not in page  # none were run
+
+
+def test_benchmark_tables_join_the_page_when_the_run_made_them(fabricated_run: Path) -> None:
+    (fabricated_run / "bench.md").write_text("### bench latency --buffer cupy\n\n| size | cai (us) |\n|---|---|\n"
+                                             "| 8 B | 0.0 (fixture) |\n")
+    done = subprocess.run([sys.executable, str(SCRIPT), "render", str(fabricated_run)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    page = (fabricated_run / "gpu-results.md").read_text()
+    assert "## Benchmarks" in page and "### bench latency --buffer cupy" in page and "| 8 B | 0.0 (fixture) |" in page
+    assert page.index("## Benchmarks") < page.index("## Making this page")
 
 
 def test_a_run_on_the_driver_double_says_it_was_not_a_gpu_run(fabricated_run: Path) -> None:
