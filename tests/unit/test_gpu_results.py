@@ -60,7 +60,8 @@ FABRICATED_RANK0_PASSES = FABRICATED_2RANKS_RANK1.replace(
 def fabricated_summary() -> dict[str, object]:
     return {
         "schema": gpu_results.SCHEMA, "date": "2000-01-01 00:00 UTC", "revision": "0123456789ab (fixture)",
-        "mode": "system", "gpus": [{"name": "Fixture GPU 80GB", "driver": "000.00"}], "cuda": "13.0",
+        "mode": "system", "wheels": ["mpich-0.0-fixture.whl"],
+        "gpus": [{"name": "Fixture GPU 80GB", "driver": "000.00"}], "cuda": "13.0",
         "versions": {"python": "3.12.3", "cupy-cuda13x": "0.0.fixture", "torch": "0.0.fixture+cu130",
                      "MPI library": "Fixture MPI 1.0"},
         "settings": {"CAI_MPI_CHUNK_BYTES": "1048576"},
@@ -98,7 +99,7 @@ def test_the_page_says_what_ran_passed_failed_and_skipped(fabricated_run: Path) 
         "| date | 2000-01-01 00:00 UTC |",
         "| revision | 0123456789ab (fixture) |",
         "| GPU | Fixture GPU 80GB (driver 000.00, CUDA 13.0) |",
-        "| packages | the node's own (the script installed nothing) |",
+        "| packages | the node's own; for this run, installed offline from wheels: mpich-0.0-fixture.whl |",
         "| torch | 0.0.fixture+cu130 |",
         "| MPI library | Fixture MPI 1.0 |",
         "| cai_mpi settings | CAI_MPI_CHUNK_BYTES=1048576 |",
@@ -162,7 +163,11 @@ def test_collect_reads_the_gpus_and_the_cuda_version_from_nvidia_smi(tmp_path: P
                                     '  echo "Fixture GPU A, 000.01"; echo "Fixture GPU B, 000.01"\n'
                                     'else echo "| Driver Version: 000.01   CUDA Version: 13.0 |"; fi\n')
     monkeypatch.setenv("CAI_MPI_CHUNK_BYTES", "4096")
-    summary = gpu_results.collect("venv", [("1rank", 1, 0)], revision="fixture", nvidia_smi=smi)
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "fixture_pkg-0.0-py3-none-any.whl").write_bytes(b"")
+    summary = gpu_results.collect("system", [("1rank", 1, 0)], revision="fixture", wheels=tmp_path / "wheels",
+                                  nvidia_smi=smi)
+    assert summary["wheels"] == ["fixture_pkg-0.0-py3-none-any.whl"] and summary["mode"] == "system"
     assert summary["settings"]["CAI_MPI_CHUNK_BYTES"] == "4096"
     assert summary["gpus"] == [{"name": "Fixture GPU A", "driver": "000.01"},
                                {"name": "Fixture GPU B", "driver": "000.01"}]
