@@ -32,7 +32,8 @@
 # A machine without registry access (the GPU machine a session may be lent has Python 3.12 with PyTorch, CuPy,
 # numba-cuda, cuda-bindings, mpi4py, pytest and pytest-timeout; no MPI library is listed for mpi4py): here, with
 # registry access, `bash scripts/gpu-wheels.sh .whl` downloads the missing wheels (an MPI wheel, pytest-mpi) for
-# Python 3.12 manylinux x86_64; carry that folder there and run
+# Python 3.12 manylinux x86_64; carry that folder there (git ignores .whl/; the device tool's run takes
+# carry=[".whl"]) and run, there:
 #   GPU_ENV=system GPU_WHEELS=.whl GPU_RESULTS=$OUT bash scripts/test-gpu.sh
 # The wheels are installed with pip --no-index into a temporary prefix that is put first on PYTHONPATH, PATH
 # and mpi4py's library search (MPI4PY_LIBMPI): the machine's environment is left as it was. The results folder
