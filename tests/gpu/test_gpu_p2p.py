@@ -1,6 +1,11 @@
 """Device transfers with real GPU exporters (CuPy, PyTorch, Numba), in a ring over COMM_WORLD: a rank to itself
-at 1 rank, to its neighbours at 2 or more (scripts/test-gpu.sh runs both). Each exporter's data is compared
-exactly with what was sent; direct (when the MPI is CUDA-aware) and staged routes, one chunk and many."""
+at 1 rank, to its neighbours at 2 or more (scripts/test-gpu.sh runs both, the 2 ranks sharing one GPU if the node
+has one). Each exporter's data is compared exactly with what was sent; direct (when the MPI is CUDA-aware) and
+staged routes, one chunk and many.
+
+The device rule: a rank's received arrays land on the device current in the receiving thread, or on ``device=``.
+So the tests compare with the current device, never with 0: on a node with several GPUs, rank 1 may compute on
+GPU 1."""
 
 from __future__ import annotations
 
@@ -51,6 +56,19 @@ def ring(obj: Any, comm: MPI.Comm = world, **kw: Any) -> cai_mpi.Array:
     return got
 
 
+def current_device(cp: Any) -> int:
+    """The device current in this thread (CuPy's view, the same as the CUDA runtime's): where receives land."""
+    return int(cp.cuda.Device().id)
+
+
+def other_device(cp: Any) -> int:
+    """A device other than the current one; skips where there is none."""
+    count = cp.cuda.runtime.getDeviceCount()
+    if count < 2:
+        pytest.skip("needs two GPUs")
+    return (current_device(cp) + 1) % count
+
+
 def made_by(r: int, cp: Any, n: int = 64 * 48, dtype: Any = "float32") -> Any:
     return (cp.arange(n, dtype=dtype) * (r + 1)).reshape(64, -1)
 
@@ -85,7 +103,7 @@ def test_cupy_ring_lands_on_the_device(cp: Any, route: MPI.Comm, layout: str, ro
         return {"C": a, "F": cp.asfortranarray(a), "strided": a[::-2, 1::3]}[layout]
 
     got = ring(made(rank), route)
-    assert got.device == 0
+    assert got.device == current_device(cp)
     y = cp.asarray(got)  # zero-copy adoption through __cuda_array_interface__
     assert got.nbytes == 0 or y.data.ptr == got.descriptor.ptr
     assert y.shape == made(prv).shape and cp.array_equal(y, made(prv))
@@ -130,8 +148,9 @@ def test_device_out_of_any_layout(cp: Any, route: MPI.Comm, layout: str) -> None
 
 
 def test_host_to_device_and_back(cp: Any, route: MPI.Comm) -> None:
-    got = ring(np.arange(1 << 20, dtype=np.int64) + rank, route, device=0)
-    assert got.device == 0 and cp.array_equal(cp.asarray(got), cp.arange(1 << 20, dtype=cp.int64) + prv)
+    here = current_device(cp)
+    got = ring(np.arange(1 << 20, dtype=np.int64) + rank, route, device=here)
+    assert got.device == here and cp.array_equal(cp.asarray(got), cp.arange(1 << 20, dtype=cp.int64) + prv)
     back = ring(made_by(rank, cp), route, device="host")
     assert back.device == "host" and np.array_equal(np.asarray(back), cp.asnumpy(made_by(prv, cp)))
 
@@ -145,15 +164,25 @@ def test_managed_memory(cp: Any, route: MPI.Comm) -> None:
 
 
 def test_a_second_device(cp: Any, route: MPI.Comm) -> None:
-    if cp.cuda.runtime.getDeviceCount() < 2:
-        pytest.skip("needs two GPUs")
-    with cp.cuda.Device(1):
+    here, other = current_device(cp), other_device(cp)
+    with cp.cuda.Device(other):
         x = made_by(rank, cp)
-    got = ring(x, route, device=1)
-    assert got.device == 1
-    with cp.cuda.Device(1):
+    got = ring(x, route, device=other)
+    assert got.device == other
+    with cp.cuda.Device(other):
         assert cp.array_equal(cp.asarray(got), made_by(prv, cp))
-    assert cp.cuda.Device().id == 0  # the caller's current device is left alone
+    assert current_device(cp) == here  # the caller's current device is left alone
+
+
+def test_receives_land_on_the_device_current_in_the_thread(cp: Any, route: MPI.Comm) -> None:
+    # The device rule without device=: switching the current device moves where the next receive lands.
+    here, other = current_device(cp), other_device(cp)
+    with cp.cuda.Device(other):
+        got = ring(made_by(rank, cp), route)
+        assert got.device == other
+        assert cp.array_equal(cp.asarray(got), made_by(prv, cp))
+    got = ring(made_by(rank, cp), route)
+    assert got.device == here and cp.array_equal(cp.asarray(got), made_by(prv, cp))
 
 
 def test_device_channels(cp: Any, route: MPI.Comm) -> None:
@@ -162,13 +191,14 @@ def test_device_channels(cp: Any, route: MPI.Comm) -> None:
         with pytest.raises(ValueError, match="contiguous device memory through a CUDA-aware MPI"):
             cai_mpi.send_channel(x, nxt, 9, route)
         return
-    with cai_mpi.send_channel(x, nxt, 9, route) as tx, cai_mpi.recv_channel(prv, 9, route, device=0) as rx:
+    here = current_device(cp)
+    with cai_mpi.send_channel(x, nxt, 9, route) as tx, cai_mpi.recv_channel(prv, 9, route, device=here) as rx:
         for step in range(1, 4):
             x[:] = step * (rank + 1)
             req = tx.isend()
             got = rx.recv()
             req.wait()
-            assert got.device == 0 and bool((cp.asarray(got) == step * (prv + 1)).all())
+            assert got.device == here and bool((cp.asarray(got) == step * (prv + 1)).all())
 
 
 def test_torch_tensors(route: MPI.Comm) -> None:
@@ -177,6 +207,7 @@ def test_torch_tensors(route: MPI.Comm) -> None:
         pytest.skip("this torch build has no CUDA")
     x = torch.arange(1000, device="cuda", dtype=torch.float64).reshape(20, 50).t() * (rank + 1)  # CAI v2, strided
     got = ring(x, route)
+    assert got.device == torch.cuda.current_device()
     t = torch.as_tensor(got, device="cuda")
     expected = torch.arange(1000, device="cuda", dtype=torch.float64).reshape(20, 50).t() * (prv + 1)
     assert torch.equal(t, expected)
@@ -196,6 +227,7 @@ def test_numba_default_stream_producer(route: MPI.Comm) -> None:
     x = cuda.device_array(1 << 20, dtype=np.int32)
     fill[(x.size + 255) // 256, 256](x, rank + 1)  # on the default stream: still running when sent
     got = ring(x, route)
+    assert got.device == cuda.get_current_device().id
     assert np.array_equal(cuda.as_cuda_array(got).copy_to_host(), np.full(1 << 20, prv + 1, np.int32))
 
 
