@@ -14,7 +14,7 @@ from .array import Array
 from .config import config
 from .deadlines import Awaited, deadline
 from .header import encode_meta
-from .operands import recv_target, send_source
+from .operands import RecvTarget, Target, recv_target, send_source
 from .privcomm import PrivateComms
 from .requests import PostedRequest, Request, _active, complete, drive
 from .runtime import get_runtime
@@ -215,14 +215,19 @@ def _pick_device(fn: str, device: Device, rt: Runtime) -> int | None:
     return device
 
 
-def _from_proc_null(target: Any, tag: int) -> Array:
-    """A receive from PROC_NULL completes at once with no data (MPI semantics): ``out=`` is left as it is."""
-    if target is not None and target.host is not None:
+def _from_proc_null(target: Target | None, tag: int) -> Array:
+    """A receive from PROC_NULL completes at once with no data (MPI semantics): an Array over ``out=`` as it is
+    (a plain numpy array is its own target), or an empty host Array without ``out=``."""
+    if target is None:
+        return Array._over_host(np.empty(0, np.uint8), PROC_NULL, tag, None)
+    if type(target) is np.ndarray:
+        return Array._over_host(target, PROC_NULL, tag, None)
+    assert isinstance(target, RecvTarget)
+    if target.host is not None:
         return Array._over_host(target.host, PROC_NULL, tag, None, target.owner)
-    if target is not None:
-        return Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=PROC_NULL,
-                     tag=tag)
-    return Array._over_host(np.empty(0, np.uint8), PROC_NULL, tag, None)
+    assert target.desc is not None and target.ordinal is not None
+    return Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=PROC_NULL,
+                 tag=tag)
 
 
 def recv_array(
@@ -247,8 +252,9 @@ def recv_array(
             has arrived, its payload gets as long again.
 
     Returns:
-        An Array carrying the data, its descriptor, ``source``, ``tag`` and ``meta`` (over ``out=``
-        when given; from PROC_NULL: ``out=`` unchanged, or an empty uint8 array).
+        An Array carrying the data, its descriptor, ``source``, ``tag`` and ``meta``; with ``out=``, an Array over
+        ``out=``'s memory (no copy). From PROC_NULL nothing is received (MPI's rule): an Array over ``out=``, its
+        contents untouched, or without ``out=`` an empty uint8 host Array; ``source`` is PROC_NULL, ``meta`` None.
 
     Raises:
         TypeError, ValueError: a bad argument (the message names it).
@@ -372,7 +378,8 @@ def sendrecv_array(
         timeout: seconds each half may wait at most, as in ``recv_array`` and ``send_array``.
 
     Returns:
-        The received Array (from PROC_NULL: ``out=`` unchanged, or an empty uint8 array).
+        The received Array. From ``source=PROC_NULL``: an Array over ``out=``, its contents untouched, or without
+        ``out=`` an empty uint8 host Array (as ``recv_array``); the send half still goes to ``dest``.
 
     Raises:
         TypeError, ValueError, CAIError, StreamError, RecvMismatchError, ProtocolError, TimeoutError: as in
