@@ -105,7 +105,8 @@ def isend_array(
     alive until it completes.
 
     Returns:
-        A Request: ``wait()`` returns None, ``test()`` says whether the send completed.
+        A Request: ``wait()`` returns None; ``test()`` returns ``(True, None)`` once the send completed, else
+        ``(False, None)``.
 
     Raises:
         TypeError, ValueError, CAIError, StreamError: as in ``send_array``.
@@ -320,7 +321,8 @@ def irecv_array(
         source, tag, comm, out, device: as in ``recv_array``.
 
     Returns:
-        A Request: ``wait()`` returns the Array, ``test()`` says whether it arrived.
+        A Request: ``wait()`` returns the Array; ``test()`` returns ``(True, array)`` once it arrived, else
+        ``(False, None)``.
 
     Raises:
         TypeError, ValueError: a bad argument, as in ``recv_array``. Errors about the message itself

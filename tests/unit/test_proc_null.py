@@ -107,7 +107,7 @@ def receive(how: str, out: Any) -> cai_mpi.Array:
     return cai_mpi.sendrecv_array(np.ones(3), null, source=null, recvtag=5, out=out)
 
 
-HOW = ["recv_array", "recv_array-timeout", "irecv_array", "sendrecv_array"]
+HOW = ["recv_array", "recv_array-timeout", "irecv_array", "irecv_array-test", "sendrecv_array"]
 
 
 def host_memory(out: Any) -> np.ndarray[Any, Any]:
