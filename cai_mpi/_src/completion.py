@@ -71,7 +71,7 @@ def _outcomes(fn: str, reqs: list[Request[Any] | None], due: Deadline | None) ->
     """Each request's result, waiting (until ``due``) for those not complete. Every request is completed, or treated
     as ``Request.wait(timeout)`` treats it, before the first error (in list order) is raised."""
     results: list[Any] = []
-    first: tuple[int, BaseException] | None = None
+    first: tuple[int, Exception] | None = None
     expired: list[TimeoutError] = []
     for i, req in enumerate(reqs):
         if req is None:
@@ -79,7 +79,7 @@ def _outcomes(fn: str, reqs: list[Request[Any] | None], due: Deadline | None) ->
             continue
         try:
             results.append(req._outcome() if req.done else req._wait_until(due))
-        except BaseException as exc:
+        except Exception as exc:  # (an interrupt ends the call at once)
             results.append(None)
             first = first or (i, exc)
             if isinstance(exc, TimeoutError):
