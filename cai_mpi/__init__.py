@@ -20,6 +20,7 @@ from ._src.abort import abort_on_error
 from ._src.array import Array
 from ._src.channel import RecvChannel, SendChannel, recv_channel, send_channel
 from ._src.collectives import allgather_array, alltoall_array, bcast_array, gather_array, scatter_array
+from ._src.completion import testall, waitall, waitany
 from ._src.config import ENV_VARS
 from ._src.descriptor import CAIDescriptor, describe
 from ._src.detect import CudaAwareness
@@ -89,6 +90,9 @@ __all__ = [
     "send_array",
     "send_channel",
     "sendrecv_array",
+    "testall",
+    "waitall",
+    "waitany",
 ]
 
 # Every rank imports cai_mpi, so duplicating COMM_WORLD here cannot block a rank that never

@@ -73,6 +73,7 @@ nitpick_ignore = [
 _SECTIONS = {  # defining module -> section title, in page order; unknown modules go to "Other names"
     "cai_mpi._src.p2p": "Point-to-point",
     "cai_mpi._src.requests": "Point-to-point",
+    "cai_mpi._src.completion": "Point-to-point",
     "cai_mpi._src.channel": "Persistent channels",
     "cai_mpi._src.collectives": "Collectives",
     "cai_mpi._src.reductions": "Collectives",

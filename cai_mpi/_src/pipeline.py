@@ -124,7 +124,7 @@ class Pipeline:
         if self._prefetch is None:
             self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)
         pending = self._prefetch
-        self._wait(pending.test, "an item from the previous stage")
+        self._wait(lambda: pending.test()[0], "an item from the previous stage")
         self._prefetch = None
         item = pending.wait()
         self._received += 1
@@ -178,7 +178,7 @@ class Pipeline:
         while self._credit_req is not None and self._credit_req.Test():
             self._acked = max(self._acked, int(self._credit[0]))
             self._credit_req = self._ctl.Irecv(self._credit, self.stage + 1, _CREDIT)
-        while self._sends and self._sends[0].test():
+        while self._sends and self._sends[0].test()[0]:
             self._sends.popleft().wait()
         self._control = [r for r in self._control if not r.Test()]
 

@@ -144,7 +144,7 @@ def complete_by(waitable: Waitable, due: Deadline, me: object = None) -> bool:
 
 
 class Request(Generic[T]):
-    """A nonblocking cai_mpi operation: ``wait()`` returns its result, ``test()`` says if it completed.
+    """A nonblocking cai_mpi operation: ``wait()`` returns its result, ``test()`` returns ``(flag, result)``.
 
     The request holds every object whose memory the transfer uses (the
     source object, temporaries, the receive buffer) until it completes, so
@@ -158,9 +158,13 @@ class Request(Generic[T]):
     message has not arrived is cancelled (nothing consumed); anything already
     under way is finished in the background, its memory kept alive, its
     result dropped. Either way the request is then done.
+
+    Not an ``MPI.Request`` (a transfer is several MPI operations and steps Python drives): complete several
+    with ``cai_mpi.waitall``, ``waitany`` and ``testall``, not MPI's.
     """
 
-    __slots__ = ("__weakref__", "_about", "_error", "_expired", "_gen", "_keep", "_lock", "_pending", "_result")
+    __slots__ = ("__weakref__", "_about", "_delivered", "_error", "_expired", "_gen", "_keep", "_lock", "_pending",
+                 "_result")
     # What keeps memory safe in __del__ during teardown, which may have cleared this module's globals already
     # (withdrawing a receive may then fail: the request is kept instead).
     _exiting: ClassVar[bool] = False
@@ -177,6 +181,7 @@ class Request(Generic[T]):
         self._error: BaseException | None = None
         self._pending: Waitable | None = None
         self._lock = threading.Lock()
+        self._delivered = False  # its result (or error) was returned once: waitany skips it, as MPI skips null requests
         self._advance()
         pending = self._pending
         if pending is not None and not pending.final:
@@ -252,7 +257,20 @@ class Request(Generic[T]):
         Raises:
             TimeoutError: ``timeout`` passed (see the class docstring for what happens to the operation).
         """
-        return self._wait_until(deadline("Request.wait", timeout))
+        due = deadline("Request.wait", timeout)
+        try:
+            return self._wait_until(due)
+        finally:
+            self._delivered = True
+
+    def _outcome(self) -> T:
+        """The result of a request that is done, or the error it ended with; it counts as returned."""
+        self._delivered = True
+        if self._expired is not None:
+            raise self._expired
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[no-any-return]
 
     def _wait_until(self, due: Deadline | None) -> T:
         with self._lock:
@@ -327,15 +345,16 @@ class Request(Generic[T]):
                 except BaseException:
                     return
 
-    def test(self) -> bool:
-        """Make progress without blocking; True once the operation has completed (then ``wait()`` returns)."""
+    def test(self) -> tuple[bool, T | None]:
+        """Make progress without blocking: ``(True, result)`` once completed (what ``wait()`` returns, or raises),
+        else ``(False, None)``, as mpi4py's lowercase ``Request.test``."""
         _progress_others(self)
         with self._lock:
             while self._gen is not None and self._expired is None:
                 assert self._pending is not None
                 if not self._step(self._pending.test):
-                    return False
-        return True
+                    return False, None
+        return True, self._outcome()
 
     def __repr__(self) -> str:
         return f"<cai_mpi.Request {'done' if self.done else 'pending'}>"
@@ -371,6 +390,7 @@ class PostedRequest(Request[T]):
         self._gen = None
         self._pending = None
         self._lock = threading.Lock()
+        self._delivered = False
 
     @property
     def done(self) -> bool:
@@ -442,7 +462,9 @@ class PostedRequest(Request[T]):
             finally:
                 self._lock.release()
 
-    def test(self) -> bool:
+    def test(self) -> tuple[bool, T | None]:
         _progress_others(self)
         with self._lock:
-            return self._test() or self._expired is not None
+            if not (self._test() or self._expired is not None):
+                return False, None
+        return True, self._outcome()

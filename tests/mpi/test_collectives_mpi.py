@@ -360,13 +360,13 @@ def test_device_arrays_are_staged_through_host_memory_and_land_on_the_device() -
 
 def test_sendrecv_around_a_ring_and_at_the_edges() -> None:
     nxt, prv = (rank + 1) % size, (rank - 1) % size
-    got = cai_mpi.sendrecv_array(np.full(3, rank), nxt, prv, sendtag=4, recvtag=4, meta={"r": rank})
+    got = cai_mpi.sendrecv_array(np.full(3, rank), nxt, 4, prv, 4, meta={"r": rank})
     same(got, np.full(3, prv))
     assert got.meta == {"r": prv} and got.source == prv
     # A non-periodic line: the ends send to or receive from PROC_NULL.
     right = rank + 1 if rank + 1 < size else MPI.PROC_NULL
     left = rank - 1 if rank else MPI.PROC_NULL
-    got = cai_mpi.sendrecv_array(np.full(2, rank), right, left, sendtag=5, recvtag=5)
+    got = cai_mpi.sendrecv_array(np.full(2, rank), right, sendtag=5, source=left, recvtag=5)
     if left == MPI.PROC_NULL:
         assert got.source == MPI.PROC_NULL and got.size == 0
     else:

@@ -90,7 +90,7 @@ def test_strided_device_layouts(gpu: tuple[Runtime, MPI.Comm], layout: str) -> N
         return np.lib.stride_tricks.as_strided(payload(r, 40 * 30, "<i4")[offset // 4:], shape, strides)
 
     x = DoubleDeviceArray(rt, payload(rank, 40 * 30, "<i4"), view=(shape, strides), offset=offset)
-    got = cai_mpi.sendrecv_array(x, nxt, prv, 4, 4, comm)
+    got = cai_mpi.sendrecv_array(x, nxt, 4, prv, 4, comm)
     assert got.shape == shape and np.array_equal(received(got), view(prv))
 
 
@@ -123,24 +123,24 @@ def test_a_broadcast_device_out_is_refused_and_the_communicator_stays_in_step(gp
         cai_mpi.recv_array(prv, 9, comm, out=out)
     req.wait()
     assert np.array_equal(out.read(), np.full(40, -7, "<i4"))
-    got = cai_mpi.sendrecv_array(DoubleDeviceArray(rt, payload(rank, 100)), nxt, prv, 10, 10, comm)
+    got = cai_mpi.sendrecv_array(DoubleDeviceArray(rt, payload(rank, 100)), nxt, 10, prv, 10, comm)
     assert np.array_equal(received(got), payload(prv, 100))
 
 
 def test_forwarding_around_the_ring_after_work_on_the_device(gpu: tuple[Runtime, MPI.Comm]) -> None:
     rt, comm = gpu
-    got = cai_mpi.sendrecv_array(DoubleDeviceArray(rt, payload(rank, 5000)), nxt, prv, 5, 5, comm)
+    got = cai_mpi.sendrecv_array(DoubleDeviceArray(rt, payload(rank, 5000)), nxt, 5, prv, 5, comm)
     assert got.device == 0  # received arrays land on the rank's GPU
     with rt._driver.on(0):  # type: ignore[attr-defined]  # a slow kernel doubling the received data
         rt.driver_double.kernel_write(1, got.descriptor.ptr, (payload(prv, 5000) * 2).tobytes(),  # type: ignore[attr-defined]
                                       delay=SLOW)
-    again = cai_mpi.sendrecv_array(got, nxt, prv, 6, 6, comm)
+    again = cai_mpi.sendrecv_array(got, nxt, 6, prv, 6, comm)
     assert np.array_equal(received(again), payload((rank - 2) % size, 5000) * 2)
 
 
 def test_sendrecv_into_host_memory_on_a_gpu_rank(gpu: tuple[Runtime, MPI.Comm]) -> None:
     rt, comm = gpu
-    got = cai_mpi.sendrecv_array(DoubleDeviceArray(rt, payload(rank, 3000)), nxt, prv, 7, 7, comm, device="host")
+    got = cai_mpi.sendrecv_array(DoubleDeviceArray(rt, payload(rank, 3000)), nxt, 7, prv, 7, comm, device="host")
     assert got.device == "host" and np.array_equal(np.asarray(got), payload(prv, 3000))
 
 

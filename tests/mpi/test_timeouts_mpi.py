@@ -63,7 +63,10 @@ def test_request_wait_times_out_and_the_request_is_done() -> None:
     if rank == 0:
         req = cai_mpi.irecv_array(1, 3)
         err = _expect_timeout(lambda: req.wait(timeout=SHORT), "irecv_array", "from rank 1", "tag 3")
-        assert req.done and req.test()
+        assert req.done
+        with pytest.raises(cai_mpi.TimeoutError) as tested:
+            req.test()  # done: (True, result), or its error, as wait() raises it
+        assert tested.value is err
         with pytest.raises(cai_mpi.TimeoutError) as again:
             req.wait()
         assert again.value is err

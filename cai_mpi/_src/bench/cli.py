@@ -13,7 +13,6 @@ import shlex
 import socket
 import sys
 import time
-import traceback
 from typing import Any, NoReturn
 
 from mpi4py import MPI
@@ -22,6 +21,7 @@ from .buffers import BUFFER_KINDS, BufferUnavailable, make_buffer_kind
 from .kernels import TESTS, Plan, mode_table, run_plan
 from .modes import DEFAULT_MODES, MODES, Context
 from .multirank import COLLECTIVE_MODES, COLLECTIVE_TESTS, DEFAULT_COLLECTIVE_MODES, PIPELINE_MODES
+from .preflight import abort_job, output_problems
 from .progress import Progress
 from .report import SCHEMA, check_targets, plot, render_markdown, render_targets, render_text, results_json
 
@@ -282,6 +282,11 @@ def _emit(docs: list[dict[str, Any]], args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    problems = output_problems(args)
+    for why in problems:
+        print(f"python -m cai_mpi bench: error: {why}", file=sys.stderr)
+    if problems:
+        return 2
     docs = []
     for path in args.files:
         with open(path) as f:
@@ -320,21 +325,29 @@ def main(argv: list[str]) -> int:
             print(f"python -m cai_mpi bench: error: {problem}", file=sys.stderr)
         return 2
 
+    # Everything else that can fail is checked now, and the ranks agree on it before they exchange anything else:
+    # the files rank 0 will write, and each rank's buffers.
+    problems = output_problems(args) if rank == 0 else []
     kind = make_buffer_kind(args.buffer)
+    ready = False
     try:
         kind.setup()
-        failure = None
+        ready = True
     except BufferUnavailable as exc:
-        failure = str(exc)
-    failures = world.allgather(failure)
-    if any(failures):
+        problems.append(str(exc))
+    every = world.allgather(problems)
+    if any(every):
         if rank == 0:
-            for r, why in enumerate(failures):
-                if why:
+            for r, whys in enumerate(every):
+                for why in whys:
                     print(f"python -m cai_mpi bench: error: rank {r}: {why}", file=sys.stderr)
+        if ready:
+            kind.teardown()
         return 2
     try:
         return _run(args, kind, rank, nranks, argv)
+    except BaseException:
+        abort_job(rank)  # the other ranks may be waiting for this one in MPI
     finally:
         kind.teardown()
 
@@ -367,14 +380,8 @@ def _run(args: argparse.Namespace, kind: Any, rank: int, nranks: int, argv: list
     t0 = time.perf_counter()
     try:
         results = run_plan(plan, ctx, progress) if modes else {}
-    except BaseException:
+    finally:
         progress.close()
-        traceback.print_exc()
-        sys.stderr.write(f"python -m cai_mpi bench: rank {rank} failed; aborting all ranks\n")
-        sys.stderr.flush()
-        world.Abort(1)
-        raise
-    progress.close()
     duration = time.perf_counter() - t0
     busy1, own = _machine_busy_seconds(), world.allreduce(_own_cpu_seconds() - own0)
     env["loadavg_end"] = list(os.getloadavg())

@@ -120,7 +120,7 @@ class Worker:
             obj = self._outgoing(mine)
             meta = self._meta(mine)
             if how == "sendrecv":
-                got = sendrecv_array(obj, dest, src_arg, tag, tag_arg, self.comm, meta=meta, timeout=self.timeout, **kw)
+                got = sendrecv_array(obj, dest, tag, src_arg, tag_arg, self.comm, meta=meta, timeout=self.timeout, **kw)
             elif how == "isend+recv":
                 sent = isend_array(obj, dest, tag, self.comm, meta=meta)
                 got = recv_array(src_arg, tag_arg, self.comm, timeout=self.timeout, **kw)

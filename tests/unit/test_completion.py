@@ -1,0 +1,83 @@
+"""waitall / waitany / testall and Request.test() on one rank, messages to itself: arguments, None entries, the
+order errors come in, and which requests waitany skips. (Around a ring of ranks: tests/mpi/test_requests_mpi.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cai_mpi
+
+me = MPI.COMM_WORLD.Get_rank()
+
+
+def test_they_are_public() -> None:
+    for name in ("waitall", "waitany", "testall"):
+        assert name in cai_mpi.__all__ and callable(getattr(cai_mpi, name))
+
+
+@pytest.mark.parametrize("fn", [cai_mpi.waitall, cai_mpi.waitany, cai_mpi.testall], ids=lambda f: f.__name__)
+def test_what_is_not_a_cai_mpi_request_is_refused(fn: object) -> None:
+    name = fn.__name__  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=f"^{name}: requests must be a list of cai_mpi Requests, got int"):
+        fn(5)  # type: ignore[operator]
+    with pytest.raises(TypeError, match=rf"^{name}: requests\[1\] is a Request, not a cai_mpi Request: complete "
+                                        rf"mpi4py's requests with MPI.Request.waitall, cai_mpi's with cai_mpi.{name}"):
+        fn([None, MPI.REQUEST_NULL])  # type: ignore[operator]
+    with pytest.raises(TypeError, match=rf"^{name}: requests\[0\] is a str, not a cai_mpi Request$"):
+        fn(["x"])  # type: ignore[operator]
+
+
+def test_a_bad_timeout_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"^waitall: timeout must be at least 0 seconds"):
+        cai_mpi.waitall([], timeout=-1)
+    with pytest.raises(TypeError, match=r"^waitany: timeout must be a number of seconds"):
+        cai_mpi.waitany([], timeout="1")  # type: ignore[arg-type]
+
+
+def test_empty_lists_and_none_entries() -> None:
+    assert cai_mpi.waitall([]) == [] and cai_mpi.testall([]) == (True, [])
+    assert cai_mpi.waitany([]) == (MPI.UNDEFINED, None) and cai_mpi.waitany([None]) == (MPI.UNDEFINED, None)
+    assert cai_mpi.waitall([None, None]) == [None, None] and cai_mpi.testall((None,)) == (True, [None])
+
+
+def test_request_test_returns_flag_and_value() -> None:
+    assert cai_mpi.isend_array(np.arange(3), MPI.PROC_NULL).test() == (True, None)
+    flag, got = cai_mpi.irecv_array(MPI.PROC_NULL).test()
+    assert flag and got.source == MPI.PROC_NULL and got.size == 0
+    recv = cai_mpi.irecv_array(me, 3)
+    assert recv.test() == (False, None)
+    send = cai_mpi.isend_array(np.arange(4.0), me, 3)
+    assert cai_mpi.waitall([send]) == [None]
+    flag, got = recv.test()
+    while not flag:
+        flag, got = recv.test()
+    assert np.asarray(got).tolist() == [0.0, 1.0, 2.0, 3.0] and recv.wait() is got
+
+
+def test_waitall_completes_every_request_then_raises_the_first_error() -> None:
+    bad = cai_mpi.irecv_array(me, 5, out=np.zeros(4))
+    good = cai_mpi.irecv_array(me, 6)
+    sends = [cai_mpi.isend_array(np.arange(3.0), me, 5), cai_mpi.isend_array(np.arange(2), me, 6)]
+    with pytest.raises(cai_mpi.RecvMismatchError, match=r"^irecv_array: the message from rank"):
+        cai_mpi.waitall([*sends, bad, good])
+    assert good.done and np.asarray(good.wait()).tolist() == [0, 1] and all(s.done for s in sends)
+    # testall raises it too, once everything has completed; waitany hands it over (then skips it)
+    assert cai_mpi.waitany([bad]) == (MPI.UNDEFINED, None)  # already returned (as its error) by waitall
+    again = cai_mpi.irecv_array(me, 7, out=np.zeros(4))
+    cai_mpi.send_array(np.arange(3.0), me, 7)
+    with pytest.raises(cai_mpi.RecvMismatchError):
+        while not cai_mpi.testall([again])[0]:
+            pass
+
+
+def test_waitany_skips_what_wait_already_returned() -> None:
+    first, second = cai_mpi.irecv_array(me, 8), cai_mpi.irecv_array(me, 9)
+    cai_mpi.send_array(np.arange(2), me, 8)
+    cai_mpi.send_array(np.arange(5), me, 9)
+    assert np.asarray(first.wait()).tolist() == [0, 1]
+    index, got = cai_mpi.waitany([first, second])
+    assert index == 1 and np.asarray(got).tolist() == [0, 1, 2, 3, 4]
+    assert cai_mpi.waitany([first, second]) == (MPI.UNDEFINED, None)
+    assert [np.asarray(a).tolist() for a in cai_mpi.waitall([first, second])] == [[0, 1], [0, 1, 2, 3, 4]]
