@@ -53,6 +53,15 @@ class Memory:
     def _implicit(self, stream: Stream) -> list[Any]:
         raise NotImplementedError
 
+    def _out_of_device_memory(self, nbytes: int) -> bool:
+        raise NotImplementedError
+
+    def _give_back(self, block: Block) -> None:
+        raise NotImplementedError
+
+    def _out_of_pinned_memory(self, nbytes: int) -> bool:
+        raise NotImplementedError
+
 
     def _map(self, fd: int, nbytes: int, prot: int) -> int:
         address = libc.mmap(None, nbytes, prot, mmap.MAP_SHARED, fd, 0)
@@ -108,6 +117,8 @@ class Memory:
 
     def cuMemAlloc(self, bytesize: int) -> tuple[CUresult, CUdeviceptr | None]:
         failure = self._enter("cuMemAlloc", needs_context=True)
+        if failure is None and self._out_of_device_memory(int(bytesize)):
+            failure = CUresult.CUDA_ERROR_OUT_OF_MEMORY
         if failure:
             return failure, None
         block = self._device_block(int(bytesize), "device")
@@ -116,6 +127,8 @@ class Memory:
 
     def cuMemAllocManaged(self, bytesize: int, flags: int) -> tuple[CUresult, CUdeviceptr | None]:
         failure = self._enter("cuMemAllocManaged", needs_context=True)
+        if failure is None and self._out_of_device_memory(int(bytesize)):
+            failure = CUresult.CUDA_ERROR_OUT_OF_MEMORY
         if failure:
             return failure, None
         block = self._device_block(int(bytesize), "managed")
@@ -132,6 +145,7 @@ class Memory:
                 self._finish_device_work()  # cuMemFree, like cudaFree, waits for work that may use the memory
                 self._unregister(block.address)
                 self._drop(block)
+                self._give_back(block)
         return (failure or CUresult.CUDA_SUCCESS,)
 
     def cuMemAllocAsync(self, bytesize: int, hStream: Any) -> tuple[CUresult, CUdeviceptr | None]:
@@ -140,6 +154,8 @@ class Memory:
         stream = None if failure else self._stream(hStream)
         if failure or stream is None:
             return failure or CUresult.CUDA_ERROR_INVALID_HANDLE, None
+        if self._out_of_device_memory(int(bytesize)):
+            return CUresult.CUDA_ERROR_OUT_OF_MEMORY, None
         block = self._device_block(int(bytesize), "device")
         block.kind = "async"
         self._register(block)
@@ -157,12 +173,15 @@ class Memory:
             def free() -> None:
                 self._unregister(block.address)
                 self._drop(block)
+                self._give_back(block)
 
             stream.enqueue(free, self._implicit(stream))
         return (failure or CUresult.CUDA_SUCCESS,)
 
     def cuMemHostAlloc(self, bytesize: int, Flags: int) -> tuple[CUresult, int | None]:
         failure = self._enter("cuMemHostAlloc", needs_context=True)
+        if failure is None and self._out_of_pinned_memory(int(bytesize)):
+            failure = CUresult.CUDA_ERROR_OUT_OF_MEMORY
         if failure:
             return failure, None
         nbytes = int(bytesize)
