@@ -33,6 +33,7 @@ from ._src.errors import (
     ProtocolError,
     RecvMismatchError,
     RuntimeUnavailableError,
+    SenderFailedError,
     StreamError,
     TimeoutError,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "Request",
     "RuntimeUnavailableError",
     "SendChannel",
+    "SenderFailedError",
     "StreamError",
     "TimeoutError",
     "abort_on_error",
