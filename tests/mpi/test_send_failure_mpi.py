@@ -7,6 +7,7 @@ receive has a timeout, so a regression fails instead of hanging the run."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -32,9 +33,8 @@ ARRIVES = 60.0  # seconds at most for one that must
 N = 50_000  # float64: several staging chunks of 64 KiB
 
 
-@pytest.fixture(params=["direct", "staged"])
-def gpu(request: pytest.FixtureRequest) -> Iterator[tuple[Runtime, MPI.Comm]]:
-    direct = request.param == "direct"
+@contextlib.contextmanager
+def _double(direct: bool) -> Iterator[tuple[Runtime, MPI.Comm]]:
     os.environ["CAI_MPI_CUDA_AWARE"] = "1" if direct else "0"
     try:
         comm = world.Dup()
@@ -51,6 +51,18 @@ def gpu(request: pytest.FixtureRequest) -> Iterator[tuple[Runtime, MPI.Comm]]:
         comm.Free()
         reload_config()
         rt.driver_double.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=["direct", "staged"])
+def gpu(request: pytest.FixtureRequest) -> Iterator[tuple[Runtime, MPI.Comm]]:
+    with _double(request.param == "direct") as both:
+        yield both
+
+
+@pytest.fixture
+def staged() -> Iterator[tuple[Runtime, MPI.Comm]]:
+    with _double(False) as both:
+        yield both
 
 
 def payload(r: int, n: int = N) -> np.ndarray[Any, Any]:
@@ -182,6 +194,56 @@ def test_a_sticky_error_during_a_send_is_reported_to_the_receiver(
     else:
         got = cai_mpi.recv_array(0, 9, comm, device=device, timeout=ARRIVES)
         assert np.array_equal(host_of(got), payload(rank))
+
+
+def _fault_after_copies(rt: Runtime, copies: int) -> None:
+    """The context dies right after the ``copies``-th staging copy is enqueued: the copies before it have been sent."""
+    double = rt.driver_double  # type: ignore[attr-defined]
+    enqueue = rt.copy_async
+    count = 0
+
+    def copy_async(*args: Any) -> None:
+        nonlocal count
+        enqueue(*args)
+        count += 1
+        if count == copies:
+            double.fault(0)
+
+    rt.copy_async = copy_async  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("landing", ["device", "host", "out", "out-mismatch", "irecv"])
+def test_a_staged_send_that_fails_half_way_is_received_and_reported(
+    staged: tuple[Runtime, MPI.Comm], landing: str
+) -> None:
+    """Rank 0's context dies after the first chunk went out: each receiver takes the first chunk, the failure
+    markers for the rest and rank 0's error, and raises; the next message arrives intact."""
+    rt, comm = staged
+    if rank == 0:
+        for dest in range(1, size):
+            x = DoubleDeviceArray(rt, payload(dest))
+            _fault_after_copies(rt, 3)  # the third copy stages chunk 2: chunk 0 was sent before it
+            with pytest.raises(cai_mpi.CudaError, match="ILLEGAL_ADDRESS"):
+                cai_mpi.send_array(x, dest, 5, comm)
+            del rt.copy_async  # type: ignore[method-assign]
+            rt.driver_double.clear_fault(0)  # type: ignore[attr-defined]
+        reqs = [cai_mpi.isend_array(DoubleDeviceArray(rt, payload(dest + 1)), dest, 5, comm) for dest in range(1, size)]
+        for req in reqs:
+            req.wait(timeout=ARRIVES)
+        return
+    error: type[Exception] = cai_mpi.SenderFailedError
+    kwargs: dict[str, Any] = {"device": "host" if landing == "host" else None}
+    if landing == "out":
+        kwargs = {"out": np.zeros(N)}
+    elif landing == "out-mismatch":
+        kwargs, error = {"out": np.zeros(N + 1)}, cai_mpi.RecvMismatchError
+    with pytest.raises(error, match=r"rank 0 " if error is cai_mpi.SenderFailedError else "does not fit"):
+        if landing == "irecv":
+            cai_mpi.irecv_array(0, 5, comm).wait(timeout=ARRIVES)
+        else:
+            cai_mpi.recv_array(0, 5, comm, timeout=ARRIVES, **kwargs)
+    got = cai_mpi.recv_array(0, 5, comm, timeout=ARRIVES, **({"out": np.zeros(N)} if "out" in kwargs else kwargs))
+    assert np.array_equal(host_of(got), payload(rank + 1)), "the message after the failed one arrived changed"
 
 
 def test_a_host_pack_that_raises_memory_error_posts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
