@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 nxt, prv = (rank + 1) % size, (rank - 1) % size
-NOTHING_COMES = 2.0  # seconds a receive waits for a message that must not come
+NOTHING_COMES = 1.0  # seconds a receive waits for a message that must not come
 ARRIVES = 60.0  # seconds at most for one that must
 N = 50_000  # float64: several staging chunks of 64 KiB
 
