@@ -126,7 +126,8 @@ def isend_array(
         A Request: ``wait()`` returns None, ``test()`` says whether the send completed.
 
     Raises:
-        TypeError, ValueError, CAIError, StreamError: as in ``send_array``.
+        TypeError, ValueError, CAIError, StreamError, CudaError: as in ``send_array`` (a CudaError that the GPU
+            reports only after the message went out is raised by ``wait()``).
     """
     pc, dest, tag, out, src = _outbound("isend_array", obj, dest, tag, comm, sync, meta)
     if out is None:
@@ -169,6 +170,9 @@ def send_array(
         TypeError, ValueError: a bad argument (the message names it).
         CAIError: ``obj``'s ``__cuda_array_interface__`` breaks the specification.
         StreamError: the producer's stream cannot be synchronized.
+        CudaError: a device array could not be packed or staged (out of device or pinned memory, a CUDA
+            error): nothing was sent, or, for an error the GPU reports only later, the receiver was told (its
+            receive raises SenderFailedError and the communicator stays usable).
         TimeoutError: ``timeout`` passed; MPI cannot withdraw a send, so it stays posted (``obj`` is kept
             alive and must not be modified) and completes if the receiver receives it.
 
