@@ -34,6 +34,7 @@ from ._src.errors import (
     ProtocolError,
     RecvMismatchError,
     RuntimeUnavailableError,
+    SenderFailedError,
     StreamError,
     TimeoutError,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "Request",
     "RuntimeUnavailableError",
     "SendChannel",
+    "SenderFailedError",
     "StreamError",
     "TimeoutError",
     "abort_on_error",

@@ -13,6 +13,7 @@ __all__ = [
     "ProtocolError",
     "RecvMismatchError",
     "RuntimeUnavailableError",
+    "SenderFailedError",
     "StreamError",
     "TimeoutError",
 ]
@@ -43,6 +44,19 @@ class ProtocolError(CaiMpiError):
 
 class RecvMismatchError(CaiMpiError, ValueError):
     """The incoming message does not fit the ``out=`` buffer; the payload was discarded."""
+
+
+class SenderFailedError(CaiMpiError):
+    """The sender of a message failed after its header went out (a CUDA error it could only see then, such as a
+    sticky error while staging): the rest of the payload never came. ``source`` and ``tag`` name the message,
+    ``reason`` is the sender's error as it reported it (the sender raised it too). Every message of the payload
+    was received and dropped, so the communicator stays usable; an ``out=`` buffer may hold part of it."""
+
+    def __init__(self, message: str, source: int, tag: int, reason: str) -> None:
+        super().__init__(message)
+        self.source = source
+        self.tag = tag
+        self.reason = reason
 
 
 class StreamError(CaiMpiError):

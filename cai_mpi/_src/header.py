@@ -22,6 +22,7 @@ __all__ = [
     "FLAG_CHANNEL",
     "FLAG_FORTRAN",
     "FLAG_INLINE",
+    "FLAG_MAY_FAIL",
     "FLAG_META",
     "FLAG_STRUCTURED",
     "HEADER_BUFFER_BYTES",
@@ -61,7 +62,10 @@ FLAG_STRUCTURED = 0x02  # the dtype field is a JSON numpy descr, not a typestr
 FLAG_META = 0x04  # a JSON meta dict follows the dtype field
 FLAG_FORTRAN = 0x08  # payload bytes are in Fortran (column-major) order
 FLAG_CHANNEL = 0x10  # opens a persistent channel: later payloads follow on the payload tag, headerless
-_KNOWN_FLAGS = FLAG_INLINE | FLAG_STRUCTURED | FLAG_META | FLAG_FORTRAN | FLAG_CHANNEL
+# The sender still works on the payload after posting this header (a device pack, staging): if that fails, the
+# payload messages it could not send arrive empty and its error follows (transport/failure.py).
+FLAG_MAY_FAIL = 0x20
+_KNOWN_FLAGS = FLAG_INLINE | FLAG_STRUCTURED | FLAG_META | FLAG_FORTRAN | FLAG_CHANNEL | FLAG_MAY_FAIL
 
 MAX_NDIM = 64
 MAX_DTYPE_BYTES = 16 << 10
@@ -88,6 +92,7 @@ class MessageInfo(NamedTuple):
     inline: bool
     channel: bool
     header_nbytes: int
+    may_fail: bool = False
 
     @property
     def nchunks(self) -> int:
@@ -221,16 +226,18 @@ def encode_header(
     meta_bytes: bytes = b"",
     inline: Any = None,
     channel: bool = False,
+    may_fail: bool = False,
 ) -> bytes:
-    """The header message; with ``inline`` (a bytes-like payload) the payload is appended to it.
+    """The header message; with ``inline`` (a bytes-like payload) the payload is appended to it. ``may_fail``:
+    the sender may fail after posting it, and then marks its payload failed (``FLAG_MAY_FAIL``).
 
     Headers without meta come from a cache of templates: only the payload tag is written per message.
     """
     if not meta_bytes:
-        key = (dtype, shape, fortran, chunk_bytes, inline is not None, channel)
+        key = (dtype, shape, fortran, chunk_bytes, inline is not None, channel, may_fail)
         cached = _templates.get(key)
         if cached is None:
-            cached = _encode(dtype, shape, fortran, 0, chunk_bytes, b"", inline is not None, channel)
+            cached = _encode(dtype, shape, fortran, 0, chunk_bytes, b"", inline is not None, channel, may_fail)
             if inline is None:
                 cached = cached[MAGIC_AT:]  # the payload tag is prepended per message
             if len(_templates) >= _CACHE_LIMIT:
@@ -240,13 +247,13 @@ def encode_header(
             return _TAG.pack(payload_tag) + cached
         return cached + inline  # type: ignore[no-any-return]  # (an inline header carries no payload tag)
     if inline is not None:
-        return _encode(dtype, shape, fortran, 0, chunk_bytes, meta_bytes, True, channel) + bytes(inline)
-    return _encode(dtype, shape, fortran, payload_tag, chunk_bytes, meta_bytes, False, channel)
+        return _encode(dtype, shape, fortran, 0, chunk_bytes, meta_bytes, True, channel, may_fail) + bytes(inline)
+    return _encode(dtype, shape, fortran, payload_tag, chunk_bytes, meta_bytes, False, channel, may_fail)
 
 
 def _encode(
     dtype: np.dtype[Any], shape: tuple[int, ...], fortran: bool, payload_tag: int, chunk_bytes: int,
-    meta_bytes: bytes, inline: bool, channel: bool,
+    meta_bytes: bytes, inline: bool, channel: bool, may_fail: bool = False,
 ) -> bytes:
     ndim = len(shape)
     if ndim > MAX_NDIM:
@@ -258,9 +265,11 @@ def _encode(
         raise CAIError(f"'descr' is {len(dfield)} bytes as JSON; the limit is {MAX_DTYPE_BYTES}")
     if channel and inline:
         raise ValueError("a channel-opening header never carries its payload inline")
+    if may_fail and (inline or channel):
+        raise ValueError("only a header followed by separate payload messages may announce a failure in them")
     flags |= (
         (FLAG_FORTRAN if fortran else 0) | (FLAG_META if meta_bytes else 0)
-        | (FLAG_CHANNEL if channel else 0) | (FLAG_INLINE if inline else 0)
+        | (FLAG_CHANNEL if channel else 0) | (FLAG_INLINE if inline else 0) | (FLAG_MAY_FAIL if may_fail else 0)
     )
     nbytes = math.prod(shape) * dtype.itemsize
     prefix = _PREFIX.pack(
@@ -323,6 +332,9 @@ def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> tuple[Mes
     channel = bool(flags & FLAG_CHANNEL)
     if inline and channel:
         raise ProtocolError("a channel-opening header cannot carry its payload inline")
+    may_fail = bool(flags & FLAG_MAY_FAIL)
+    if may_fail and (inline or channel):
+        raise ProtocolError("an inline or channel-opening header cannot announce failure markers in its payload")
     if mlen and not flags & FLAG_META:
         raise ProtocolError(f"header announces {mlen} bytes of meta but not the meta flag")
     header_nbytes = PREFIX_BYTES + 8 * ndim + dlen + mlen
@@ -368,7 +380,7 @@ def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> tuple[Mes
     elif payload_tag < 0:
         raise ProtocolError(f"negative payload tag {payload_tag}")
     info = MessageInfo(dtype, shape, bool(flags & FLAG_FORTRAN), payload_nbytes, chunk_bytes, meta, inline, channel,
-                       header_nbytes)
+                       header_nbytes, may_fail)
     return info, payload_tag
 
 

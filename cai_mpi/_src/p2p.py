@@ -19,7 +19,7 @@ from .privcomm import PrivateComms
 from .requests import PostedRequest, Request, _active, complete, drive
 from .runtime import get_runtime
 from .runtime.base import Runtime
-from .transport import Inbox, Outbound, header_failure, plan_recv, plan_send
+from .transport import PREPARED, Inbox, Outbound, header_failure, plan_recv, plan_send
 from .validation import (
     ANY_SOURCE,
     ANY_TAG,
@@ -72,17 +72,35 @@ def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta
 def _post(fn: str, out: Outbound, pc: PrivateComms, dest: int, tag: int, keep: Any) -> Request[None]:
     """Post ``out`` with Isend: a Request that completes when the MPI operations (and steps) have."""
     header, ptag, payload, steps, _in_place = out
+    about = Awaited(fn, True, dest, tag, pc.header)
+    if steps is None:
+        return PostedRequest(_messages(pc, header, payload, dest, tag, ptag), None, keep=(keep, payload), about=about)
+    return Request(_prepared_then_posted(steps, pc, header, payload, dest, tag, ptag), keep=(keep, payload),
+                   about=about)
+
+
+def _messages(pc: PrivateComms, header: bytes, payload: list[Any], dest: int, tag: int, ptag: int) -> list[MPI.Request]:
     reqs = [pc.header.Isend([header, _BYTE], dest, tag)]
     for spec in payload:
         reqs.append(pc.payload.Isend(spec, dest, ptag))
-    about = Awaited(fn, True, dest, tag, pc.header)
-    if steps is None:
-        return PostedRequest(reqs, None, keep=(keep, payload), about=about)
-    return Request(_then_wait(steps, reqs), keep=(keep, payload), about=about)
+    return reqs
 
 
-def _then_wait(steps: Generator[Waitable, None, None], reqs: list[MPI.Request]) -> Generator[Waitable, None, None]:
-    yield from steps
+def _prepared_then_posted(
+    steps: Generator[Waitable, None, None], pc: PrivateComms, header: bytes, payload: list[Any], dest: int, tag: int,
+    ptag: int,
+) -> Generator[Waitable, None, None]:
+    """The steps run up to PREPARED first (allocations, the device pack, the first staging copy): a failure there
+    raises before anything is posted. Then the messages go out and the steps go on; a failure from then on the
+    steps announce to the receiver, and the header is still waited for."""
+    if next(steps) is not PREPARED:
+        raise AssertionError("a send's steps must yield PREPARED first")
+    reqs = _messages(pc, header, payload, dest, tag, ptag)
+    try:
+        yield from steps
+    except Exception:
+        yield MPIWait(reqs)
+        raise
     yield MPIWait(reqs, final=True)
 
 
@@ -109,7 +127,8 @@ def isend_array(
         ``(False, None)``.
 
     Raises:
-        TypeError, ValueError, CAIError, StreamError: as in ``send_array``.
+        TypeError, ValueError, CAIError, StreamError, CudaError: as in ``send_array`` (a CudaError that the GPU
+            reports only after the message went out is raised by ``wait()``).
     """
     pc, dest, tag, out, src = _outbound("isend_array", obj, dest, tag, comm, sync, meta)
     if out is None:
@@ -152,6 +171,9 @@ def send_array(
         TypeError, ValueError: a bad argument (the message names it).
         CAIError: ``obj``'s ``__cuda_array_interface__`` breaks the specification.
         StreamError: the producer's stream cannot be synchronized.
+        CudaError: a device array could not be packed or staged (out of device or pinned memory, a CUDA
+            error): nothing was sent, or, for an error the GPU reports only later, the receiver was told (its
+            receive raises SenderFailedError and the communicator stays usable).
         TimeoutError: ``timeout`` passed; MPI cannot withdraw a send, so it stays posted (``obj`` is kept
             alive and must not be modified) and completes if the receiver receives it.
 

@@ -56,6 +56,15 @@ class Memory:
     def _implicit(self, stream: Stream) -> list[Any]:
         raise NotImplementedError
 
+    def _out_of_device_memory(self, nbytes: int) -> bool:
+        raise NotImplementedError
+
+    def _give_back(self, block: Block) -> None:
+        raise NotImplementedError
+
+    def _out_of_pinned_memory(self, nbytes: int) -> bool:
+        raise NotImplementedError
+
 
     def _map(self, fd: int, nbytes: int, prot: int) -> int:
         address = libc.mmap(None, nbytes, prot, mmap.MAP_SHARED, fd, 0)
@@ -125,6 +134,8 @@ class Memory:
 
     def cuMemAlloc(self, bytesize: int) -> tuple[CUresult, CUdeviceptr | None]:
         failure = self._enter("cuMemAlloc", needs_context=True)
+        if failure is None and not self._reserve(int(bytesize)):
+            failure = CUresult.CUDA_ERROR_OUT_OF_MEMORY
         if failure:
             return failure, None
         block = self._device_block(int(bytesize), "device")
@@ -133,6 +144,8 @@ class Memory:
 
     def cuMemAllocManaged(self, bytesize: int, flags: int) -> tuple[CUresult, CUdeviceptr | None]:
         failure = self._enter("cuMemAllocManaged", needs_context=True)
+        if failure is None and not self._reserve(int(bytesize)):
+            failure = CUresult.CUDA_ERROR_OUT_OF_MEMORY
         if failure:
             return failure, None
         block = self._device_block(int(bytesize), "managed")
@@ -149,6 +162,7 @@ class Memory:
                 failure = CUresult.CUDA_ERROR_INVALID_VALUE
             else:
                 self._bury(block)
+                self._give_back(block)
         return (failure or CUresult.CUDA_SUCCESS,)
 
     def cuMemAllocAsync(self, bytesize: int, hStream: Any) -> tuple[CUresult, CUdeviceptr | None]:
@@ -168,13 +182,33 @@ class Memory:
                        and (freed_on is stream or freed.is_set())]
             if fitting:  # this stream's own blocks first, as CuPy's per-stream free lists
                 i = max(fitting, key=lambda f: f[1])[0]
-                block = self._pool.pop(i)[0]
-                block.nbytes = nbytes
+                block = self._pool.pop(i)[0]  # (its size stays what was reserved for it: same pages)
                 self._register(block)
                 return CUresult.CUDA_SUCCESS, CUdeviceptr(block.address)
+        if not self._reserve(nbytes):
+            return CUresult.CUDA_ERROR_OUT_OF_MEMORY, None
         block = self._device_block(nbytes, "async")
         self._register(block)
         return CUresult.CUDA_SUCCESS, CUdeviceptr(block.address)
+
+    def _reserve(self, nbytes: int) -> bool:
+        """Reserve ``nbytes`` of the current device; the pool's idle blocks count as in use, so they are given back
+        to the device first when the bytes do not fit."""
+        if not self._out_of_device_memory(nbytes):
+            return True
+        self._release_idle_pool_blocks(self._current())
+        return not self._out_of_device_memory(nbytes)
+
+    def _release_idle_pool_blocks(self, ctx: int) -> None:
+        """Give the device the pool's blocks of context ``ctx`` whose free has run (as a pool does before it
+        reports out of memory)."""
+        with self._lock:
+            idle = [entry for entry in self._pool if entry[0].context == ctx and entry[2].is_set()]
+            for entry in idle:
+                self._pool.remove(entry)
+        for block, _stream, _freed in idle:
+            self._give_back(block)
+            self._drop(block)
 
     def cuMemFreeAsync(self, dptr: Any, hStream: Any) -> tuple[CUresult]:
         """Stream-ordered free: the block goes back to the pool now, for reuse as ``cuMemAllocAsync`` says."""
@@ -193,6 +227,8 @@ class Memory:
 
     def cuMemHostAlloc(self, bytesize: int, Flags: int) -> tuple[CUresult, int | None]:
         failure = self._enter("cuMemHostAlloc", needs_context=True)
+        if failure is None and self._out_of_pinned_memory(int(bytesize)):
+            failure = CUresult.CUDA_ERROR_OUT_OF_MEMORY
         if failure:
             return failure, None
         nbytes = int(bytesize)

@@ -35,6 +35,9 @@ class StreamCalls:
     def _handle(self) -> int:
         raise NotImplementedError
 
+    def _poisoned_after_wait(self, context: int | None = None) -> _CUresult | None:
+        raise NotImplementedError
+
 
     def _all_streams(self) -> list[Stream]:
         with self._lock:
@@ -109,6 +112,7 @@ class StreamCalls:
         failure, stream = self._on_stream("cuStreamSynchronize", hStream)
         if stream is not None:
             stream.enqueue(lambda: None, self._implicit(stream)).wait()
+            failure = self._poisoned_after_wait(stream.context)
         return (failure or _CUresult.CUDA_SUCCESS,)
 
     def cuStreamQuery(self, hStream: Any) -> tuple[_CUresult]:
@@ -158,6 +162,7 @@ class StreamCalls:
         if failure is None:
             assert fence is not None
             fence.wait()
+            failure = self._poisoned_after_wait()
         return (failure or _CUresult.CUDA_SUCCESS,)
 
     def cuEventQuery(self, hEvent: Any) -> tuple[_CUresult]:

@@ -22,6 +22,14 @@ real ``cai_mpi._src.runtime.cuda`` and everything above it run on a machine with
   stream-ordered memory), context-relative ones refused where CUDA refuses them, and every query refused with no
   context current. ``ordinal_bug=True`` reads DEVICE_ORDINAL as cuda-bindings 12.9.6-12.9.8 and 13.1.2-13.4.2
   do: 0 for every pointer, in ``cuPointerGetAttribute`` and ``cuPointerGetAttributes`` alike.
+- finite memory: each device holds ``device_memory_bytes`` (a constructor argument, 16 GiB by default, which a
+  test may lower at any time); cuMemAlloc, cuMemAllocManaged and cuMemAllocAsync beyond it return
+  CUDA_ERROR_OUT_OF_MEMORY, and freeing gives the bytes back (``device_memory_in_use``). Pinned memory is
+  bounded likewise when ``pinned_memory_bytes`` is given;
+- sticky errors: after ``fault(context_or_ordinal)``, or once a kernel launched with ``launch(..., fault=True)``
+  has run, every call made in that context returns CUDA_ERROR_ILLEGAL_ADDRESS (700), as on hardware, until
+  ``clear_fault`` (what a reset does); stream, event and context syncs that were waiting report it too.
+  Context management (current, push, pop, retain, release) and device queries still answer.
 
 Test hooks play the producer: ``launch`` and ``kernel_write`` enqueue a "kernel" on any stream,
 ``set_copy_delay`` makes copies slow, ``fail_next`` makes one call return an error, ``read_device`` and
@@ -35,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._cuda_copy2d import MAX_PITCH, copy_2d_rows, refusal_2d
+from ._cuda_faults import DEFAULT_DEVICE_MEMORY_BYTES, Faults
 from ._cuda_memory import Memory
 from ._cuda_stream_calls import StreamCalls
 from ._cuda_streams import Fence, Stream
@@ -56,7 +65,7 @@ from ._cuda_types import value as _value
 __all__ = ["CudaDriverDouble", "host_accessible_double", "ordinal_bug_double"]
 
 
-class CudaDriverDouble(StreamCalls, Memory):
+class CudaDriverDouble(Faults, StreamCalls, Memory):
     """The double of ``cuda.bindings.driver``: pass it where the CUDA runtime takes its driver module."""
 
     CUresult, CUpointer_attribute, CUmemorytype = _CUresult, _CUpointer_attribute, _CUmemorytype
@@ -68,8 +77,11 @@ class CudaDriverDouble(StreamCalls, Memory):
     CU_STREAM_LEGACY, CU_STREAM_PER_THREAD = 1, 2
     CUDA_VERSION = 12090
 
-    def __init__(self, devices: int = 2, *, device_memory_host_accessible: bool = False,
-                 ordinal_bug: bool = False, lazy: float = 0.0) -> None:
+    def __init__(
+        self, devices: int = 2, *, device_memory_host_accessible: bool = False,
+        device_memory_bytes: int = DEFAULT_DEVICE_MEMORY_BYTES, pinned_memory_bytes: int | None = None,
+        ordinal_bug: bool = False, lazy: float = 0.0,
+    ) -> None:
         self.devices = devices
         self.host_accessible = device_memory_host_accessible
         self.ordinal_bug = ordinal_bug
@@ -94,6 +106,7 @@ class CudaDriverDouble(StreamCalls, Memory):
         self.refused: list[tuple[str, str]] = []  # (function, why) of every copy refused as CUDA would
         self.pinned_bytes_outstanding = self.pinned_bytes_peak = self.pinned_allocations = 0
         self.calls: list[tuple[str, int]] = []  # (function, current context) of every call, for tests
+        self._init_faults(device_memory_bytes, pinned_memory_bytes)
 
     # -- conventions -----------------------------------------------------------------------------------------
 
@@ -107,7 +120,7 @@ class CudaDriverDouble(StreamCalls, Memory):
             return _CUresult.CUDA_ERROR_NOT_INITIALIZED
         if needs_context and not self._current():
             return _CUresult.CUDA_ERROR_INVALID_CONTEXT
-        return None
+        return self._sticky(name)
 
     def _handle(self) -> int:
         with self._lock:
@@ -252,6 +265,7 @@ class CudaDriverDouble(StreamCalls, Memory):
             ctx = self._current()
             for stream in [s for s in self._all_streams() if s.context == ctx]:
                 stream.tail.wait()
+            failure = self._poisoned_after_wait()
         return (failure or _CUresult.CUDA_SUCCESS,)
 
     # -- copies --------------------------------------------------------------------------------------------------
@@ -318,12 +332,22 @@ class CudaDriverDouble(StreamCalls, Memory):
 
     # -- test hooks ----------------------------------------------------------------------------------------------
 
-    def launch(self, stream: Any, fn: Callable[[], Any], *, delay: float = 0.0) -> None:
-        """Enqueue ``fn`` as a "kernel" on ``stream`` (any handle, 1 and 2 included, of the current context)."""
+    def launch(self, stream: Any, fn: Callable[[], Any], *, delay: float = 0.0, fault: bool = False) -> None:
+        """Enqueue ``fn`` as a "kernel" on ``stream`` (any handle, 1 and 2 included, of the current context);
+        ``fault``: once it has run, its context has a sticky error (see ``fault``)."""
         s = self._stream(stream)
         if s is None:
             raise ValueError(f"launch: no stream {_value(stream):#x} here (is a context current?)")
-        s.enqueue(fn, self._implicit(s), delay)
+        context = s.context
+
+        def kernel() -> None:
+            try:
+                fn()
+            finally:
+                if fault:
+                    self.fault(context)
+
+        s.enqueue(kernel if fault else fn, self._implicit(s), delay)
 
     def kernel_write(self, stream: Any, dptr: Any, data: bytes, *, delay: float = 0.0) -> None:
         """Enqueue a "kernel" that writes ``data`` at device address ``dptr`` on ``stream``."""

@@ -402,12 +402,31 @@ def test_unknown_protocol_version(version: int) -> None:
         decode(bytes(hdr))
 
 
-@pytest.mark.parametrize("flag", [0x20, 0x40, 0x80, 0xF0])
+@pytest.mark.parametrize("flag", [0x40, 0x80, 0xF0])
 def test_unknown_flags(flag: int) -> None:
     hdr = bytearray(valid_header())
     hdr[FLAGS_AT] |= flag
-    with pytest.raises(ProtocolError, match=f"unknown header flags {flag & ~0x10:#x}"):
+    with pytest.raises(ProtocolError, match=f"unknown header flags {flag & ~0x30:#x}"):
         decode(bytes(hdr))
+
+
+def test_the_may_fail_flag_round_trips_only_on_headers_with_separate_payload_messages() -> None:
+    """0x20: the sender may mark its payload failed after posting the header (docs/protocol.md)."""
+    msg = encode_header(np.dtype("<f8"), (4, 5), fortran=False, payload_tag=3, chunk_bytes=64, may_fail=True)
+    assert msg[FLAGS_AT] & 0x20
+    info, tag = decode_header(msg, len(msg), max_payload_bytes=BIG)
+    assert info.may_fail and tag == 3 and info.nchunks == 3
+    buf = in_buffer(msg)
+    assert header.decode(buf, len(msg), BIG)[0].may_fail and header.decode(buf, len(msg), BIG)[0].may_fail
+    plain = encode_header(np.dtype("<f8"), (4, 5), fortran=False, payload_tag=3, chunk_bytes=64)
+    assert not decode_header(plain, len(plain), max_payload_bytes=BIG)[0].may_fail  # a template of its own
+    with pytest.raises(ValueError, match="separate payload messages"):
+        encode_header(np.dtype("u1"), (1,), fortran=False, payload_tag=0, inline=b"x", may_fail=True)
+    for flag in (0x01, 0x10):  # inline, channel-opening
+        hdr = bytearray(valid_header(inline=flag == 0x01))
+        hdr[FLAGS_AT] |= 0x20 | flag
+        with pytest.raises(ProtocolError, match="cannot"):
+            decode(bytes(hdr))
 
 
 def test_channel_flag_round_trips_and_never_rides_inline() -> None:

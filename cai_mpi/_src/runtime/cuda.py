@@ -91,7 +91,9 @@ class CudaStream(Stream):
         weakref.finalize(self, runtime._driver.release, ordinal, "cuStreamDestroy", handle)
 
     def synchronize(self) -> None:
-        self._runtime.sync_stream(self.handle, self.ordinal)
+        """Wait for cai_mpi's own work on it (a failure is the CudaError of the call, not a user stream's)."""
+        with self._runtime._on(self.ordinal):
+            self._runtime._driver.check("cuStreamSynchronize", self.handle)
 
     def __repr__(self) -> str:
         return f"<CudaStream {self.handle:#x} on GPU {self.ordinal}>"

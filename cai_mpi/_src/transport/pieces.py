@@ -12,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..config import config
+from ..errors import CudaError
 from ..pool import BlockPool
 from ..runtime.base import Event, PinnedBuffer, Runtime, Stream
 from ..waits import Waitable
@@ -81,7 +82,14 @@ _quarantine_lock = threading.Lock()
 
 
 def _finished(reqs: list[MPI.Request], events: list[Event]) -> bool:
-    return all(e.query() for e in events) and bool(MPI.Request.Testall(reqs))
+    return all(_idle(e) for e in events) and bool(MPI.Request.Testall(reqs))
+
+
+def _idle(event: Event) -> bool:
+    try:
+        return event.query()
+    except CudaError:  # a sticky error: the context runs nothing more, so its copies never touch the block again
+        return True
 
 
 def give_back(pool: BlockPool[PinnedBuffer], block: PinnedBuffer, cls: int, reqs: list[MPI.Request | None],

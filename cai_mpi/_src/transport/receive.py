@@ -10,13 +10,14 @@ from mpi4py import MPI
 from ..array import Array
 from ..config import Config
 from ..datatypes import describable, strided_type
-from ..errors import ProtocolError, RecvMismatchError
+from ..errors import ProtocolError, RecvMismatchError, SenderFailedError
 from ..header import HEADER_BUFFER_BYTES, HeaderMemo, MessageInfo
 from ..operands import RecvTarget, Target, describe_target, mismatch
 from ..pool import host_receive_pool
 from ..privcomm import PrivateComms
 from ..runtime.base import DeviceBuffer, Event, Runtime
 from ..waits import EventWait, MPIWait
+from .failure import failed, receive_checked, receive_reason
 from .pieces import BYTE, Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
 
 __all__ = ["Inbound", "Inbox", "header_failure", "plan_recv"]
@@ -127,7 +128,31 @@ def plan_recv(
             "recv_array. Its payload was received and discarded"
         )
         return None, source, ptag, [], _discard(pc, info, source, ptag, problem)  # type: ignore[return-value]
+    if info.may_fail:
+        result, source, ptag, payload, steps = landing
+        return result, source, ptag, [], _checked(fn, tag, info, pc, source, ptag, payload, steps)
     return landing
+
+
+def _checked(
+    fn: str, tag: int, info: MessageInfo, pc: PrivateComms, source: int, ptag: int, payload: list[Any],
+    steps: Steps | None,
+) -> Steps:
+    """A payload whose sender may fail after its header (FLAG_MAY_FAIL): its messages are received here with
+    their lengths checked (a staged landing checks its own), and a failure is named as this receive's."""
+    try:
+        if payload:
+            sizes = [n for _off, n in chunks(info.payload_nbytes, info.chunk_bytes)]
+            assert len(sizes) == len(payload)
+            yield from receive_checked(pc.payload, source, ptag, payload, sizes)
+        if steps is not None:
+            yield from steps
+    except SenderFailedError as exc:
+        raise SenderFailedError(
+            f"{fn}: rank {source} failed after sending the header of its message (tag {tag}: {info.describe()}), "
+            f"so the payload did not come: {exc.reason}. The rest of the message was received and dropped "
+            "(out= may hold part of it); the communicator stays usable", source, tag, exc.reason
+        ) from None
 
 
 def _check_payload_messages(info: MessageInfo, ptag: int, pc: PrivateComms) -> None:
@@ -234,6 +259,7 @@ def _staged_recv(
     pool = pinned_pool(rt)
     slots = [pool.take(chunk) for _ in range(min(2, len(pieces)))]
     recvs: list[MPI.Request | None] = [None] * len(slots)
+    statuses = [MPI.Status() for _ in slots]
     last: Event | None = None  # the latest copy out of a slot (copies run in order on the stream)
 
     def post(k: int) -> None:
@@ -241,6 +267,7 @@ def _staged_recv(
         slot = k % len(slots)
         recvs[slot] = comm.Irecv(raw(slots[slot][0].ptr, n), source, tag)
 
+    failure = False  # a chunk came as the sender's failure marker: nothing more is copied
     try:
         for k in range(len(slots)):
             post(k)
@@ -248,7 +275,12 @@ def _staged_recv(
             slot = k % len(slots)
             req = recvs[slot]
             assert req is not None
-            yield MPIWait([req])
+            yield MPIWait([req], statuses[slot])
+            if failure or failed(statuses[slot], n):
+                failure = True
+                if k + len(slots) < len(pieces):
+                    post(k + len(slots))
+                continue
             rt.copy_async(dst + off, slots[slot][0].ptr, n, stream)
             last = rt.record_event(stream)
             if k + len(slots) < len(pieces):
@@ -256,6 +288,8 @@ def _staged_recv(
                 post(k + len(slots))
         if last is not None:
             yield EventWait(last)
+        if failure:
+            yield from receive_reason(comm, source, tag)
     finally:  # on an error or an abandoned request, a block still in use is held back until it is not
         for slot, (buf, cls) in enumerate(slots):
             give_back(pool, buf, cls, [recvs[slot]], [last])
@@ -266,7 +300,15 @@ def _discard(pc: PrivateComms, info: MessageInfo, source: int, ptag: int, error:
     if info.nchunks:
         nbytes = info.payload_nbytes
         scratch = np.empty(min(info.chunk_bytes or nbytes, nbytes), np.uint8)
+        status = MPI.Status()
+        marked = False  # the sender failed: its error follows the last chunk
         for _off, n in chunks(nbytes, info.chunk_bytes):  # (a channel's first payload is one message, even empty)
-            yield MPIWait([pc.payload.Irecv([scratch, n, BYTE], source, ptag)])
+            yield MPIWait([pc.payload.Irecv([scratch, n, BYTE], source, ptag)], status)
+            marked = marked or (info.may_fail and failed(status, n))
+        if marked:
+            try:
+                yield from receive_reason(pc.payload, source, ptag)
+            except SenderFailedError:
+                pass  # this receive's own refusal is what it raises
     raise error
 

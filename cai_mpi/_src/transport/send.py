@@ -12,8 +12,9 @@ from ..datatypes import describable, strided_type
 from ..header import encode_header, inline_message
 from ..operands import DeviceSource
 from ..privcomm import PrivateComms
-from ..runtime.base import DeviceBuffer, Event, Runtime
+from ..runtime.base import DeviceBuffer, Event, PinnedBuffer, Runtime
 from ..waits import EventWait, MPIWait
+from .failure import PREPARED, announce_failure
 from .pieces import Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
 
 __all__ = ["Outbound", "plan_send"]
@@ -24,7 +25,10 @@ __all__ = ["Outbound", "plan_send"]
 
 #: How one message is sent, as ``plan_send`` decides it: ``(header, payload_tag, payload, steps, in_place)``.
 #: Post ``header`` on the header communicator, then every spec of ``payload`` on the payload communicator
-#: with ``payload_tag``, then drive ``steps`` (None when nothing is left). ``in_place``: the payload specs
+#: with ``payload_tag``, then drive ``steps`` (None when nothing is left). Steps first run up to ``PREPARED``:
+#: everything that can fail at once (allocations, the device pack, the first staging copy) runs before the
+#: header is posted, so that such a failure posts nothing; a later failure the steps announce to the receiver
+#: themselves (``failure.py``), and the header then carries FLAG_MAY_FAIL. ``in_place``: the payload specs
 #: read the source's own memory, so a persistent request may reuse them. (A plain tuple: one is made per
 #: message, and a tuple costs a quarter of a NamedTuple.)
 Outbound = tuple[bytes, int, list[Any], "Steps | None", bool]
@@ -90,9 +94,11 @@ def _plan_device(
         header = encode_header(desc.dtype, desc.shape, fortran=False, payload_tag=ptag, meta_bytes=meta,
                                channel=channel)
         return (header, ptag, [[buf, 1, datatype]], None, True)
+    direct = aware and contiguous
+    # (A channel refuses a payload that needs steps before anything is prepared or posted.)
     header = encode_header(desc.dtype, desc.shape, fortran=fortran and contiguous, payload_tag=ptag,
-                           chunk_bytes=chunk, meta_bytes=meta, channel=channel)
-    if aware and contiguous:
+                           chunk_bytes=chunk, meta_bytes=meta, channel=channel, may_fail=not direct and not channel)
+    if direct:
         return (header, ptag, [raw(desc.ptr + off, n, readonly=True) for off, n in chunks(nbytes, chunk)],
                         None, True)
     return (header, ptag, [], _device_send_steps(src, contiguous, pc, rt, dest, ptag, chunk), False)
@@ -101,10 +107,12 @@ def _plan_device(
 def _device_send_steps(
     src: DeviceSource, contiguous: bool, pc: PrivateComms, rt: Runtime, dest: int, ptag: int, chunk: int
 ) -> Steps:
-    """Pack strided device data on the device if needed, then send it directly (CUDA-aware) or staged."""
+    """Pack strided device data on the device if needed, then send it directly (CUDA-aware) or staged. The pack
+    (its allocation and launch) runs before ``PREPARED``, so running out of device memory posts nothing."""
     desc, ordinal = src.desc, src.ordinal
     ptr = desc.ptr
     packed: DeviceBuffer | None = None
+    packed_event: Event | None = None
     if not contiguous:
         stream = internal_stream(rt, ordinal)
         packed = rt.pack(desc, ordinal, stream)
@@ -112,13 +120,20 @@ def _device_send_steps(
         if desc.stream is not None:
             # CAI v3: the producer's stream must not run ahead into the data before the pack is done.
             rt.stream_wait_event(desc.stream, packed_event, ordinal)
-        yield EventWait(packed_event)
         ptr = packed.ptr
     if pc.aware.aware:
+        yield PREPARED
         pieces = chunks(desc.nbytes, chunk)
+        if packed_event is not None:
+            try:
+                yield EventWait(packed_event)  # where an error of the pack kernel or copies shows
+            except Exception as exc:
+                yield MPIWait(announce_failure(pc.payload, dest, ptag, len(pieces), exc))
+                raise
         reqs = [pc.payload.Isend(raw(ptr + off, n, readonly=True), dest, ptag) for off, n in pieces]
         yield MPIWait(reqs, final=True)
     else:
+        # The staging copies run on the stream the pack ran on (this thread's), so after it: no wait between.
         yield from _staged_send(rt, pc.payload, dest, ptag, ptr, desc.nbytes, chunk, ordinal)
     del packed  # held until the last byte left
 
@@ -126,13 +141,16 @@ def _device_send_steps(
 def _staged_send(
     rt: Runtime, comm: MPI.Comm, dest: int, tag: int, src: int, nbytes: int, chunk: int, ordinal: int
 ) -> Steps:
-    """Device memory at ``src`` through two pinned buffers: the copy of chunk k+1 runs while chunk k is sent."""
+    """Device memory at ``src`` through two pinned buffers: the copy of chunk k+1 runs while chunk k is sent.
+
+    The buffers are taken and the first copy is enqueued before ``PREPARED``; a copy that fails later (its event
+    reports it) ends the send with the receiver told: the chunks not sent go as failure markers."""
     stream = internal_stream(rt, ordinal)
     pieces = chunks(nbytes, chunk)
     pool = pinned_pool(rt)
-    slots = [pool.take(chunk) for _ in range(min(2, len(pieces)))]
-    sends: list[MPI.Request | None] = [None] * len(slots)
-    copied: list[Event | None] = [None] * len(slots)
+    slots: list[tuple[PinnedBuffer, int]] = []
+    sends: list[MPI.Request | None] = [None] * min(2, len(pieces))
+    copied: list[Event | None] = [None] * len(sends)
 
     def stage(k: int) -> None:
         off, n = pieces[k]
@@ -141,25 +159,33 @@ def _staged_send(
         copied[slot] = rt.record_event(stream)
 
     try:
+        while len(slots) < len(sends):
+            slots.append(pool.take(chunk))
         stage(0)
-        for k, (_off, n) in enumerate(pieces):
-            slot = k % len(slots)
-            if k + 1 < len(pieces):
-                following = (k + 1) % len(slots)
-                previous = sends[following]
-                if previous is not None:  # that buffer still carries chunk k-1
-                    yield MPIWait([previous])
-                    sends[following] = None
-                stage(k + 1)
-            event = copied[slot]
-            assert event is not None
-            yield EventWait(event)
-            sends[slot] = comm.Isend(raw(slots[slot][0].ptr, n, readonly=True), dest, tag)
-        pending = [r for r in sends if r is not None]
-        if pending:
-            yield MPIWait(pending)
+        yield PREPARED
+        sent = 0  # chunks handed to MPI
+        try:
+            for k, (_off, n) in enumerate(pieces):
+                slot = k % len(slots)
+                if k + 1 < len(pieces):
+                    following = (k + 1) % len(slots)
+                    previous = sends[following]
+                    if previous is not None:  # that buffer still carries chunk k-1
+                        yield MPIWait([previous])
+                        sends[following] = None
+                    stage(k + 1)
+                event = copied[slot]
+                assert event is not None
+                yield EventWait(event)
+                sends[slot] = comm.Isend(raw(slots[slot][0].ptr, n, readonly=True), dest, tag)
+                sent = k + 1
+            pending = [r for r in sends if r is not None]
+            if pending:
+                yield MPIWait(pending)
+        except Exception as exc:
+            if sent < len(pieces):
+                yield MPIWait(announce_failure(comm, dest, tag, len(pieces) - sent, exc))
+            raise
     finally:  # on an error or an abandoned request, a block still in use is held back until it is not
         for slot, (buf, cls) in enumerate(slots):
             give_back(pool, buf, cls, [sends[slot]], [copied[slot]])
-
-

@@ -431,3 +431,87 @@ def test_a_slow_copy_delay_applies_to_every_async_copy(d: CudaDriverDouble) -> N
     d.cuStreamSynchronize(1)
     assert (b == 1).all() and time.monotonic() - t0 >= 0.2
     ctypes.memset(b.ctypes.data, 0, 32)
+
+
+def test_device_memory_is_finite_per_device_and_freeing_gives_it_back() -> None:
+    d = CudaDriverDouble(2, device_memory_bytes=1 << 20)
+    assert d.cuInit(0) == (OK,)
+    try:
+        on(d, 0)
+        err, a = d.cuMemAlloc(768 << 10)
+        assert err == OK and d.device_memory_in_use(0) == 768 << 10
+        assert d.cuMemAlloc(512 << 10) == (CUresult.CUDA_ERROR_OUT_OF_MEMORY, None)  # over the capacity
+        assert d.cuMemAllocManaged(512 << 10, d.CU_MEM_ATTACH_GLOBAL) == (CUresult.CUDA_ERROR_OUT_OF_MEMORY, None)
+        assert d.cuMemAllocAsync(512 << 10, 0) == (CUresult.CUDA_ERROR_OUT_OF_MEMORY, None)
+        err, b = d.cuMemAlloc(256 << 10)  # exactly what is left
+        assert err == OK
+        on(d, 1)  # each device has its own memory
+        err, c = d.cuMemAlloc(1 << 20)
+        assert err == OK and d.device_memory_in_use(1) == 1 << 20
+        assert d.cuMemFree(c) == (OK,)
+        on(d, 0)
+        assert d.cuMemFree(a) == (OK,) and d.device_memory_in_use(0) == 256 << 10
+        err, s = d.cuStreamCreate(0)
+        err, e = d.cuMemAllocAsync(768 << 10, s)
+        assert err == OK
+        assert d.cuMemFreeAsync(e, s) == (OK,) and d.cuStreamSynchronize(s) == (OK,)
+        assert d.device_memory_in_use(0) == 1 << 20  # the pool keeps the freed block: still in use on the device
+        err, f = d.cuMemAlloc(512 << 10)  # does not fit beside it: the pool gives back its idle block first
+        assert err == OK and d.device_memory_in_use(0) == (256 + 512) << 10
+        assert d.cuMemFree(f) == (OK,) and d.cuMemFree(b) == (OK,) and d.device_memory_in_use(0) == 0
+    finally:
+        d.close()
+
+
+def test_pinned_memory_is_finite_when_a_capacity_is_given() -> None:
+    d = CudaDriverDouble(1, pinned_memory_bytes=64 << 10)
+    assert d.cuInit(0) == (OK,)
+    try:
+        on(d, 0)
+        err, p = d.cuMemHostAlloc(48 << 10, 0)
+        assert err == OK
+        assert d.cuMemHostAlloc(32 << 10, 0) == (CUresult.CUDA_ERROR_OUT_OF_MEMORY, None)
+        assert d.cuMemFreeHost(p) == (OK,)
+        err, p = d.cuMemHostAlloc(64 << 10, 0)
+        assert err == OK and d.cuMemFreeHost(p) == (OK,)
+    finally:
+        d.close()
+    assert CudaDriverDouble(1).pinned_memory_bytes is None  # unbounded unless asked
+    assert CudaDriverDouble(1).device_memory_bytes > 0  # finite by default
+
+
+def test_a_sticky_error_poisons_its_context_until_it_is_cleared(d: CudaDriverDouble) -> None:
+    ctx0 = on(d, 0)
+    err, ptr = d.cuMemAlloc(64)
+    err, s = d.cuStreamCreate(0)
+    err, ev = d.cuEventCreate(0)
+    d.fault(ctx0)
+    bad = CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+    assert d.cuMemAlloc(64) == (bad, None)
+    assert d.cuMemcpyAsync(ptr, ptr, 8, s) == (bad,)
+    assert d.cuEventRecord(ev, s) == (bad,)
+    assert d.cuEventSynchronize(ev) == (bad,) and d.cuEventQuery(ev) == (bad,)
+    assert d.cuStreamSynchronize(s) == (bad,) and d.cuCtxSynchronize() == (bad,)
+    assert d.cuMemFree(ptr) == (bad,)
+    assert d.cuCtxGetCurrent() == (OK, ctx0)  # context management still works, as on hardware
+    on(d, 1)  # another device's context is not touched
+    err, other = d.cuMemAlloc(64)
+    assert err == OK and d.cuMemFree(other) == (OK,)
+    d.clear_fault(0)  # what a reset does (the primary context of device 0)
+    on(d, 0)
+    assert d.cuMemFree(ptr) == (OK,)
+
+
+def test_a_faulting_kernel_is_reported_by_the_syncs_after_it(d: CudaDriverDouble) -> None:
+    on(d, 0)
+    err, s = d.cuStreamCreate(0)
+    err, before = d.cuEventCreate(0)
+    assert d.cuEventRecord(before, s) == (OK,)
+    d.launch(s, lambda: None, delay=0.05, fault=True)
+    err, after = d.cuEventCreate(0)
+    assert d.cuEventRecord(after, s) == (OK,)  # the fault has not happened yet: the call succeeds
+    bad = CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+    assert d.cuEventSynchronize(after) == (bad,)  # the wait ends with the kernel's error
+    assert d.cuStreamSynchronize(s) == (bad,)
+    err, dead = d.cuMemAlloc(8)
+    assert (err, dead) == (bad, None)
