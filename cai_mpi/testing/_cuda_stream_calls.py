@@ -24,6 +24,7 @@ class StreamCalls:
     _streams: dict[int, Stream]
     _legacy: dict[int, Stream]
     _events: dict[int, Fence]
+    _event_contexts: dict[int, int]  # event -> the context it was created in
     lazy: float
 
     def _enter(self, name: str, *, needs_init: bool = True, needs_context: bool = False) -> _CUresult | None:
@@ -143,12 +144,15 @@ class StreamCalls:
             return failure, None
         handle = self._handle()
         self._events[handle] = DONE  # an event never recorded is complete
+        self._event_contexts[handle] = self._current()
         return _CUresult.CUDA_SUCCESS, _CUevent(handle)
 
     def cuEventRecord(self, hEvent: Any, hStream: Any) -> tuple[_CUresult]:
         failure, stream = self._on_stream("cuEventRecord", hStream)
         if failure is None and _value(hEvent) not in self._events:
             failure = _CUresult.CUDA_ERROR_INVALID_HANDLE
+        if failure is None and stream is not None and self._event_contexts.get(_value(hEvent)) != stream.context:
+            failure = _CUresult.CUDA_ERROR_INVALID_HANDLE  # an event is recorded only on a stream of its own context
         if failure is None:
             assert stream is not None
             self._events[_value(hEvent)] = stream.enqueue(lambda: None, self._implicit(stream))
@@ -176,6 +180,7 @@ class StreamCalls:
 
     def cuEventDestroy(self, hEvent: Any) -> tuple[_CUresult]:
         failure = self._enter("cuEventDestroy")
+        self._event_contexts.pop(_value(hEvent), None)
         if failure is None and self._events.pop(_value(hEvent), None) is None:
             failure = _CUresult.CUDA_ERROR_INVALID_HANDLE
         return (failure or _CUresult.CUDA_SUCCESS,)

@@ -97,6 +97,7 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
         self._streams: dict[int, Stream] = {}
         self._legacy: dict[int, Stream] = {}  # context -> its legacy default stream
         self._events: dict[int, Fence] = {}
+        self._event_contexts: dict[int, int] = {}
         self._next_handle = 0x5EED_0000
         self._fail: dict[str, _CUresult] = {}
         self._pool: list[tuple[_Block, Stream, Fence]] = []  # the stream-ordered allocator's freed blocks

@@ -515,3 +515,17 @@ def test_a_faulting_kernel_is_reported_by_the_syncs_after_it(d: CudaDriverDouble
     assert d.cuStreamSynchronize(s) == (bad,)
     err, dead = d.cuMemAlloc(8)
     assert (err, dead) == (bad, None)
+
+
+def test_an_event_is_recorded_only_on_a_stream_of_its_context_and_waited_on_from_any(d: CudaDriverDouble) -> None:
+    # cuEventRecord: event and stream from the same context; cuStreamWaitEvent: "hEvent may be from a different
+    # context or device than hStream" (CUDA driver API).
+    on(d, 0)
+    event = d.cuEventCreate(0)[1]
+    s0 = d.cuStreamCreate(0)[1]
+    on(d, 1)
+    s1 = d.cuStreamCreate(0)[1]
+    assert d.cuEventRecord(event, s1) == (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+    assert d.cuEventRecord(event, 1) == (CUresult.CUDA_ERROR_INVALID_HANDLE,)  # the legacy stream of GPU 1
+    assert d.cuEventRecord(event, s0) == (OK,)
+    assert d.cuStreamWaitEvent(s1, event, 0) == (OK,) and d.cuStreamSynchronize(s1) == (OK,)
