@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import gc
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -389,6 +390,47 @@ def test_pinned_staging_memory_stays_within_the_pool_budget(staged: tuple[CudaRu
         assert np.array_equal(np.asarray(round_trip(DoubleDeviceArray(rt, x), comm, device="host")), x)
     assert d.pinned_bytes_outstanding <= budget, d.pinned_bytes_outstanding
     assert d.pinned_bytes_peak <= budget + 4 * 65536, d.pinned_bytes_peak  # + what two transfers hold at once
+
+
+class CupyPinnedPool:
+    """CuPy's pinned memory pool, as cai_mpi would meet it: page-locked blocks from the driver, sizes rounded up to
+    a power of two, and a freed block kept for reuse, never given back to the driver."""
+
+    def __init__(self, rt: CudaRuntime) -> None:
+        self.rt, self.idle = rt, {}  # size -> blocks kept
+
+    def alloc_pinned_memory(self, nbytes: int) -> Any:
+        size = 1 << max(nbytes - 1, 511).bit_length()
+        kept = self.idle.setdefault(size, [])
+        if kept:
+            ptr = kept.pop()
+        else:
+            with self.rt._driver.on(0):
+                (ptr,) = self.rt._driver.check("cuMemHostAlloc", size, 1)
+        raw = (ctypes.c_ubyte * size).from_address(int(ptr))
+        raw.ptr = int(ptr)  # type: ignore[attr-defined]  # as CuPy's PinnedMemoryPointer
+        weakref.finalize(raw, kept.append, ptr)  # back to the pool (not the driver) once no view of it remains
+        return raw
+
+
+def test_pinned_memory_stays_within_its_budget_with_cupys_pinned_pool(
+    staged: tuple[CudaRuntime, MPI.Comm],
+) -> None:
+    # Issue 24, defect 7: CuPy's pinned pool keeps every freed block, so CAI_MPI_PINNED_POOL_BYTES bounded only
+    # cai_mpi's own pool of blocks, not the page-locked memory behind them.
+    rt, comm = staged
+    budget = 128 << 10
+    reload_config({"CAI_MPI_INLINE_BYTES": "0", "CAI_MPI_CHUNK_BYTES": "65536",
+                   "CAI_MPI_PINNED_POOL_BYTES": str(budget)})
+    cupy = FakeCupy(rt)
+    cupy.cuda.alloc_pinned_memory = CupyPinnedPool(rt).alloc_pinned_memory  # type: ignore[attr-defined]
+    rt._load_cupy = lambda: cupy  # type: ignore[method-assign]
+    d = double_of(rt)
+    for n in range(1000, 200_000, 3331):  # many distinct sizes: a pool that never gives back keeps them all
+        x = np.arange(n, dtype=np.uint8)
+        assert np.array_equal(np.asarray(round_trip(DoubleDeviceArray(rt, x), comm, device="host")), x)
+    gc.collect()
+    assert d.pinned_bytes_outstanding <= budget, d.pinned_bytes_outstanding
 
 
 def test_a_failed_staged_send_holds_back_the_block_mpi_still_reads(

@@ -311,15 +311,12 @@ class CudaRuntime(Runtime):
         return events
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
-        """Portable page-locked memory (usable in every context): CuPy's pinned pool, else cuMemHostAlloc."""
+        """Portable page-locked memory (usable in every context), from the driver: cai_mpi's pinned pool
+        (``transport.pieces.pinned_pool``, bounded by CAI_MPI_PINNED_POOL_BYTES) is the only cache in front of it.
+        (CuPy's pinned pool keeps every block it frees, so behind it the bound would bound nothing.)"""
         if nbytes == 0:
             return CudaPinnedBuffer(0, 0, np.empty(0, np.uint8))
-        cp = self._load_cupy()
         with self._on(self.ordinal):  # allocating needs a context: ours, not a fresh one on GPU 0
-            if cp is not None:
-                pmem = cp.cuda.alloc_pinned_memory(nbytes)
-                # frombuffer holds pmem, so the pool block outlives every view of it.
-                return CudaPinnedBuffer(int(pmem.ptr), nbytes, np.frombuffer(pmem, np.uint8, nbytes))
             (ptr,) = self._driver.check("cuMemHostAlloc", nbytes, self._driver.drv.CU_MEMHOSTALLOC_PORTABLE)
         ptr = int(ptr)
         owner = _HostAllocation(self._driver, ptr, self.ordinal)
