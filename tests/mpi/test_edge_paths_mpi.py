@@ -7,6 +7,8 @@ down (``MessageInfo.nchunks``), a descriptor that never reports Fortran order, a
 
 from __future__ import annotations
 
+import gc
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,8 +20,9 @@ from mpi4py import MPI
 import cai_mpi
 from cai_mpi._src import requests
 from cai_mpi._src.config import reload_config
+from cai_mpi._src.runtime.base import Runtime
 from cai_mpi._src.waits import Waitable
-from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, use_runtime
+from cai_mpi.testing import DoubleDeviceArray, FakeCudaArray, SimulatedRuntime, double_runtime, use_runtime
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -98,6 +101,54 @@ def test_host_to_staged_device_at_chunk_boundaries(simulated_gpu: SimulatedRunti
         out = FakeCudaArray(np.zeros(nbytes, np.uint8), device=True)
         ring(payload(nbytes, rank + 1000 * nbytes), out=out)
         assert out.host.tobytes() == payload(nbytes, prv + 1000 * nbytes).tobytes()
+
+
+@pytest.fixture
+def staged_double() -> Iterator[tuple[Runtime, MPI.Comm]]:
+    """The real CUDA runtime on the driver double, staged (not CUDA-aware: device memory faults on host access)."""
+    os.environ["CAI_MPI_CUDA_AWARE"] = "0"
+    try:
+        comm_ = comm.Dup()
+        assert not cai_mpi.cuda_aware(comm_).aware  # detected once per communicator, with the override set
+    finally:
+        del os.environ["CAI_MPI_CUDA_AWARE"]
+    rt = double_runtime(cuda_aware=False)
+    try:
+        with use_runtime(rt):
+            yield rt, comm_
+            gc.collect()
+    finally:
+        comm_.Barrier()
+        comm_.Free()
+        rt.driver_double.close()  # type: ignore[attr-defined]
+
+
+def test_staged_payloads_at_chunk_boundaries_on_the_driver_double(staged_double: tuple[Runtime, MPI.Comm]) -> None:
+    rt, comm_ = staged_double
+    reload_config({"CAI_MPI_CHUNK_BYTES": str(CHUNK), "CAI_MPI_INLINE_BYTES": "0"})
+    for nbytes in SIZES:
+        for device in (None, "host"):
+            req = cai_mpi.isend_array(DoubleDeviceArray(rt, payload(nbytes, rank)), nxt, 45, comm_)
+            got = cai_mpi.recv_array(prv, 45, comm_, device=device)
+            req.wait()
+            data = got.numpy() if device is None else np.asarray(got)
+            assert got.device == (0 if device is None else "host")
+            assert data.tobytes() == payload(nbytes, prv).tobytes(), (nbytes, device)
+
+
+def test_fortran_ordered_device_data_arrives_fortran_ordered_on_the_driver_double(
+    staged_double: tuple[Runtime, MPI.Comm]
+) -> None:
+    rt, comm_ = staged_double
+    reload_config({"CAI_MPI_CHUNK_BYTES": "1000"})
+
+    def data(r: int) -> np.ndarray[Any, Any]:
+        return np.random.default_rng(r).standard_normal((30, 40))
+
+    x = DoubleDeviceArray(rt, data(rank).T.copy().reshape(-1), view=((30, 40), (8, 240)))
+    got = cai_mpi.sendrecv_array(x, nxt, prv, 46, 46, comm_)
+    assert got.device == 0 and got.__cuda_array_interface__["strides"] == (8, 240)
+    assert np.array_equal(got.numpy(), data(prv))
 
 
 # -- Fortran order on the device ----------------------------------------------------------------------------------
