@@ -4,7 +4,8 @@ The root broadcasts one fixed block (``collectives._BLOCK``: the header's length
 longer than the block sends its rest in a second broadcast, which must come from the root too. A bug there
 passed the whole suite once, because only root 0 had a long header. Here every rank is the root in turn, with
 headers of each class: inline (a small payload inside the header), one block (exactly full included), and
-spilled (one byte over, a 3 KB meta, a structured dtype, a root's long error). Passes at any size >= 2.
+spilled (one byte over, a 3 KB meta, a structured dtype, a root's long error). scatter_array and gather_array
+from every root with headers longer than an agreement slot close the file. Passes at any size >= 2.
 """
 
 from __future__ import annotations
@@ -112,3 +113,24 @@ def test_a_root_error_longer_than_the_block_reaches_every_rank() -> None:
             assert str(info.value).endswith("or a host array (numpy array or buffer-protocol object)")  # all of it
         sent = np.arange(6.0) + root
         assert np.asarray(cai_mpi.bcast_array(sent if rank == root else None, root=root)).tobytes() == sent.tobytes()
+
+
+def test_scatter_and_gather_from_every_root_with_headers_longer_than_a_slot() -> None:
+    """The other rooted collectives, with structured dtypes whose headers (~1 KiB) need a second step."""
+
+    def piece(src: int, dst: int) -> np.ndarray[Any, Any]:
+        dtype = FIELDS if (src + dst) % 2 else np.dtype("<i8")
+        return make(dtype, (dst + 2,), 1000 * src + dst)
+
+    for root in range(size):
+        got = cai_mpi.scatter_array([piece(root, r) for r in range(size)] if rank == root else None, root=root)
+        expected = piece(root, rank)
+        assert got.source == root and np.asarray(got).dtype == expected.dtype
+        assert np.asarray(got).tobytes() == expected.tobytes()
+        gathered = cai_mpi.gather_array(piece(rank, root), root=root)
+        if rank != root:
+            assert gathered is None
+            continue
+        assert gathered is not None and [a.source for a in gathered] == list(range(size))
+        for r, a in enumerate(gathered):
+            assert np.asarray(a).dtype == piece(r, root).dtype and np.asarray(a).tobytes() == piece(r, root).tobytes()
