@@ -20,6 +20,7 @@ from mpi4py import MPI
 import cai_mpi
 from cai_mpi._src import requests
 from cai_mpi._src.config import reload_config
+from cai_mpi._src.privcomm import private_comms
 from cai_mpi._src.runtime.base import Runtime
 from cai_mpi._src.waits import Waitable
 from cai_mpi.testing import DoubleDeviceArray, FakeCudaArray, SimulatedRuntime, double_runtime, use_runtime
@@ -252,3 +253,26 @@ def test_a_channel_message_that_matches_while_its_receive_times_out_is_received(
             req.wait()
             assert np.asarray(got).tobytes() == expected.tobytes()
     assert late_header.lost == 3  # every receive lost the race, and still got its message
+
+
+def test_a_dropped_receive_whose_message_matched_still_takes_its_payload() -> None:
+    """A receive dropped after its header matched takes its message whole (docs/reliability.md, lifetime under
+    faults): its payload is still received, into memory kept for it, or the sender would wait for ever and the
+    payload stay unmatched on the private communicator."""
+    big = payload(256 << 10, rank)  # over any eager limit: the send completes only once the payload is received
+    sends = [cai_mpi.isend_array(big, nxt, 47), cai_mpi.isend_array(np.arange(4), nxt, 48)]
+    dropped = cai_mpi.irecv_array(prv, 47)
+    pending = dropped._pending
+    assert pending is not None and pending.cancellable
+    while not pending.reqs[0].Get_status():  # type: ignore[attr-defined]  # (the header matched; not freed)
+        time.sleep(1e-3)
+    del dropped, pending
+    gc.collect()
+    follow = cai_mpi.recv_array(prv, 48, timeout=30.0)  # (any wait drives the dropped receive on)
+    assert np.asarray(follow).tolist() == [0, 1, 2, 3]
+    for req in sends:
+        req.wait(timeout=30.0)
+    comm.Barrier()
+    pc = private_comms(None)
+    assert not pc.header.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+    assert not pc.payload.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
