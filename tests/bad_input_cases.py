@@ -27,7 +27,7 @@ from numpy.lib.stride_tricks import as_strided
 import cai_mpi
 from cai_mpi.testing import FakeCudaArray
 
-__all__ = ["CASES", "GROUPS", "POINTERS", "SENT", "BadInput", "good_message"]
+__all__ = ["CASES", "GROUPS", "POINTERS", "SENT", "BadInput", "FailingExporter", "good_message", "nested"]
 
 #: What a receive-side case's sender sends: 256 KiB, over any eager limit and the inline size, so its payload
 #: travels as a message of its own (a sender whose payload nobody drains would then never complete).
@@ -85,6 +85,22 @@ def _exporter(**changes: Any) -> Exporter:
 
 _DROP = object()
 _X = np.arange(6, dtype="<f4").reshape(2, 3)
+
+
+class FailingExporter:
+    """An exporter whose ``__cuda_array_interface__`` property raises (a freed buffer, a lost device)."""
+
+    @property
+    def __cuda_array_interface__(self) -> Any:
+        raise RuntimeError("the buffer was freed")
+
+
+def nested(levels: int) -> dict[str, Any]:
+    """A meta dict holding lists nested ``levels`` deep: two bytes of JSON per level."""
+    inner: Any = []
+    for _ in range(levels - 1):
+        inner = [inner]
+    return {"a": inner}
 
 
 def _send_cai(**changes: Any) -> Callable[[int, int], object]:
@@ -187,6 +203,8 @@ CASES: tuple[BadInput, ...] = (
     BadInput(CAI, "`version` a str: `'3'`", cai_mpi.CAIError, "send", _send_cai(version="3")),
     BadInput(CAI, "`version` a bool: `True`", cai_mpi.CAIError, "send", _send_cai(version=True)),
     BadInput(CAI, "`version` absurd: `2**70`", cai_mpi.CAIError, "send", _send_cai(version=2**70)),
+    BadInput(CAI, "the `__cuda_array_interface__` property raises (`RuntimeError`, chained as the cause)",
+             cai_mpi.CAIError, "send", _send(FailingExporter())),
     # -- objects that are no array at all
     BadInput(HOST, "an `object()`", TypeError, "send", _send(object())),
     BadInput(HOST, "a list: `[1, 2, 3]`", TypeError, "send", _send([1, 2, 3])),
@@ -220,6 +238,8 @@ CASES: tuple[BadInput, ...] = (
     BadInput(OUT, "`out` a numpy masked array", TypeError, "recv", _recv(out=lambda: np.ma.zeros(SENT.size))),
     BadInput(OUT, "`out` a CAI object with `stream` 0", cai_mpi.CAIError, "recv",
              _recv(out=lambda: _fake(np.zeros_like(SENT), stream=0))),
+    BadInput(OUT, "`out` whose `__cuda_array_interface__` property raises", cai_mpi.CAIError, "recv",
+             _recv(out=FailingExporter)),
     BadInput(OUT, "`out` read-only (numpy)", cai_mpi.RecvMismatchError, "recv", _recv(out=_read_only),
              consumed=True),
     BadInput(OUT, "`out` read-only (a CAI object exporting `data=(ptr, True)`)", cai_mpi.RecvMismatchError, "recv",
@@ -244,4 +264,5 @@ CASES: tuple[BadInput, ...] = (
     BadInput(META, "a tuple (would arrive as a list): `{'a': (1, 2)}`", TypeError, "send",
              _send(_X, meta={"a": (1, 2)})),
     BadInput(META, "over 16 KiB as JSON", ValueError, "send", _send(_X, meta={"a": "x" * 20000})),
+    BadInput(META, "nested 5,000 levels deep (10 KB as JSON)", TypeError, "send", _send(_X, meta=nested(5000))),
 )

@@ -301,7 +301,8 @@ def describe(obj: Any) -> CAIDescriptor:
 
     Raises:
         TypeError: ``obj`` does not export the CUDA Array Interface.
-        CAIError: the dict breaks the specification (the message names the key).
+        CAIError: the dict breaks the specification (the message names the key), or reading it raised
+            (the exporter's exception is chained as the cause).
     """
     try:
         cai = obj.__cuda_array_interface__
@@ -309,6 +310,9 @@ def describe(obj: Any) -> CAIDescriptor:
         raise TypeError(
             f"{type(obj).__name__} object does not export __cuda_array_interface__"
         ) from None
+    except Exception as exc:
+        raise CAIError(f"describe: reading it from a {type(obj).__name__} object raised {type(exc).__name__}: "
+                       f"{exc} (the exporter's error is this one's cause)") from exc
     return descriptor_from_dict(cai)
 
 

@@ -206,14 +206,26 @@ def encode_meta(meta: Any) -> bytes:
         raise TypeError(
             f"meta must hold only JSON values (str keys; str, int, float, bool, None, list, dict): {exc}"
         ) from None
+    except RecursionError:
+        raise TypeError(_TOO_DEEP) from None
     if len(raw) > MAX_META_BYTES:
         raise ValueError(f"meta is {len(raw)} bytes as JSON; the limit is {MAX_META_BYTES} bytes")
-    if json.loads(raw) != meta:
+    try:
+        arrives = json.loads(raw)
+        same = arrives == meta
+    except RecursionError:  # (nesting the encoder took is still too deep to decode or compare)
+        raise TypeError(_TOO_DEEP) from None
+    if not same:
         raise TypeError(
             "meta would not survive JSON unchanged (non-str dict keys or tuples?): "
-            f"{meta!r} would arrive as {json.loads(raw)!r}"
+            f"{meta!r} would arrive as {arrives!r}"
         )
     return raw
+
+
+# Deep nesting exhausts Python's recursion limit in json (a few KB of JSON can do it); the receiver, whose
+# decoder has the same limit, could not read it either.
+_TOO_DEEP = "meta is nested too deeply for JSON (past Python's recursion limit): flatten it"
 
 
 def encode_header(

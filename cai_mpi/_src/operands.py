@@ -15,6 +15,7 @@ import numpy as np
 
 from .array import Array
 from .descriptor import CAIDescriptor, descriptor_from_dict, may_self_overlap
+from .errors import CAIError
 from .runtime.base import HOST, LEGACY_STREAM, PER_THREAD_STREAM, Location, MemoryKind, Runtime
 from .sync import sync_enabled, sync_producer, sync_unnamed
 
@@ -26,12 +27,19 @@ __all__ = [
 _NO_CAI = object()
 
 
-def _read_cai(obj: Any) -> Any:
-    """``obj.__cuda_array_interface__``, read exactly once (it may compute or synchronize), or _NO_CAI."""
+def _read_cai(fn: str, obj: Any) -> Any:
+    """``obj.__cuda_array_interface__``, read exactly once (it may compute or synchronize), or _NO_CAI.
+
+    AttributeError means "no interface" (PyTorch raises it for CPU tensors, which then go as host arrays);
+    any other exception from the exporter becomes a CAIError naming ``fn``, chained to the original.
+    """
     try:
         return obj.__cuda_array_interface__
     except AttributeError:
         return _NO_CAI
+    except Exception as exc:
+        raise CAIError(f"{fn}: reading it from a {type(obj).__name__} object raised {type(exc).__name__}: {exc} "
+                       "(the exporter's error is this one's cause)") from exc
 
 
 def host_view(desc: CAIDescriptor, *, readonly: bool | None = None) -> np.ndarray[Any, Any]:
@@ -108,7 +116,7 @@ def send_source(fn: str, obj: Any, sync: bool | None, runtime: Runtime) -> np.nd
         if sync_enabled(sync):  # the user may have launched work on a received Array since (cupy.asarray(a) *= 2)
             sync_unnamed(ordinal, runtime, desc.stream)
         return DeviceSource(desc, ordinal, obj)
-    cai = _read_cai(obj)
+    cai = _read_cai(fn, obj)
     if cai is _NO_CAI:
         return as_host_array(fn, obj)
     desc = descriptor_from_dict(cai)
@@ -216,7 +224,7 @@ def _describe_out(fn: str, out: Any, runtime: Runtime) -> Target:
             desc=d, ordinal=int(out.device), owner=out, producer=pending,
             location=Location(MemoryKind.DEVICE, int(out.device)),
         )
-    cai = _read_cai(out)
+    cai = _read_cai(fn, out)
     if cai is _NO_CAI:
         try:
             arr = as_host_array(fn, out)

@@ -2,8 +2,10 @@
 
 The ranks first agree that they reduce alike (same shape, exactly, and same dtype) with one small
 Allreduce of a fingerprint; only when they do not do they exchange their descriptions, to say on every
-rank who had what. The result keeps the input dtype, as MPI does (no numpy-style promotion). Device
-data is reduced by a CUDA-aware MPI where it lies, otherwise on the host and copied back.
+rank who had what. The result keeps the input dtype, as MPI does (no numpy-style promotion), in native
+byte order: MPI computes on native values, so host input of the other byte order is converted first
+(ranks may mix byte orders). Device data is reduced by a CUDA-aware MPI where it lies, otherwise on the
+host and copied back.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _datatype(fn: str, dtype: np.dtype[Any], op: MPI.Op) -> MPI.Datatype:
     if dtype.kind == "b":
         raise TypeError(f"{fn}: cannot reduce a bool array with {op!r}: MPI reduces bool only with logical ops; "
                         "pass an MPI.Op such as MPI.LOR, or convert to an integer dtype")
-    if not dtype.isnative:
+    if not dtype.isnative:  # (host input was converted by _native; this guards every other way in)
         raise TypeError(f"{fn}: dtype {dtype.str} is not in native byte order, and MPI reduces native values: "
                         "convert with x.astype(x.dtype.newbyteorder('='))")
     if dtype.kind == "c" and op in _ORDERED:
@@ -57,6 +59,19 @@ def _datatype(fn: str, dtype: np.dtype[Any], op: MPI.Op) -> MPI.Datatype:
     if datatype is None or datatype == MPI.DATATYPE_NULL or datatype.Get_size() != dtype.itemsize:
         raise TypeError(f"{fn}: MPI has no reduction datatype for {dtype} ({dtype.str})")
     return datatype
+
+
+def _native(fn: str, src: np.ndarray[Any, Any] | DeviceSource) -> np.ndarray[Any, Any] | DeviceSource:
+    """``src`` with its values in native byte order: MPI's arithmetic reads native values, and would compute
+    nonsense on swapped bytes. Host data is converted (a copy); device data is refused, since converting it
+    is the device library's job."""
+    dtype = src.dtype if isinstance(src, np.ndarray) else src.desc.dtype
+    if dtype.isnative or dtype.names is not None or dtype.subdtype is not None:
+        return src  # (structured dtypes are refused by _datatype, whatever their byte order)
+    if isinstance(src, np.ndarray):
+        return src.astype(dtype.newbyteorder("="), order="C")
+    raise TypeError(f"{fn}: a device array of dtype {dtype.str} is not in native byte order, and MPI reduces "
+                    f"native values: convert it on the device first (to {dtype.newbyteorder('=').str})")
 
 
 def _fingerprint(info: bytes) -> int:
@@ -74,7 +89,7 @@ def _reduce(
     def describe() -> tuple[bytes, Any]:
         nonlocal target
         mpi_op = _op(fn, op)
-        src = send_source(fn, obj, check_sync(fn, sync), rt)
+        src = _native(fn, send_source(fn, obj, check_sync(fn, sync), rt))
         desc_shape, dtype = (src.shape, src.dtype) if isinstance(src, np.ndarray) else (src.desc.shape, src.desc.dtype)
         datatype = _datatype(fn, dtype, mpi_op)
         if out is not None and gets_result:
@@ -139,13 +154,14 @@ def reduce_array(
         op: "sum", "prod", "min", "max", or an mpi4py ``MPI.Op``.
         root: the rank that gets the result.
         comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
-        out: on the root, where to put the result (same shape and dtype).
+        out: on the root, where to put the result (same shape and dtype, in native byte order).
         sync: the stream policy, as in ``send_array``.
         timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
 
     Returns:
-        On the root an Array holding the result, in ``obj``'s dtype, on the device ``obj`` is on (or over
-        ``out=``); None elsewhere.
+        On the root an Array holding the result, in ``obj``'s dtype in native byte order (a host ``obj`` of
+        the other byte order is converted first), on the device ``obj`` is on (or over ``out=``); None
+        elsewhere.
 
     Raises:
         CollectiveMismatchError: on every rank, when shapes or dtypes differ (naming every rank's), or a rank
@@ -166,7 +182,8 @@ def allreduce_array(
         obj, op, comm, out, sync, timeout: as in ``reduce_array`` (``out=`` on every rank).
 
     Returns:
-        An Array holding the result, in ``obj``'s dtype, on the device ``obj`` is on (or over ``out=``).
+        An Array holding the result, in ``obj``'s dtype in native byte order, on the device ``obj`` is on (or
+        over ``out=``).
 
     Raises:
         CollectiveMismatchError, TimeoutError: as in ``reduce_array``.

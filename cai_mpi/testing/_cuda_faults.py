@@ -67,7 +67,7 @@ class Faults:
     def _give_back(self, block: Block) -> None:
         """A freed device allocation's bytes are the device's again."""
         with self._lock:
-            self._device_in_use[block.ordinal] -= block.nbytes
+            self._device_in_use[block.ordinal] -= block.reserved
 
     def _out_of_pinned_memory(self, nbytes: int) -> bool:
         limit = self.pinned_memory_bytes

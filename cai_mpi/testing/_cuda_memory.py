@@ -182,7 +182,8 @@ class Memory:
                        and (freed_on is stream or freed.is_set())]
             if fitting:  # this stream's own blocks first, as CuPy's per-stream free lists
                 i = max(fitting, key=lambda f: f[1])[0]
-                block = self._pool.pop(i)[0]  # (its size stays what was reserved for it: same pages)
+                block = self._pool.pop(i)[0]  # (same pages: the memory counted for it stays ``reserved``)
+                block.nbytes = nbytes
                 self._register(block)
                 return CUresult.CUDA_SUCCESS, CUdeviceptr(block.address)
         if not self._reserve(nbytes):

@@ -242,5 +242,6 @@ class Block:
         self.kind, self.address, self.twin, self.nbytes = kind, address, twin, nbytes
         self.ordinal, self.context, self.host, self.fd, self.maps = ordinal, context, host, fd, maps
         self.alias = 0  # a pinned block's device alias (DEVICEMAP)
+        self.reserved = nbytes  # the device memory counted for it (a pooled block keeps it when reused smaller)
 
 

@@ -78,29 +78,32 @@ def test_layouts_and_out(layout: str, use_out: bool) -> None:
 
 
 def test_blocking_pingpong_and_meta_and_any_source() -> None:
-    """Rank 0 and 1 bounce one array; the channel binds to the sender found by ANY_SOURCE."""
-    if rank > 1:
-        comm.Barrier()  # stay out of the way: the other ranks' next tests would match the wildcards
-        return
-    peer = 1 - rank
-    buf = np.zeros(4, np.int64)
-    tx = cai_mpi.send_channel(buf, peer, tag=5, meta={"what": "counter"})
-    rx = cai_mpi.recv_channel(cai_mpi.ANY_SOURCE, cai_mpi.ANY_TAG, out=buf)
-    for _ in range(50):
-        if rank == 0:
-            buf += 1
-            tx.send()
-            rx.recv()
-        else:
-            rx.recv()
-            buf += 1
-            tx.send()
-    if rank == 0:
-        assert (buf == 100).all()
-    assert rx.source == peer and rx.tag == 5 and rx.meta == {"what": "counter"} and rx.array.meta == {"what": "counter"}
-    tx.close()
-    rx.close()
-    comm.Barrier()
+    """Pairs of ranks bounce one array; the channel binds to the sender found by ANY_SOURCE. Each pair has a
+    communicator of its own, so no other rank's message can match the wildcards."""
+    pair = comm.Split(rank // 2, rank)
+    try:
+        if pair.Get_size() == 1:
+            pytest.skip("the odd rank out of an odd-sized world has no partner for a ping-pong")
+        me, peer = pair.Get_rank(), 1 - pair.Get_rank()
+        buf = np.zeros(4, np.int64)
+        tx = cai_mpi.send_channel(buf, peer, tag=5, comm=pair, meta={"what": "counter"})
+        rx = cai_mpi.recv_channel(cai_mpi.ANY_SOURCE, cai_mpi.ANY_TAG, comm=pair, out=buf)
+        for _ in range(50):
+            if me == 0:
+                buf += 1
+                tx.send()
+                rx.recv()
+            else:
+                rx.recv()
+                buf += 1
+                tx.send()
+        assert (buf == 100).all()  # each rank received the other's last count
+        assert rx.source == peer and rx.tag == 5 and rx.meta == {"what": "counter"}
+        assert rx.array.meta == {"what": "counter"}
+        tx.close()
+        rx.close()
+    finally:
+        pair.Free()
 
 
 def test_irecv_posted_before_send() -> None:
