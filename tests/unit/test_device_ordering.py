@@ -26,6 +26,7 @@ from cai_mpi.testing import CudaDriverDouble, DoubleDeviceArray, double_runtime,
 
 me = MPI.COMM_WORLD.Get_rank()
 SLOW = 0.3  # seconds a "kernel" or copy takes: long enough that a missing wait shows
+LAZY = 0.2  # queued device work runs only when waited for, or after this long: a missing wait reads stale bytes
 
 
 def double_of(rt: Any) -> CudaDriverDouble:
@@ -60,12 +61,14 @@ def users_stream(request: pytest.FixtureRequest) -> Any:
 
 
 @contextlib.contextmanager
-def on_the_double(direct: bool, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[CudaRuntime, MPI.Comm]]:
+def on_the_double(
+    direct: bool, monkeypatch: pytest.MonkeyPatch, lazy: float = 0.0
+) -> Iterator[tuple[CudaRuntime, MPI.Comm]]:
     """The runtime on a double and a communicator whose device payloads go to MPI directly (a CUDA-aware MPI,
     host-accessible device memory) or are staged through pinned memory (device memory faults on host access)."""
     monkeypatch.setenv("CAI_MPI_CUDA_AWARE", "1" if direct else "0")
     reload_config({"CAI_MPI_INLINE_BYTES": "0", "CAI_MPI_CHUNK_BYTES": "65536"})
-    rt = double_runtime(cuda_aware=direct)
+    rt = double_runtime(cuda_aware=direct, lazy=lazy)
     comm = MPI.COMM_WORLD.Dup()
     with use_runtime(rt):
         yield rt, comm  # type: ignore[misc]
@@ -79,6 +82,16 @@ def on_the_double(direct: bool, monkeypatch: pytest.MonkeyPatch) -> Iterator[tup
 @pytest.fixture(params=["direct", "staged"])
 def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[CudaRuntime, MPI.Comm]]:
     with on_the_double(request.param == "direct", monkeypatch) as r:
+        yield r
+
+
+@pytest.fixture(params=["direct", "staged"])
+def lazy_route(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[CudaRuntime, MPI.Comm]]:
+    """``route`` on a lazy double: queued device work runs only when something waits for it (or after ``LAZY``
+    seconds), so a read that skips a wait sees the old bytes every time, not by luck of timing."""
+    with on_the_double(request.param == "direct", monkeypatch, LAZY) as r:
         yield r
 
 
@@ -102,19 +115,19 @@ OLD, NEW = np.zeros(N), np.arange(N, dtype=np.float64) + 1
 # -- defect 1: cai_mpi's own device data, and v3 exporters that give no stream ---------------------------------
 
 
-def test_v3_stream_none_on_device_waits_for_the_default_stream(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+def test_v3_stream_none_on_device_waits_for_the_default_stream(lazy_route: tuple[CudaRuntime, MPI.Comm]) -> None:
     # Numba exports "stream": None while kernels it launched on the default stream may still run.
-    rt, comm = route
+    rt, comm = lazy_route
     x = DoubleDeviceArray(rt, OLD, stream=None)
     kernel_write(rt, 1, x.buf.ptr, NEW)
     assert np.array_equal(np.asarray(round_trip(x, comm, device="host")), NEW)
 
 
 def test_forwarding_a_received_device_array_waits_for_work_on_it(
-    route: tuple[CudaRuntime, MPI.Comm], users_stream: Any
+    lazy_route: tuple[CudaRuntime, MPI.Comm], users_stream: Any
 ) -> None:
     # cupy.asarray(got) *= 2 runs on the caller's stream; send_array(got) must send the result.
-    rt, comm = route
+    rt, comm = lazy_route
     got = round_trip(DoubleDeviceArray(rt, OLD), comm, device=0)
     assert got.device == 0
     kernel_write(rt, users_stream(rt), got.descriptor.ptr, NEW)
@@ -122,9 +135,9 @@ def test_forwarding_a_received_device_array_waits_for_work_on_it(
 
 
 def test_receiving_into_a_device_array_waits_for_work_on_it(
-    route: tuple[CudaRuntime, MPI.Comm], users_stream: Any
+    lazy_route: tuple[CudaRuntime, MPI.Comm], users_stream: Any
 ) -> None:
-    rt, comm = route
+    rt, comm = lazy_route
     out = round_trip(DoubleDeviceArray(rt, OLD), comm, device=0)
     kernel_write(rt, users_stream(rt), out.descriptor.ptr, OLD)  # still writing when the receive starts
     got = round_trip(NEW, comm, out=out)
@@ -141,8 +154,12 @@ def test_work_on_a_non_blocking_stream_is_waited_for_only_with_sync_device(
     rt, comm = route
     x = DoubleDeviceArray(rt, OLD, stream=None)
     side = user_stream(rt)
-    kernel_write(rt, side, x.buf.ptr, NEW, delay=1.0)
-    assert np.array_equal(np.asarray(round_trip(x, comm, device="host")), OLD)  # not waited for
+    gate = threading.Event()  # the side stream's kernel runs until the test lets it finish
+    with rt._driver.on(0):
+        double_of(rt).launch(side, lambda: gate.wait(30))
+    kernel_write(rt, side, x.buf.ptr, NEW, delay=0)
+    assert np.array_equal(np.asarray(round_trip(x, comm, device="host")), OLD)  # not waited for: no deadlock
+    gate.set()
     rt.sync_device(0)
     kernel_write(rt, side, x.buf.ptr, OLD)
     reload_config({"CAI_MPI_INLINE_BYTES": "0", "CAI_MPI_CHUNK_BYTES": "65536", "CAI_MPI_SYNC": "device"})
@@ -157,10 +174,10 @@ class MappedArray:
                                          "version": 3, "strides": None, "stream": None}
 
 
-def test_pinned_host_memory_a_kernel_writes_is_waited_for(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+def test_pinned_host_memory_a_kernel_writes_is_waited_for(lazy_route: tuple[CudaRuntime, MPI.Comm]) -> None:
     # Issue 24, defect 6: Numba's mapped_array is pinned host memory a default-stream kernel writes; it names no
     # stream, and MPI reads it directly, so the default-stream rule applies to it too.
-    rt, comm = route
+    rt, comm = lazy_route
     d = double_of(rt)
     with rt._driver.on(0):
         host = int(rt._driver.check("cuMemHostAlloc", OLD.nbytes, d.CU_MEMHOSTALLOC_DEVICEMAP)[0])
@@ -173,8 +190,8 @@ def test_pinned_host_memory_a_kernel_writes_is_waited_for(route: tuple[CudaRunti
         rt._driver.check("cuMemFreeHost", host)
 
 
-def test_numpy_of_a_device_array_sees_pending_work(route: tuple[CudaRuntime, MPI.Comm]) -> None:
-    rt, comm = route
+def test_numpy_of_a_device_array_sees_pending_work(lazy_route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    rt, comm = lazy_route
     got = round_trip(DoubleDeviceArray(rt, OLD), comm, device=0)
     kernel_write(rt, 1, got.descriptor.ptr, NEW)
     assert np.array_equal(got.numpy(), NEW)
@@ -217,14 +234,24 @@ def test_a_channel_waits_for_work_on_its_array_before_the_next_message(monkeypat
         double_of(rt).close()
 
 
+def test_a_staged_device_receive_waits_for_its_last_copy(lazy_route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    # Issue 28, item 3: a staged receive that did not wait for its last copy event was caught in 3 runs of 5; on the
+    # lazy double the copy has not run when recv_array returns unless the receive waited for it, every time.
+    rt, comm = lazy_route
+    for n in (1, 4, 5):  # one chunk, exactly four, and four plus a partial one (CAI_MPI_CHUNK_BYTES is 64 KiB)
+        data = np.arange(n * 8192 + (n == 5) * 100, dtype=np.float64) + n
+        got = round_trip(data, comm, device=0)
+        assert double_of(rt).read_device(got.descriptor.ptr, got.nbytes) == data.tobytes()  # no wait of our own
+
+
 # -- issue 24, defect 1: a received block is not recycled while a user kernel still reads it ----------------------
 
 
-def test_a_received_block_is_not_reused_while_a_kernel_still_reads_it(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+def test_a_received_block_is_not_reused_while_a_kernel_still_reads_it(lazy_route: tuple[CudaRuntime, MPI.Comm]) -> None:
     # z = f(cupy.asarray(recv_array(0))): f still reads the block on the caller's stream when the Array dies; the
     # next receive must not land in that block under f (the pool hands a freed block to the next allocation on
     # the stream it was freed on at once).
-    rt, comm = route
+    rt, comm = lazy_route
     first = round_trip(DoubleDeviceArray(rt, OLD), comm, device=0)
     seen = bytearray()
     ptr, nbytes = first.descriptor.ptr, first.nbytes
@@ -261,18 +288,18 @@ def test_a_received_array_names_the_stream_its_data_is_ready_on(route: tuple[Cud
 # -- defect 12: the producer's stream after a device pack, and v3 streams on the staged path -------------------
 
 
-def test_a_v3_stream_is_synchronized_before_a_send(route: tuple[CudaRuntime, MPI.Comm]) -> None:
-    rt, comm = route
+def test_a_v3_stream_is_synchronized_before_a_send(lazy_route: tuple[CudaRuntime, MPI.Comm]) -> None:
+    rt, comm = lazy_route
     s = user_stream(rt)
     x = DoubleDeviceArray(rt, OLD, stream=s)
     kernel_write(rt, s, x.buf.ptr, NEW)
     assert np.array_equal(np.asarray(round_trip(x, comm, device="host")), NEW)
 
 
-def test_the_producer_stream_cannot_overtake_the_pack(route: tuple[CudaRuntime, MPI.Comm]) -> None:
+def test_the_producer_stream_cannot_overtake_the_pack(lazy_route: tuple[CudaRuntime, MPI.Comm]) -> None:
     # A strided v3 array is packed on cai_mpi's stream; the producer's stream must wait for the pack, so work the
     # producer enqueues after isend_array returns cannot change what is sent.
-    rt, comm = route
+    rt, comm = lazy_route
     base = np.arange(2 * N, dtype=np.float64)
     s = user_stream(rt)
     x = DoubleDeviceArray(rt, base, stream=s, view=((N,), (16,)))
