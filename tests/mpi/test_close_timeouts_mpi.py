@@ -35,9 +35,9 @@ def _payload(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(n)
 
 
-def _meet() -> None:
-    """A barrier every rank joins, which gives up waiting after GIVE_UP seconds (then completes later)."""
-    req = WORLD.Ibarrier()
+def _meet(comm: MPI.Comm = WORLD) -> None:
+    """A barrier every rank of ``comm`` joins, which gives up waiting after GIVE_UP seconds (then completes later)."""
+    req = comm.Ibarrier()
     until = time.monotonic() + GIVE_UP
     while not req.Test() and time.monotonic() < until:
         time.sleep(1e-3)
@@ -208,3 +208,67 @@ def test_a_bad_close_timeout_is_refused_and_the_channel_stays_open(bad, error) -
                 ch.close(timeout=bad)
         tx.isend()
         assert np.asarray(rx.recv(timeout=60)).tolist() == x.tolist()
+
+
+def test_leaving_a_pipeline_times_out_when_a_stage_never_leaves() -> None:
+    """Leaving is collective: stage 0 waits for stage 1 to leave too, at most the pipeline's timeout once per stage
+    and item that may be in flight."""
+    comm = WORLD.Split(0 if WORLD.Get_rank() < 2 else 1, WORLD.Get_rank())
+    x = _payload(1000, 6)
+    if WORLD.Get_rank() < 2:
+        if comm.Get_rank() == 0:
+            with pytest.raises(cai_mpi.TimeoutError) as info:
+                start = time.monotonic()
+                with cai_mpi.Pipeline(comm, timeout=SHORT) as pipe:
+                    pipe.send(x, meta={"n": 1})
+            bound = SHORT * 2 * 3  # once per stage and item that may be in flight, at the default depth 2
+            assert bound * 0.9 <= time.monotonic() - start < bound + 10
+            said = str(info.value)
+            assert f"Pipeline: stage 0 waited {bound:g} s for every stage to leave the pipeline" in said, said
+            assert not info.value.cancelled and info.value.seconds == pytest.approx(bound)
+            assert _active, "the pending agreement should be kept alive"
+            _meet(comm)
+        else:
+            with cai_mpi.Pipeline(comm) as pipe:
+                _meet(comm)  # stage 1 leaves only once stage 0 has given up
+                items = list(pipe)
+            assert len(items) == 1 and np.asarray(items[0]).tobytes() == x.tobytes() and items[0].meta == {"n": 1}
+        _settle_meetings()
+        if comm.Get_rank() == 0:
+            _drain_background()  # the agreement completed once stage 1 left
+        y = _payload(10, 7)  # the communicator itself is usable
+        if comm.Get_rank() == 0:
+            cai_mpi.send_array(y, 1, comm=comm, timeout=60)
+        else:
+            assert np.asarray(cai_mpi.recv_array(0, comm=comm, timeout=60)).tobytes() == y.tobytes()
+    comm.Free()
+    WORLD.Barrier()
+
+
+
+def test_sendrecv_times_out_and_both_messages_arrive_later() -> None:
+    """Each half of sendrecv_array waits at most the timeout (the errors name the halves that timed out)."""
+    rank = WORLD.Get_rank()  # ranks 0 and 1 exchange; any others only meet
+    x, y = _payload(BIG, 8), _payload(100, 9)
+    if rank == 0:
+        start = time.monotonic()
+        with pytest.raises(cai_mpi.TimeoutError) as info:
+            cai_mpi.sendrecv_array(x, 1, 1, sendtag=28, recvtag=29, timeout=SHORT)
+        assert SHORT * 0.9 <= time.monotonic() - start < 2 * SHORT + 10
+        # The send half timed out last (MPI cannot withdraw it): its error, with the withdrawn receive's as context.
+        assert "to rank 1 with tag 28" in str(info.value) and not info.value.cancelled, str(info.value)
+        received = info.value.__context__
+        assert isinstance(received, cai_mpi.TimeoutError) and received.cancelled, received
+        assert "from rank 1 with tag 29" in str(received), received
+    _meet()
+    if rank == 1:
+        assert np.asarray(cai_mpi.recv_array(0, 28, timeout=60)).tobytes() == x.tobytes()
+        cai_mpi.send_array(y, 0, tag=29, timeout=60)
+    elif rank == 0:
+        assert np.asarray(cai_mpi.recv_array(1, 29, timeout=60)).tobytes() == y.tobytes()
+    _settle_meetings()
+    WORLD.Barrier()
+    if rank == 0:
+        _drain_background()
+    _nothing_unmatched()
+    WORLD.Barrier()
