@@ -93,3 +93,32 @@ def test_a_soak_whose_channel_receives_fail_ends_and_lists_the_failures(tmp_path
         if rank != 1:
             assert f"rank {rank} thread 0: closing the channel to rank 1: TimeoutError: SendChannel.close: the " \
                 "message to rank 1" in details, details
+
+
+# A wait that does not honour --timeout at all (planted: rank 1's channel receives never return) must not hang the
+# soak either: the thread is reported as stuck once it has finished no round for three timeouts, and the job ends.
+STUCK = r"""
+import sys, threading
+from mpi4py import MPI
+from cai_mpi._src.channel import RecvChannel
+from cai_mpi._src.soak import cli
+
+def never(self, timeout=None):
+    threading.Event().wait()
+
+if MPI.COMM_WORLD.Get_rank() == 1:
+    RecvChannel.recv = never
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_a_soak_with_a_wait_that_never_returns_ends_and_says_so(tmp_path: Path, nprocs: int) -> None:
+    out = tmp_path / "soak.json"
+    done = run_ranks(nprocs, ["-c", STUCK, "--messages", "120", "--threads", "1", "--timeout", "2",
+                              "--json", str(out)], timeout=LIMIT)
+    assert done.returncode != 0, done.output
+    result = json.loads(out.read_text())
+    details = "\n".join(result["failure_details"])
+    assert "rank 1 thread 0: round" in details and "finished nothing for 6 s" in details, details
+    assert "the job is aborted" in details, details
