@@ -11,8 +11,10 @@ so a close that still waits without limit fails the test (no TimeoutError) inste
 from __future__ import annotations
 
 import builtins
+import gc
 import re
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -97,6 +99,13 @@ def test_send_channel_close_times_out_and_the_message_is_delivered_later(opened:
         with pytest.raises(ValueError, match="closed channel"):
             ch.send()
         ch.close(timeout=SHORT)  # closing again does nothing
+        # Nothing MPI still reads from is freed: not the buffer, though every reference to it and to the channel
+        # is dropped, and not the channel's MPI request (freed, it would read as complete to the send's wait).
+        gone = weakref.ref(x)
+        del ch, x, err  # (the error's traceback holds the channel)
+        gc.collect()
+        cai_mpi.irecv_array(MPI.PROC_NULL).wait()  # (any cai_mpi wait drives what a timeout left behind)
+        assert gone() is not None and _active, "the send in flight was let go"
     elif rank == 1:
         rx = cai_mpi.recv_channel(0, 21)
         if opened:
@@ -109,7 +118,8 @@ def test_send_channel_close_times_out_and_the_message_is_delivered_later(opened:
     WORLD.Barrier()
     if rank == 0:
         _drain_background()
-        del ch
+        gc.collect()
+        assert gone() is None, "the buffer outlived its send"
     _nothing_unmatched()
     WORLD.Barrier()
 
