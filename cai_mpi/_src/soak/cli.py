@@ -47,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="threads per rank (default 2 under MPI.THREAD_MULTIPLE, else 1)")
     p.add_argument("--seed", type=int, default=1, help="the schedule's seed (default 1)")
     p.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds any one wait may take before the run fails instead of hanging (default 300)")
+                   help="seconds any one wait (or closing a thread's channels) may take before the run fails "
+                        "instead of hanging; a thread that finishes no round for three times this is reported stuck "
+                        "and the job aborted (default 300)")
     p.add_argument("--warmup", type=float, default=0.2, help="fraction of the run before memory must be flat")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (rank 0)")
     p.add_argument("--plot", metavar="PNG", help="draw each rank's memory over the run (needs matplotlib)")
