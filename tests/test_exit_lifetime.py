@@ -112,6 +112,16 @@ elif case == "channels waited in a later exit hook":  # complete by teardown: th
     receiver = cai_mpi.recv_channel(left, 13, out=receiver_out)
     world.Barrier()
     late_waits += [sender.isend(), receiver.irecv()]
+elif case == "a channel whose close timed out":  # its send stays posted; the channel and the buffer are dropped
+    sender = cai_mpi.send_channel(watched("a timed-out channel's send buffer"), right, 15)
+    for wait in (sender.send, sender.close):
+        try:
+            wait(timeout=0.2)
+            raise SystemExit(f"{wait.__name__}: expected a timeout")
+        except cai_mpi.TimeoutError as exc:
+            exc.__traceback__ = None  # (the pending send keeps its error: its frames would keep this module's globals)
+    del sender, wait
+    cai_mpi.irecv_array(MPI.PROC_NULL).wait()  # (any cai_mpi wait drives what the timeouts left behind)
 elif case == "a received array kept":  # a pooled block, given back to its pool during teardown
     send = cai_mpi.isend_array(np.ones(1 << 17), right, 14)
     kept = cai_mpi.recv_array(left, 14)
@@ -133,8 +143,8 @@ print(f"rank {rank}: exiting", flush=True)
 """
 
 CASES = ["isend never received", "ring in flight", "strided ring in flight", "dropped", "irecv never matched",
-         "channels never closed", "channels waited in a later exit hook", "a received array kept",
-         "MPI finalized by the user"]
+         "channels never closed", "channels waited in a later exit hook", "a channel whose close timed out",
+         "a received array kept", "MPI finalized by the user"]
 ORDERS = ["natural", "cai_mpi's globals cleared first"]
 JOBS = [(case, 2, order) for case in CASES for order in ORDERS] + [(case, 3, ORDERS[0]) for case in CASES]
 

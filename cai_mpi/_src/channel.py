@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import weakref
 from collections.abc import Generator
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -19,10 +20,11 @@ from mpi4py import MPI
 
 from .array import Array
 from .config import config
-from .deadlines import Awaited, deadline
+from .deadlines import Awaited, Deadline, deadline
+from .errors import TimeoutError
 from .operands import DeviceSource, RecvTarget, recv_target, send_source
 from .p2p import _inbox, _inboxes, _meta, _pick_device
-from .requests import PostedRequest, Request, RequestWait, _active, keep_past_exit
+from .requests import PostedRequest, Request, RequestWait, _active, complete_by, keep_past_exit
 from .runtime import get_runtime
 from .sync import sync_enabled, sync_unnamed
 from .transport import header_failure, plan_recv, plan_send
@@ -43,8 +45,8 @@ __all__ = ["RecvChannel", "SendChannel", "recv_channel", "send_channel"]
 _BYTE = MPI.BYTE
 
 
-def _free(req: MPI.Request | None) -> None:
-    if req is not None and MPI.Is_initialized() and not MPI.Is_finalized() and req != MPI.REQUEST_NULL:
+def _free(req: MPI.Request | None, mpi: Any = MPI) -> None:  # (``mpi``: this module's MPI, even during teardown)
+    if req is not None and mpi.Is_initialized() and not mpi.Is_finalized() and req != mpi.REQUEST_NULL:
         req.Free()
 
 
@@ -80,6 +82,8 @@ class _Channel:
 
     __slots__ = ("__weakref__", "_about", "_closed", "_inflight", "_req")
 
+    # Reached through the class: teardown may clear this module's globals before it frees a channel.
+    _free_request = staticmethod(_free)
     _about: Awaited  # what a timeout says this channel was waiting for
     _closed: bool
     _req: MPI.Prequest | None
@@ -88,13 +92,6 @@ class _Channel:
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise ValueError(f"{what} on a closed channel")
-
-    def _settle(self) -> None:
-        """Wait for the message in flight; its error, if any, is its own ``wait()``'s to raise (a failed ``recv()``
-        has raised it already: closing must not raise it a second time)."""
-        if self._inflight is not None:
-            self._inflight._wait_quietly()
-            self._inflight = None
 
     def _start(self, result: Any, keep: Any, about: Awaited) -> Request[Any]:
         """Start the persistent request now (nothing in flight): a Request with nothing left to drive. A receive's
@@ -106,24 +103,80 @@ class _Channel:
     def _queued(self) -> bool:
         return self._inflight is not None and not self._inflight._settled
 
-    def close(self) -> None:
-        """Wait for a message in flight and free the channel's MPI request (idempotent)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for a message in flight, then free the channel's MPI request (idempotent).
+
+        Args:
+            timeout: seconds to wait at most (None: ``CAI_MPI_TIMEOUT``, off by default). Past it,
+                ``TimeoutError``, and the channel is closed all the same: a send stays posted, its memory kept
+                alive, and completes if the peer receives it (later cai_mpi waits finish it); a receive that
+                matched nothing is withdrawn; the MPI request is freed once MPI is done with it.
+        """
+        fn = f"{type(self).__name__}.close"
+        due = deadline(fn, timeout)  # (a bad timeout is refused before anything changes)
         if self._closed:
             return
-        self._settle()
+        inflight = self._inflight
+        if inflight is not None and not inflight._settled:
+            if due is None:
+                # Its error, if any, is its own wait()'s to raise (a failed recv() has raised it already).
+                inflight._wait_quietly()
+            else:
+                withdrawn = self._settle_by(inflight, due)
+                if withdrawn or not inflight._settled:
+                    self._release()
+                    about = self._about
+                    raise Awaited(fn, about.sends, about.peer, about.tag, about.comm).expired(
+                        due, cancelled=withdrawn, matched=True)
         self._release()
 
+    @staticmethod
+    def _settle_by(inflight: Request[Any], due: Deadline) -> bool:
+        """Wait until ``due`` for the message in flight to settle: through its own wait, which withdraws a receive
+        that matched nothing at ``due`` (then True) and leaves anything else to finish in the background; after an
+        earlier timeout, for its completion in the background."""
+        withdrawn = False
+        if not inflight.done:
+            try:
+                inflight._wait_until(due)
+            except TimeoutError as exc:
+                withdrawn = exc.cancelled
+            except BaseException:
+                pass  # the message's own error is its own wait()'s to raise
+        if not inflight._settled:
+            complete_by(RequestWait(inflight), due)
+        return withdrawn
+
     def _release(self) -> None:
-        """Free the MPI request without waiting (exit, garbage collection): no more messages."""
-        if not getattr(self, "_closed", True):  # (a constructor that raised set nothing)
-            self._closed = True
-            _free(self._req)
+        """No more messages; free the MPI request without waiting (close, exit, garbage collection). Not while a
+        message is in flight: MPI still owns its memory, and a freed request would read as complete to its wait
+        (which would then let the memory go). The request in flight holds the MPI request until it completes, and
+        whoever frees the channel last (garbage collection, or the exit hook) frees it then."""
+        if not hasattr(self, "_closed"):  # (a constructor that raised set nothing)
+            return
+        self._closed = True
+        if not self._queued():
+            self._free_request(self._req)
 
     def __del__(self) -> None:
         self._release()
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if error is None:
+            self.close()
+        else:  # leaving on an error: waiting for a peer now could hang, or hide the error behind another
+            self._close_without_waiting()
+
+    def _close_without_waiting(self) -> None:
+        """Close now: a receive in flight that matched nothing is withdrawn; a send, or a receive whose message
+        matched, goes on in the background (kept alive by its request, driven by later cai_mpi waits)."""
+        inflight = self._inflight
+        if inflight is not None and not inflight.done and not self._about.sends:
+            try:
+                inflight._wait_until(Deadline(0.0))
+            except BaseException:
+                pass  # withdrawn (its wait() says so), or its own error
+        self._release()
 
 
 class SendChannel(_Channel):
@@ -363,8 +416,9 @@ class RecvChannel(_Channel):
         return self
 
     def __repr__(self) -> str:
-        if self._req is None:
-            return f"<cai_mpi.RecvChannel from rank {self.source} tag {self.tag}, not yet opened>"
+        if self.shape is None:
+            state = "closed" if self._closed else "not yet opened"
+            return f"<cai_mpi.RecvChannel from rank {self.source} tag {self.tag}, {state}>"
         return (f"<cai_mpi.RecvChannel from rank {self.source} tag {self.tag} shape={self.shape} "
                 f"dtype={self.dtype}{' closed' if self._closed else ''}>")
 

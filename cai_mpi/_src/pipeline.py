@@ -23,11 +23,11 @@ import numpy as np
 from mpi4py import MPI
 
 from .array import Array
-from .deadlines import deadline
+from .deadlines import Deadline, deadline
 from .errors import PipelineError, TimeoutError
 from .p2p import irecv_array, isend_array, recv_array
 from .privcomm import private_comms
-from .requests import Request
+from .requests import PostedRequest, Request
 
 __all__ = ["Pipeline"]
 
@@ -53,7 +53,10 @@ class Pipeline:
 
     ``timeout``: seconds a ``send`` or ``recv`` waits at most for a credit or an item (None:
     ``CAI_MPI_TIMEOUT``, off by default); past it, ``TimeoutError`` on that stage, which the others
-    then see as its failure (``PipelineError``) on leaving the ``with`` block.
+    then see as its failure (``PipelineError``) on leaving the ``with`` block. Leaving waits for every
+    stage to leave, at most ``timeout`` once per stage and item that may still be in flight
+    (``timeout * size * (depth + 1)``); past it, ``TimeoutError``, and the pipeline is abandoned
+    (its pending messages finish in the background; ``comm`` stays usable).
 
     Example:
         >>> with cai_mpi.Pipeline() as pipe:  # doctest: +SKIP
@@ -232,8 +235,11 @@ class Pipeline:
         everyone = np.empty((self._size, len(mine)), np.int64)
         agreed = self._ctl.Iallgather(mine, everyone)
         pause = 0.0
+        due = self._leaving_deadline()
         while not agreed.Test():  # meanwhile sends of this stage that still need driving (staging) go on
             self._reap()
+            if due is not None and time.monotonic() > due.at:
+                raise self._gave_up(agreed, (mine, everyone), due) from error
             time.sleep(pause)
             pause = min(pause * 2 + 1e-6, _MAX_PAUSE)
         report = self._settle(everyone)
@@ -248,6 +254,33 @@ class Pipeline:
         elif report is None or report.rank != failing:
             report = PipelineError(f"Pipeline: stage {failing} failed", failing)
         raise report from error
+
+    def _leaving_deadline(self) -> Deadline | None:
+        """How long leaving waits for every stage to leave. A stage leaves once its stream has ended: behind the
+        last item still on its way to it, and at most ``depth`` + 1 items per stage can be; when no stage's wait
+        times out, the next arrives within ``timeout``. So no healthy pipeline waits longer than ``timeout`` once
+        per stage and item in flight (work a stage does after its stream ended counts too)."""
+        due = deadline("Pipeline", self._timeout)
+        return None if due is None else Deadline(due.seconds * self._size * (self.depth + 1))
+
+    def _gave_up(self, agreed: MPI.Request, buffers: Any, due: Deadline) -> TimeoutError:
+        """Some stage did not leave in time: keep what MPI may still touch (the agreement, which completes if the
+        others leave later, and the control messages in flight) alive, withdraw this stage's control receives, and
+        leave the pipeline's communicators as they are (out of step: not freed)."""
+        error = TimeoutError(
+            f"Pipeline: stage {self.stage} waited {due.seconds:g} s for every stage to leave the pipeline (leaving is "
+            f"collective over {self._size} stages); the pipeline is abandoned: its pending messages finish in the "
+            "background, and the communicator you gave it stays usable", due.seconds, False)
+        PostedRequest([agreed], None, keep=buffers)._abandon(error)
+        if self._control:
+            PostedRequest(self._control, None)._abandon(error)
+            self._control = []
+        for req in (self._credit_req, self._notice_req):
+            if req is not None and req != MPI.REQUEST_NULL:
+                req.Cancel()
+                req.Wait()
+        self._credit_req = None
+        return error
 
     def _settle(self, everyone: np.ndarray[Any, Any]) -> PipelineError | None:
         """Receive what is still in flight to this stage, wait for what it sent, and return the failure report

@@ -47,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="threads per rank (default 2 under MPI.THREAD_MULTIPLE, else 1)")
     p.add_argument("--seed", type=int, default=1, help="the schedule's seed (default 1)")
     p.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds any one wait may take before the run fails instead of hanging (default 300)")
+                   help="seconds any one wait (or closing a thread's channels) may take before the run fails "
+                        "instead of hanging; a thread that finishes no round for three times this is reported stuck "
+                        "and the job aborted (default 300)")
     p.add_argument("--warmup", type=float, default=0.2, help="fraction of the run before memory must be flat")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (rank 0)")
     p.add_argument("--plot", metavar="PNG", help="draw each rank's memory over the run (needs matplotlib)")
@@ -132,11 +134,15 @@ def main(argv: list[str]) -> int:
     progress.start(sum(plans))
     lock = threading.Lock()
     errors: list[str] = []
+    moved = [time.monotonic()] * threads  # when each thread last finished a round
+    current = [0] * threads
 
     def work(worker: Worker, rounds: int) -> None:
         try:
             for rnd in range(rounds):
+                current[worker.thread] = rnd
                 worker.run(rnd)
+                moved[worker.thread] = time.monotonic()
                 with lock:
                     progress.advance(1, f"round {rnd + 1}/{rounds} {kind_of(args.seed, worker.thread, rnd)[0]}")
         except Exception:  # the others then time out waiting for this rank: the run ends, and says why
@@ -149,19 +155,44 @@ def main(argv: list[str]) -> int:
     sampler.start()
     world.Barrier()
     t0 = time.perf_counter()
-    pool = [threading.Thread(target=work, args=(w, r), name=f"soak-{w.thread}") for w, r in zip(workers, plans)]
+    # Daemon threads: one stuck in a wait that ignores --timeout must not keep the process alive.
+    pool = [threading.Thread(target=work, args=(w, r), name=f"soak-{w.thread}", daemon=True)
+            for w, r in zip(workers, plans)]
     for thread in pool:
         thread.start()
-    for thread in pool:
-        thread.join()
+    stall = 3 * args.timeout
+    stuck = _join(pool, moved, stall)
+    for t in stuck:
+        errors.append(f"rank {rank} thread {t}: round {current[t]} ({kind_of(args.seed, t, current[t])[0]}) has "
+                      f"finished nothing for {stall:g} s: stuck in a wait that does not honour --timeout; the job is "
+                      "aborted after this report")
     seconds = time.perf_counter() - t0
     progress.close()
     gc.collect()
     sampler.stop()
     leaks = _leaks()
-    for comm in comms:
-        comm.Free()
-    return _report(args, world, workers, errors, leaks, sampler.samples, seconds, threads, runtime)
+    if not stuck:  # (a stuck thread may still be inside a call on its communicator)
+        for comm in comms:
+            comm.Free()
+    status = _report(args, world, workers, errors, leaks, sampler.samples, seconds, threads, runtime)
+    if stuck:  # MPI_Finalize would wait for the stuck thread: end the job, now that the report is out
+        sys.stdout.flush()
+        sys.stderr.flush()
+        world.Abort(1)
+    return status
+
+
+def _join(pool: list[threading.Thread], moved: list[float], stall: float) -> list[int]:
+    """Wait for every thread; stop waiting for one that has finished no round for ``stall`` seconds (when a peer
+    fails, each of a round's waits ends within --timeout, and closing the channels within one more). Returns the
+    stuck threads' numbers."""
+    stuck: list[int] = []
+    while True:
+        waiting = [t for t, thread in enumerate(pool) if thread.is_alive() and t not in stuck]
+        if not waiting:
+            return stuck
+        stuck += [t for t in waiting if time.monotonic() - moved[t] > stall]
+        pool[waiting[0]].join(0.25)
 
 
 def _leaks() -> list[str]:
@@ -218,7 +249,7 @@ def _report(args: argparse.Namespace, world: MPI.Intracomm, workers: list[Worker
         "rss_series_mib": [r["rss_series_mib"] for r in everyone],
         "command": args.command,
     }
-    print(render(result))
+    print(render(result), flush=True)  # (before any rank may abort the job: see main)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -72,10 +72,17 @@ class Worker:
             getattr(self, kind)(rnd)
 
     def close(self) -> None:
-        for sender, _spec, _buf in self._send_channels.values():
-            sender.close()
-        for receiver, _spec in self._recv_channels.values():
-            receiver.close()
+        """Close every channel, within one ``timeout`` for them all: a failed round may have left a message in flight
+        that its peer will never take (closing then times out, and says so among the failures)."""
+        due = time.monotonic() + self.timeout
+        channels: list[tuple[str, SendChannel | RecvChannel]] = [
+            (f"channel to rank {dest}", ch) for dest, (ch, _spec, _buf) in self._send_channels.items()]
+        channels += [(f"channel from rank {source}", ch) for source, (ch, _spec) in self._recv_channels.items()]
+        for what, channel in channels:
+            try:
+                channel.close(timeout=max(0.0, due - time.monotonic()))
+            except Exception as exc:
+                self.failures.append(f"closing the {what}: {type(exc).__name__}: {exc}")
         self._send_channels.clear()
         self._recv_channels.clear()
 
