@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -15,8 +16,9 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
+from cai_mpi._src.descriptor import CAIDescriptor
 from cai_mpi._src.runtime.cuda import CudaRuntime
-from cai_mpi.testing import double_runtime, use_runtime
+from cai_mpi.testing import DoubleDeviceArray, double_runtime, use_runtime
 
 me = MPI.COMM_WORLD.Get_rank()
 
@@ -156,6 +158,47 @@ def test_the_consumers_stream_waits_for_work_queued_on_the_data(rt: CudaRuntime)
     rt.sync_stream(int(consumer), 0)
     assert seen == [new.tobytes()]
     del capsule
+
+
+def non_blocking_stream(rt: CudaRuntime) -> int:
+    double = rt.driver_double  # type: ignore[attr-defined]
+    with rt._driver.on(0):
+        (handle,) = rt._driver.check("cuStreamCreate", double.CUstream_flags.CU_STREAM_NON_BLOCKING)
+    return int(handle)
+
+
+def test_the_consumers_stream_waits_for_the_stream_the_array_names(rt: CudaRuntime) -> None:
+    # An Array received while a CuPy stream was current names that stream (here a non-blocking one, which the
+    # legacy default stream does not order): work a kernel still does there must come first on the consumer's.
+    new = np.arange(1 << 12, dtype=np.float64) + 1
+    producer, consumer = non_blocking_stream(rt), non_blocking_stream(rt)
+    memory = DoubleDeviceArray(rt, np.zeros_like(new))
+    desc = CAIDescriptor.for_new_buffer(memory.buf.ptr, new.shape, new.dtype, stream=producer)
+    a = cai_mpi.Array(desc, device=0, owner=memory)
+    double = rt.driver_double  # type: ignore[attr-defined]
+    with rt._driver.on(0):
+        double.kernel_write(producer, a.descriptor.ptr, new.tobytes(), delay=0.3)
+    capsule = a.__dlpack__(stream=consumer, max_version=(1, 0))
+    seen: list[bytes] = []
+    with rt._driver.on(0):
+        double.launch(consumer, lambda: seen.append(double.read_device(a.descriptor.ptr, new.nbytes)))
+    rt.sync_stream(consumer, 0)
+    assert seen == [new.tobytes()]
+    del capsule
+
+
+def test_a_consumer_may_release_the_tensor_from_another_thread(rt: CudaRuntime) -> None:
+    a = on_device(np.arange(6.0))
+    capsule = a.__dlpack__(stream=-1, max_version=(1, 0))
+    managed, _ = consume(capsule)
+    ref = weakref.ref(a)
+    del a, capsule
+    worker = threading.Thread(target=managed.deleter, args=(ctypes.addressof(managed),))
+    worker.start()
+    worker.join()
+    del managed
+    gc.collect()
+    assert ref() is None
 
 
 def test_the_request_is_checked(rt: CudaRuntime) -> None:
