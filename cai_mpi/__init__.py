@@ -97,6 +97,13 @@ __all__ = [
     "waitany",
 ]
 
+# Public types print as public names (cai_mpi.PipelineError in a traceback, not its private module's path), and
+# pickle by them.
+for _public in __all__:
+    if isinstance(globals()[_public], type):
+        globals()[_public].__module__ = __name__
+del _public
+
 # Every rank imports cai_mpi, so duplicating COMM_WORLD here cannot block a rank that never
 # calls cai_mpi later (a lazy, first-use duplicate would).
 init_world()

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from . import dlpack
 from .descriptor import CAIDescriptor, descriptor_from_numpy
 from .runtime.base import DeviceBuffer
 from .sync import sync_unnamed
@@ -14,21 +15,23 @@ __all__ = ["Array"]
 
 _new = object.__new__
 
-_KDL_CPU = 1  # DLPack device types
-_KDL_CUDA = 2
-
 
 class Array:
     """What ``recv_array`` returns: the data, its descriptor, and where it came from.
 
     Device memory exports ``__cuda_array_interface__`` (v3; ``stream`` names
     the stream the data is ready on: the caller's current stream when it was
-    received, usually the legacy default stream, 1), so ``cupy.asarray(a)``,
-    ``torch.as_tensor(a, device="cuda")`` and ``numba.cuda.as_cuda_array(a)``
-    adopt it without a copy. Host memory exports ``__array_interface__``,
-    DLPack (``__dlpack__``) and, on Python 3.12+, the buffer protocol, so
-    ``numpy.asarray(a)``, ``numpy.from_dlpack(a)`` and mpi4py see it without a
-    copy. Pass an Array straight back to ``send_array`` to forward it.
+    received, usually the legacy default stream, 1) and DLPack (``kDLCUDA``,
+    with the stream handshake), so ``cupy.asarray(a)``,
+    ``torch.as_tensor(a, device="cuda")``, ``torch.from_dlpack(a)``,
+    ``cupy.from_dlpack(a)``, ``jax.dlpack.from_dlpack(a)`` and
+    ``numba.cuda.as_cuda_array(a)`` adopt it without a copy; ``a.to_host()``
+    copies it to a numpy array, and ``numpy.asarray(a)`` raises TypeError
+    (numpy cannot read device memory). Host memory exports
+    ``__array_interface__``, DLPack (``__dlpack__``) and, on Python 3.12+, the
+    buffer protocol, so ``numpy.asarray(a)``, ``numpy.from_dlpack(a)`` and
+    mpi4py see it without a copy. Pass an Array straight back to
+    ``send_array`` to forward it.
 
     Attributes:
         source: rank it came from (in the communicator it was received on).
@@ -159,17 +162,43 @@ class Array:
             )
         return self._host.__array_interface__
 
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        """DLPack export of host memory (numpy's, zero-copy). Device Arrays export CAI instead: raising
-        NotImplementedError here lets consumers such as mpi4py fall back to ``__cuda_array_interface__``."""
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        """numpy's fallback: host Arrays are read through ``__array_interface__`` first (zero-copy), so this
+        only runs when numpy asks for a copy or a dtype, or for device Arrays, which it refuses: a silent
+        0-d object array would fail far from here."""
         if self._host is None:
-            raise NotImplementedError(
-                f"cai_mpi.Array on GPU {self.device} exports __cuda_array_interface__, not DLPack"
+            raise TypeError(
+                f"numpy.asarray() of a cai_mpi.Array on GPU {self.device}: numpy cannot read device memory. "
+                "For host data copy it: a.to_host() (or a.numpy()); for a device array adopt it without a copy: "
+                "cupy.asarray(a), torch.as_tensor(a, device=\"cuda\") or torch.from_dlpack(a)"
             )
-        return self._host.__dlpack__(**kwargs)
+        if copy is False and dtype is not None and np.dtype(dtype) != self._host.dtype:
+            raise ValueError(
+                f"cai_mpi.Array: a {self._host.dtype} array cannot become {np.dtype(dtype)} without a copy"
+            )
+        out = self._host if dtype is None else self._host.astype(dtype, copy=False)
+        return out.copy() if copy and out is self._host else out
+
+    def __dlpack__(
+        self, *, stream: Any = None, max_version: tuple[int, int] | None = None, dl_device: Any = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """DLPack export, zero-copy: numpy's for host memory; for device memory a ``kDLCUDA`` capsule made
+        after ``stream`` (the consumer's: None the legacy default stream, -1 none) is made to wait for the data
+        (see ``cai_mpi._src.dlpack``). The Array stays alive until the consumer releases the capsule."""
+        if self._host is not None:
+            given = {"stream": stream, "max_version": max_version, "dl_device": dl_device, "copy": copy}
+            return self._host.__dlpack__(**{k: v for k, v in given.items() if v is not None})
+        from .runtime import get_runtime
+
+        ordinal = int(self.device)
+        versioned = dlpack.check_request("cai_mpi.Array.__dlpack__", stream, max_version, dl_device, copy,
+                                         (dlpack.KDL_CUDA, ordinal))
+        return dlpack.device_capsule(self, self.descriptor, ordinal, versioned=versioned, runtime=get_runtime(),
+                                     stream=None if stream is None else int(stream))
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return (_KDL_CPU, 0) if self._host is not None else (_KDL_CUDA, int(self.device))
+        return (dlpack.KDL_CPU, 0) if self._host is not None else (dlpack.KDL_CUDA, int(self.device))
 
     def __buffer__(self, flags: int, /) -> memoryview:
         """The buffer protocol (PEP 688, Python >= 3.12): host memory only."""
@@ -181,6 +210,13 @@ class Array:
         """The data as a numpy array: a zero-copy view for host memory, a copy to host for device memory."""
         if self._host is not None:
             return self._host
+        return self.to_host()
+
+    def to_host(self) -> np.ndarray[Any, Any]:
+        """A copy of the data in host memory, as a new numpy array (for host Arrays too: ``numpy()`` is the
+        zero-copy view there). Waits for work queued on the data (see ``numpy``)."""
+        if self._host is not None:
+            return self._host.copy(order="K")
         from .runtime import get_runtime
 
         rt = get_runtime()

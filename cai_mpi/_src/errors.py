@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+from typing import Any
 
 __all__ = [
     "CaiMpiError",
@@ -23,6 +24,18 @@ CAI_PREFIX = "__cuda_array_interface__: "
 
 class CaiMpiError(Exception):
     """Base class of every error raised by cai_mpi."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt without calling __init__ (whose extra arguments args lacks), then its attributes restored: every
+        # error pickles, e.g. to travel between processes.
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type[CaiMpiError], args: tuple[Any, ...], state: dict[str, Any]) -> CaiMpiError:
+    error = cls.__new__(cls, *args)
+    error.args = args  # (OSError's __new__, TimeoutError's, leaves args empty when a subclass has its own __init__)
+    error.__dict__.update(state)
+    return error
 
 
 class CAIError(CaiMpiError, BufferError):
@@ -84,12 +97,25 @@ class CollectiveMismatchError(CaiMpiError):
 
 class PipelineError(CaiMpiError):
     """A stage of a ``Pipeline`` failed: ``rank`` is the failing stage, ``meta`` the meta of the item it was
-    working on when known (else None). Raised on every other stage; the failing stage sees its own error."""
+    working on when known (else None). Raised on every other stage; the failing stage sees its own error.
 
-    def __init__(self, message: str, rank: int, meta: dict[str, object] | None = None) -> None:
+    Attributes:
+        error_type: the name of the failing stage's exception type (``"ValueError"``, ``"mypkg.MyError"``).
+        error_message: its message (``str()`` of it).
+        error_traceback: its traceback as that stage would print it (the frames where it failed; the start of a
+            very long one is cut), or ``""`` when the stage failed without an exception of its own.
+    """
+
+    def __init__(
+        self, message: str, rank: int, meta: dict[str, object] | None = None, *, error_type: str = "",
+        error_message: str = "", error_traceback: str = "",
+    ) -> None:
         super().__init__(message)
         self.rank = rank
         self.meta = meta
+        self.error_type = error_type
+        self.error_message = error_message
+        self.error_traceback = error_traceback
 
 
 class TimeoutError(CaiMpiError, builtins.TimeoutError):  # the name users expect; builtin handlers catch it too

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .errors import CAIError, ProtocolError
+from .meta import MAX_META_BYTES, encode_meta
 
 __all__ = [
     "FLAG_CHANNEL",
@@ -69,7 +70,6 @@ _KNOWN_FLAGS = FLAG_INLINE | FLAG_STRUCTURED | FLAG_META | FLAG_FORTRAN | FLAG_C
 
 MAX_NDIM = 64
 MAX_DTYPE_BYTES = 16 << 10
-MAX_META_BYTES = 16 << 10
 MAX_INLINE_BYTES = 64 << 10
 _MAX_ARRAY_BYTES = 2**63 - 1  # the most bytes one numpy array may span
 #: Every header fits in this many bytes: receivers post buffers of this size.
@@ -192,40 +192,6 @@ def _dtype_from_field(field: bytes, structured: bool) -> np.dtype[Any]:
 
 
 # -- encoding -------------------------------------------------------------------------------------------------
-
-
-def encode_meta(meta: Any) -> bytes:
-    """Serialise ``meta`` for the header, refusing anything that would not come back identical."""
-    if meta is None:
-        return b""
-    if not isinstance(meta, dict):
-        raise TypeError(f"meta must be a dict of JSON values, got {type(meta).__name__}")
-    try:
-        raw = json.dumps(meta, separators=(",", ":"), allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"meta must hold only JSON values (str keys; str, int, float, bool, None, list, dict): {exc}"
-        ) from None
-    except RecursionError:
-        raise TypeError(_TOO_DEEP) from None
-    if len(raw) > MAX_META_BYTES:
-        raise ValueError(f"meta is {len(raw)} bytes as JSON; the limit is {MAX_META_BYTES} bytes")
-    try:
-        arrives = json.loads(raw)
-        same = arrives == meta
-    except RecursionError:  # (nesting the encoder took is still too deep to decode or compare)
-        raise TypeError(_TOO_DEEP) from None
-    if not same:
-        raise TypeError(
-            "meta would not survive JSON unchanged (non-str dict keys or tuples?): "
-            f"{meta!r} would arrive as {arrives!r}"
-        )
-    return raw
-
-
-# Deep nesting exhausts Python's recursion limit in json (a few KB of JSON can do it); the receiver, whose
-# decoder has the same limit, could not read it either.
-_TOO_DEEP = "meta is nested too deeply for JSON (past Python's recursion limit): flatten it"
 
 
 def encode_header(

@@ -262,7 +262,7 @@ def recv_array(
     device: Device = None,
     timeout: float | None = None,
 ) -> Array:
-    """Receive an array sent with ``send_array``; no shape or dtype needed.
+    """Receive an array sent with ``send_array``, no shape or dtype needed (``out=``: an Array over it, no copy).
 
     Args:
         source: the sending rank, or ANY_SOURCE (PROC_NULL: returns at once, with no data).
@@ -337,7 +337,7 @@ def irecv_array(
     out: Any = None,
     device: Device = None,
 ) -> Request[Array]:
-    """Start receiving an array; see ``recv_array``.
+    """Start receiving an array (into ``out=``: ``wait()`` returns an Array over it, no copy); see ``recv_array``.
 
     Args:
         source, tag, comm, out, device: as in ``recv_array``.
@@ -402,7 +402,7 @@ def sendrecv_array(
     meta: dict[str, Any] | None = None,
     timeout: float | None = None,
 ) -> Array:
-    """Send ``obj`` to ``dest`` and receive an array from ``source`` at once, deadlock-free (halo exchanges).
+    """Send ``obj`` to ``dest`` and receive from ``source`` at once, deadlock-free (``out=``: an Array over it).
 
     The arguments come in mpi4py's order (``Comm.sendrecv(sendobj, dest, sendtag, recvbuf, source, recvtag)``,
     without ``recvbuf``): ``sendrecv_array(x, right, 0, left)`` sends to ``right`` with tag 0 and receives from

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -36,6 +37,7 @@ _CREDIT, _NOTICE = 0, 1  # tags on the control duplicate
 _SPIN_SECONDS = 1e-3  # how long a wait polls before it starts sleeping
 _MAX_PAUSE = 1e-4  # the longest sleep between polls after that
 _NOTICE_BYTES = 64 << 10
+_TEXT_CHARS = 16 << 10  # of a failing stage's message, and of the end of its traceback, that a notice carries
 # What each stage tells the others on leaving: the failing stage (else the size), messages sent downstream
 # (items and the end of the stream), messages received from upstream, credits sent, whether a receive is
 # still posted upstream.
@@ -198,20 +200,32 @@ class Pipeline:
 
     def _failure_from(self, raw: bytes | bytearray) -> PipelineError:
         notice = json.loads(bytes(raw))
-        return PipelineError(f"Pipeline: stage {notice['rank']} failed: {notice['error']}", notice["rank"],
-                             notice["meta"])
+        kind, message = notice["type"], notice["message"]
+        return PipelineError(f"Pipeline: stage {notice['rank']} failed: {kind}: {message}", notice["rank"],
+                             notice["meta"], error_type=kind, error_message=message,
+                             error_traceback=notice["traceback"])
 
-    def _notify(self, error: BaseException) -> None:
-        """Tell every other stage that this one failed (they raise PipelineError, wherever they wait)."""
-        text = f"{type(error).__name__}: {error}"
-        try:
-            notice = json.dumps({"rank": self.stage, "meta": self._meta, "error": text}).encode()
-        except (TypeError, ValueError):
-            notice = json.dumps({"rank": self.stage, "meta": None, "error": text}).encode()
-        notice = notice[:_NOTICE_BYTES]
+    def _notify(self, error: BaseException, *, own: bool = True) -> None:
+        """Tell every other stage that this one failed (they raise PipelineError, wherever they wait), with the
+        error's type, message and (``own``: an exception this stage raised) traceback."""
+        kind = type(error)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        text = "".join(traceback.format_exception(kind, error, error.__traceback__)) if own else ""
+        message, text = str(error)[:_TEXT_CHARS], text[-_TEXT_CHARS:]
+        meta = self._meta
+        while True:
+            notice = {"rank": self.stage, "meta": meta, "type": name, "message": message, "traceback": text}
+            try:
+                raw = json.dumps(notice).encode()
+            except (TypeError, ValueError):
+                meta = None
+                continue
+            if len(raw) <= _NOTICE_BYTES:
+                break
+            meta, message, text = None, message[: len(message) // 2], text[len(text) // 2 :]  # (escaped non-ASCII)
         for rank in range(self._size):
             if rank != self.stage:
-                self._control.append(self._ctl.Isend(notice, rank, _NOTICE))
+                self._control.append(self._ctl.Isend(raw, rank, _NOTICE))
                 self._notices_sent += 1
 
     # -- leaving ---------------------------------------------------------------------------------------------
@@ -229,7 +243,7 @@ class Pipeline:
             if not self._ended:  # left before the end of its stream: upstream would wait for it forever
                 self._left = True
                 failed_here = True
-                self._notify(RuntimeError("it left the pipeline before the end of its stream"))
+                self._notify(RuntimeError("it left the pipeline before the end of its stream"), own=False)
         mine = np.array([self.stage if failed_here else self._size, self._sent, self._received, self._credits_sent,
                          self._prefetch is not None], np.int64)
         everyone = np.empty((self._size, len(mine)), np.int64)
@@ -248,12 +262,14 @@ class Pipeline:
         failing = int(everyone[:, _FAILED].min())
         if failing == self._size or (failed_here and not self._left):
             return  # no failure; or this stage's own exception goes on unchanged
+        if isinstance(error, PipelineError) and error.rank == failing:
+            return  # the report this stage already raised goes on (raising a copy would print it twice)
         if self._left and failing == self.stage:
             report = PipelineError(f"Pipeline: stage {self.stage} left the pipeline before the end of its stream",
                                    self.stage)
         elif report is None or report.rank != failing:
             report = PipelineError(f"Pipeline: stage {failing} failed", failing)
-        raise report from error
+        raise report from None  # (error, if any, is the report of a stage that failed later: this one replaces it)
 
     def _leaving_deadline(self) -> Deadline | None:
         """How long leaving waits for every stage to leave. A stage leaves once its stream has ended: behind the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import traceback
 from typing import Any
 
 import numpy as np
@@ -134,6 +135,42 @@ def test_a_failing_stage_reaches_every_other_stage(where: str) -> None:
         assert isinstance(outcome, cai_mpi.PipelineError), outcome
         assert outcome.rank == failing and f"stage {failing} failed" in str(outcome)
         assert outcome.meta == (None if failing == 0 else {"i": 2})
+    reuse_of_the_communicator()
+
+
+def middle_stage_transform(a: cai_mpi.Array) -> np.ndarray[Any, Any]:
+    if a.meta == {"i": 2}:
+        raise ValueError(f"item {a.meta['i']} is bad on stage {rank}")
+    return np.asarray(a) * 2
+
+
+def test_a_middle_stage_failure_reaches_the_others_once_with_its_type_message_and_traceback() -> None:
+    failing = max(1, size // 2)  # (at 2 ranks, the last stage)
+    outcome: Any = None
+    try:
+        with cai_mpi.Pipeline(depth=1) as pipe:
+            if pipe.first:
+                for i in range(20):
+                    pipe.send(np.full(4, i), meta={"i": i})
+            else:
+                for a in pipe:
+                    out = middle_stage_transform(a) if rank == failing else a
+                    if not pipe.last:
+                        pipe.send(out, meta=a.meta)
+    except (cai_mpi.PipelineError, ValueError) as exc:
+        outcome = exc
+    if rank == failing:
+        assert type(outcome) is ValueError and "item 2 is bad" in str(outcome)
+    else:
+        assert isinstance(outcome, cai_mpi.PipelineError), outcome
+        assert (outcome.rank, outcome.meta) == (failing, {"i": 2})
+        assert outcome.error_type == "ValueError"
+        assert outcome.error_message == f"item 2 is bad on stage {failing}"
+        assert "in middle_stage_transform" in outcome.error_traceback
+        assert outcome.error_traceback.rstrip().endswith(f"ValueError: item 2 is bad on stage {failing}")
+        printed = "".join(traceback.format_exception(type(outcome), outcome, outcome.__traceback__))
+        assert printed.count(f"stage {failing} failed") == 1, printed  # not chained to a copy of itself
+        assert "cai_mpi.PipelineError: Pipeline: stage" in printed
     reuse_of_the_communicator()
 
 

@@ -660,7 +660,6 @@ def test_encode_meta_refuses_non_dict(meta: Any) -> None:
         {"a": float("nan")},
         {"a": float("inf")},
         {"a": [float("-inf")]},
-        {"a": np.float64(1.0).astype(np.float32)},
         {"a": object()},
         {(1, 2): "tuple key"},
     ],
@@ -677,13 +676,48 @@ def test_encode_meta_refuses_non_json_values(meta: dict[Any, Any]) -> None:
         {True: "bool key"},
         {None: "none key"},
         {1.5: "float key"},
-        {"t": (1, 2)},
-        {"t": [1, (2,)]},
-        {"d": {"inner": (3,)}},
     ],
 )
 def test_encode_meta_refuses_what_would_not_round_trip(meta: dict[Any, Any]) -> None:
     with pytest.raises(TypeError, match="meta would not survive JSON unchanged"):
+        encode_meta(meta)
+
+
+@pytest.mark.parametrize(
+    ("meta", "arrives"),
+    [
+        ({"t": (1, 2)}, {"t": [1, 2]}),
+        ({"t": [1, (2, (3,))]}, {"t": [1, [2, [3]]]}),
+        ({"d": {"inner": ()}}, {"d": {"inner": []}}),
+        ({"i": np.int64(-3), "u": np.uint8(200), "b": np.bool_(True)}, {"i": -3, "u": 200, "b": True}),
+        ({"f": np.float32(0.5), "g": np.float64(2.25), "h": np.float16(1.5)}, {"f": 0.5, "g": 2.25, "h": 1.5}),
+        ({"s": np.str_("x"), "step": np.array(7), "lr": np.array(1e-3)}, {"s": "x", "step": 7, "lr": 1e-3}),
+        ({"shape": tuple(np.arange(3))}, {"shape": [0, 1, 2]}),
+        ({"k": [np.int32(1), {"v": np.array(True)}]}, {"k": [1, {"v": True}]}),
+    ],
+    ids=["tuple", "nested-tuples", "empty-tuple", "numpy-ints", "numpy-floats", "0-d-arrays", "tuple-of-numpy",
+         "deep-numpy"],
+)
+def test_encode_meta_takes_numpy_scalars_0d_arrays_and_tuples(meta: dict[str, Any], arrives: dict[str, Any]) -> None:
+    raw = encode_meta(meta)
+    got = decode(encode_header(np.dtype("u1"), (1,), fortran=False, payload_tag=0, meta_bytes=raw)).meta
+    assert got == arrives
+    assert json.dumps(got) == json.dumps(arrives)  # the same Python types (int stays int, bool stays bool)
+
+
+@pytest.mark.parametrize(
+    ("meta", "hint"),
+    [
+        ({"a": np.arange(3)}, r"numpy array of shape \(3,\).*\.tolist\(\)"),
+        ({"a": np.float32(np.nan)}, "meta must hold only JSON values"),
+        ({"a": np.datetime64("2026-01-01")}, "datetime64"),
+        ({"a": np.array(b"x")}, "bytes"),
+        ({"a": (1, {2})}, "meta must hold only JSON values"),
+        ({np.int64(1): "numpy key"}, "str keys"),
+    ],
+)
+def test_encode_meta_still_refuses_what_json_cannot_hold(meta: dict[Any, Any], hint: str) -> None:
+    with pytest.raises(TypeError, match=hint):
         encode_meta(meta)
 
 

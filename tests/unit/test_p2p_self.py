@@ -114,8 +114,7 @@ def test_device_array_exports_cai_v3_without_stream() -> None:
         assert cai_mpi.describe(got).ptr == got.descriptor.ptr
         with pytest.raises(AttributeError):
             got.__array_interface__  # noqa: B018
-        with pytest.raises(NotImplementedError):
-            got.__dlpack__()
+        assert got.__dlpack_device__() == (2, 0)  # kDLCUDA (the capsule: tests/unit/test_array_dlpack.py)
         # Forwarding a device Array: its descriptor travels on.
         again = self_round_trip(got, device="host")
         assert np.array_equal(np.asarray(again), np.arange(6.0))
