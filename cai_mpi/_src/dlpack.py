@@ -182,11 +182,7 @@ def wait_on_consumer_stream(runtime: Runtime, desc: CAIDescriptor, ordinal: int,
     for producer in producers:
         if producer == consumer:
             continue  # stream order already puts the consumer's work after it
-        record = getattr(runtime, "_record_on", None)  # the CUDA runtime: an event on a stream that is not its own
-        if record is None:
-            runtime.sync_stream(producer, ordinal)  # runtimes without streams of their own: wait here
-        else:
-            runtime.stream_wait_event(consumer, record(producer, ordinal), ordinal)
+        runtime.stream_wait_event(consumer, runtime.record_event_on(producer, ordinal), ordinal)
 
 
 def check_request(

@@ -18,7 +18,7 @@ from .._src.descriptor import CAIDescriptor
 from .._src.errors import StreamError
 from .._src.operands import host_view
 from .._src.runtime.base import HOST, DeviceBuffer, Event, Location, MemoryKind, PinnedBuffer, Runtime, Stream
-from ._streams import SimulatedStream, all_streams, resolve_stream
+from ._streams import SimulatedEvent, SimulatedStream, all_streams, resolve_stream
 
 __all__ = ["SimulatedDeviceBuffer", "SimulatedRuntime", "simulated_device_memory"]
 
@@ -170,6 +170,15 @@ class SimulatedRuntime(Runtime):
     def record_event(self, stream: Stream) -> Event:
         assert isinstance(stream, SimulatedStreamAdapter)
         return stream.sim.record_event()
+
+    def record_event_on(self, handle: int, ordinal: int) -> Event:
+        stream = resolve_stream(handle)
+        if stream is not None:
+            return stream.record_event()
+        self.sync_stream(handle, ordinal)  # the simulated default streams: nothing queued on them stays pending
+        done = SimulatedEvent()
+        done._done.set()
+        return done
 
     def pack(self, desc: CAIDescriptor, ordinal: int, stream: Stream) -> DeviceBuffer:
         assert isinstance(stream, SimulatedStreamAdapter)

@@ -179,6 +179,11 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     def record_event(self, stream: Stream) -> Event: ...
 
+    @abc.abstractmethod
+    def record_event_on(self, handle: int, ordinal: int) -> Event:
+        """An event recorded now on CAI stream ``handle`` of GPU ``ordinal`` (1 and 2: that GPU's default streams;
+        else a stream of the user's), for another stream to wait on."""
+
     # -- layout -------------------------------------------------------------
     @abc.abstractmethod
     def pack(self, desc: CAIDescriptor, ordinal: int, stream: Stream) -> DeviceBuffer:

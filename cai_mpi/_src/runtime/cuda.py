@@ -221,7 +221,7 @@ class CudaRuntime(Runtime):
     def sync_legacy(self, ordinal: int | None) -> None:
         gpu = self.ordinal if ordinal is None else ordinal
         try:
-            self._record_on(LEGACY_STREAM, gpu).synchronize()
+            self.record_event_on(LEGACY_STREAM, gpu).synchronize()
         except CudaError as exc:
             raise StreamError(
                 f"the legacy default stream of GPU {gpu} cannot be synchronized: {exc}. A kernel that faulted "
@@ -302,10 +302,10 @@ class CudaRuntime(Runtime):
 
     def _release_events(self, ordinal: int, consumer: int) -> list[Event]:
         """Events recorded now on the streams user work on a handed-out block runs on (see ``alloc_device``)."""
-        events: list[Event] = [self._record_on(LEGACY_STREAM, ordinal)]
+        events: list[Event] = [self.record_event_on(LEGACY_STREAM, ordinal)]
         if consumer not in (LEGACY_STREAM, PER_THREAD_STREAM):  # the per-thread default stream is a blocking one
             try:
-                events.append(self._record_on(consumer, ordinal))
+                events.append(self.record_event_on(consumer, ordinal))
             except CudaError:  # the user's stream is gone: what ran on it is ordered by nothing we can see
                 self.sync_device(ordinal)
         return events
@@ -342,9 +342,9 @@ class CudaRuntime(Runtime):
 
     def record_event(self, stream: Stream) -> Event:
         s = _own_stream(stream)
-        return self._record_on(s.handle, s.ordinal)
+        return self.record_event_on(s.handle, s.ordinal)
 
-    def _record_on(self, handle: int, ordinal: int) -> CudaEvent:
+    def record_event_on(self, handle: int, ordinal: int) -> CudaEvent:
         """An event recorded now on CAI stream ``handle`` (1 and 2: the default streams of ``ordinal``'s context)."""
         flags = self._driver.drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
         with self._on(ordinal):

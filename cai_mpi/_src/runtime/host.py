@@ -63,6 +63,9 @@ class HostRuntime(Runtime):
     def record_event(self, stream: Stream) -> Event:
         raise RuntimeUnavailableError(f"cannot record an event: {_NO_GPU}")
 
+    def record_event_on(self, handle: int, ordinal: int) -> Event:
+        raise RuntimeUnavailableError(f"cannot record an event: {_NO_GPU}")
+
     def pack(self, desc: CAIDescriptor, ordinal: int, stream: Stream) -> DeviceBuffer:
         raise RuntimeUnavailableError(f"no device memory to pack: {_NO_GPU}")
 
