@@ -28,6 +28,9 @@ import pytest
 from launch import ROOT, run_ranks
 
 DOCS = ROOT / "docs"
+# The one command that builds the site, as README.md, docs/index.md and docs/conf.py give it; the test below adds
+# only -q and a doctree folder of its own.
+SPHINX_COMMAND = "python -m sphinx -W --keep-going -n -b html docs docs/_build/html"
 PAGES_WITH_RUNNING_BLOCKS = ("tutorial.md", "guide.md")
 PUBLIC_MODULES = ("cai_mpi", "cai_mpi.testing")
 
@@ -129,11 +132,24 @@ def test_site_builds_without_warnings_and_documents_every_public_name(tmp_path: 
         pytest.importorskip(module, reason="the docs extra is not installed here: pip install -e '.[docs]' "
                                            "(scripts/test.sh installs it in the Open MPI venv, which builds the site)")
     html = tmp_path / "html"
-    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-q", "-b", "html",
-           "-d", str(tmp_path / "doctrees"), str(DOCS), str(html)]
+    documented_cmd = shlex.split(SPHINX_COMMAND)
+    assert documented_cmd[:3] == ["python", "-m", "sphinx"] and documented_cmd[-2:] == ["docs", "docs/_build/html"]
+    cmd = [sys.executable, *documented_cmd[1:-2], "-q", "-d", str(tmp_path / "doctrees"), str(DOCS), str(html)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"`{shlex.join(cmd)}` failed:\n{done.stdout}{done.stderr}"
     documented = documented_python_names(html / "objects.inv")
     missing = [f"{module}.{name}" for module in PUBLIC_MODULES
                for name in importlib.import_module(module).__all__ if f"{module}.{name}" not in documented]
     assert not missing, f"public names missing from the API reference (docs/api.md): {missing}"
+
+
+def test_one_sphinx_command_everywhere() -> None:
+    """README.md, the docs and the scripts give the same command to build the site (the one the test above runs)."""
+    files = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), DOCS / "conf.py", *sorted((ROOT / "scripts").glob("*"))]
+    found = {}
+    for path in files:
+        for command in re.findall(r"(?:python3? -m sphinx|sphinx-build)\b[^`\n(]*", path.read_text()):
+            found.setdefault(command.strip().rstrip(").;"), []).append(str(path.relative_to(ROOT)))
+    readme_and_index = {f for files_ in found.values() for f in files_} & {"README.md", "docs/index.md"}
+    assert readme_and_index == {"README.md", "docs/index.md"}, found
+    assert list(found) == [SPHINX_COMMAND], f"expected only `{SPHINX_COMMAND}`, found {found}"
