@@ -102,11 +102,23 @@ def _data_doc(name: str, value: Any) -> list[str]:
     return []
 
 
+def _attributes_section(cls: type) -> set[str]:
+    """The names a Google-style "Attributes:" section of ``cls``'s docstring documents."""
+    section = re.search(r"^Attributes:\n((?:    .*\n|\n)*)", (inspect.getdoc(cls) or "") + "\n", re.MULTILINE)
+    return set(re.findall(r"^    (\w+)\b[^\n]*:", section[1], re.MULTILINE)) if section else set()
+
+
 def _directive(module: str, name: str, obj: Any) -> str:
     """The reStructuredText that documents one public name (autodoc writes reStructuredText, hence eval-rst)."""
     target = f"{module}.{name}"
     if inspect.isclass(obj) and issubclass(obj, BaseException):
         rst = f".. autoexception:: {target}\n   :members:\n   :show-inheritance:"
+    elif inspect.isclass(obj) and module == "cai_mpi":
+        # Every attribute and method, documented or not, and those of private base classes (a channel's close()),
+        # but not a second, bare time what the class docstring's "Attributes:" section documents.
+        rst = f".. autoclass:: {target}\n   :members:\n   :undoc-members:\n   :inherited-members:"
+        if documented := _attributes_section(obj):
+            rst += f"\n   :exclude-members: {', '.join(sorted(documented))}"
     elif inspect.isclass(obj):
         rst = f".. autoclass:: {target}\n   :members:"
     elif callable(obj):
@@ -115,6 +127,20 @@ def _directive(module: str, name: str, obj: Any) -> str:
         value = f"\n   :value: {obj!r}" if isinstance(obj, int) else ""
         rst = f".. py:data:: {target}{value}\n\n" + "\n".join(f"   {line}" for line in _data_doc(name, obj))
     return f"```{{eval-rst}}\n{rst}\n```"
+
+
+# cai_mpi makes these, users do not: their reference shows no constructor, whose arguments are internal (an Array's
+# owner, a Request's generator, an exception's fields). Every other public class of cai_mpi is one of them unless
+# listed here; cai_mpi.testing's classes are all made by users.
+_MADE_BY_USERS = {"cai_mpi.Pipeline", "cai_mpi.CAIDescriptor"}
+
+
+def _hide_internal_constructors(app: Any, what: str, name: str, obj: Any, options: Any, signature: str | None,
+                                return_annotation: str | None) -> tuple[str, str | None] | None:
+    if signature and what in ("class", "exception") and name.startswith("cai_mpi.") \
+            and not name.startswith("cai_mpi.testing.") and name not in _MADE_BY_USERS:
+        return "", return_annotation
+    return None
 
 
 def _source_line(obj: Any) -> int:
@@ -161,4 +187,5 @@ def _link_repository_pages(app: Any, docname: str, source: list[str]) -> None:
 def setup(app: Any) -> dict[str, Any]:
     app.connect("source-read", _expand_public_api)
     app.connect("source-read", _link_repository_pages)
+    app.connect("autodoc-process-signature", _hide_internal_constructors)
     return {"parallel_read_safe": True}

@@ -14,12 +14,16 @@ failed, or it raised), on any rank.
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import importlib
+import inspect
 import os
 import re
 import shlex
 import subprocess
 import sys
+import textwrap
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +130,35 @@ def documented_python_names(objects_inv: Path) -> set[str]:
     return names
 
 
+def public_members(cls: type) -> set[str]:
+    """A class's public attributes and methods: its own and its cai_mpi bases' (not object's, tuple's or
+    Exception's), dataclass fields, and attributes its methods assign (``self.first = ...``)."""
+    names = {name for name in dir(cls) if not name.startswith("_")
+             and any(name in vars(k) for k in cls.__mro__ if k.__module__.startswith("cai_mpi"))}
+    if dataclasses.is_dataclass(cls):
+        names |= {field.name for field in dataclasses.fields(cls) if not field.name.startswith("_")}
+    for k in cls.__mro__:
+        if k.__module__.startswith("cai_mpi"):
+            for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(k)))):
+                targets = node.targets if isinstance(node, ast.Assign) else []
+                targets += [node.target] if isinstance(node, ast.AnnAssign) else []
+                for target in targets:
+                    for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                            names.add(t.attr)
+    return {name for name in names if not name.startswith("_")}
+
+
+def test_public_members_finds_properties_fields_and_instance_attributes() -> None:
+    import cai_mpi
+
+    assert {"shape", "dtype", "numpy", "source", "meta", "device"} <= public_members(cai_mpi.Array)
+    assert {"first", "last", "stage", "depth", "send", "recv", "close"} <= public_members(cai_mpi.Pipeline)
+    assert {"close", "send", "isend", "dest"} <= public_members(cai_mpi.SendChannel)
+    assert {"aware", "detail"} <= public_members(cai_mpi.CudaAwareness)
+    assert public_members(cai_mpi.TimeoutError) == {"seconds", "cancelled"}  # not BaseException's args
+
+
 def test_site_builds_without_warnings_and_documents_every_public_name(tmp_path: Path) -> None:
     """The site (docs/conf.py) builds with -W -n: a broken link, cross-reference or docstring fails here."""
     for module in ("sphinx", "myst_parser", "furo"):
@@ -141,6 +174,13 @@ def test_site_builds_without_warnings_and_documents_every_public_name(tmp_path: 
     missing = [f"{module}.{name}" for module in PUBLIC_MODULES
                for name in importlib.import_module(module).__all__ if f"{module}.{name}" not in documented]
     assert not missing, f"public names missing from the API reference (docs/api.md): {missing}"
+    # Every attribute and method of cai_mpi's classes too (Array.shape, Pipeline.first, Request.done, ...).
+    import cai_mpi
+
+    classes = {name: obj for name in cai_mpi.__all__ if inspect.isclass(obj := getattr(cai_mpi, name))}
+    entries = [f"cai_mpi.{name}.{member}" for name, obj in classes.items() for member in sorted(public_members(obj))]
+    missing = [entry for entry in entries if entry not in documented]
+    assert not missing, f"public attributes missing from the API reference (docs/conf.py, docstrings): {missing}"
 
 
 def test_one_sphinx_command_everywhere() -> None:
