@@ -159,6 +159,45 @@ def test_public_members_finds_properties_fields_and_instance_attributes() -> Non
     assert public_members(cai_mpi.TimeoutError) == {"seconds", "cancelled"}  # not BaseException's args
 
 
+def documented_parameters(doc: str) -> dict[str, str]:
+    """The entries of a Google-style "Args:" section: parameter name -> its description ("a, b: ..." is one entry
+    named "a, b", which napoleon renders as one description repeated under each name)."""
+    section = re.search(r"^Args:\n((?:    .*\n|\n)*)", doc + "\n", re.MULTILINE)
+    if not section:
+        return {}
+    entries = re.findall(r"^    (\S[^:\n]*?)(?: \([^)]*\))?: (.*(?:\n        .*)*)", section[1], re.MULTILINE)
+    return {name: " ".join(description.split()) for name, description in entries}
+
+
+def test_every_public_function_documents_each_parameter_in_its_own_words() -> None:
+    """The reference renders each parameter with what it means, not "as in reduce_array": the reader of one entry
+    should not have to open another. (cai_mpi.testing's helpers are for tests and are not held to it.)"""
+    problems = []
+    for module in ("cai_mpi",):
+        mod = importlib.import_module(module)
+        for name in mod.__all__:
+            fn = getattr(mod, name)
+            if not inspect.isfunction(fn):
+                continue
+            params = [p for p in inspect.signature(fn).parameters.values()
+                      if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+            documented = documented_parameters(inspect.getdoc(fn) or "")
+            for entry, description in documented.items():
+                if "," in entry:
+                    problems.append(f"{module}.{name}: `{entry}` share one description; give each its own")
+                elif re.match(r"(as in|see)\b", description, re.IGNORECASE):
+                    problems.append(f"{module}.{name}: `{entry}` is described only by reference: {description!r}")
+            problems += [f"{module}.{name}: parameter `{p.name}` is not in its Args: section"
+                         for p in params if p.name not in documented and not any(
+                             p.name in entry.split(", ") for entry in documented)]
+    assert not problems, "\n".join(problems)
+
+
+def test_documented_parameters_reads_google_args() -> None:
+    doc = "Do it.\n\nArgs:\n    a: the first\n        and more.\n    b, c: as in f.\n    d (int): four.\n\nReturns: x"
+    assert documented_parameters(doc) == {"a": "the first and more.", "b, c": "as in f.", "d": "four."}
+
+
 def test_site_builds_without_warnings_and_documents_every_public_name(tmp_path: Path) -> None:
     """The site (docs/conf.py) builds with -W -n: a broken link, cross-reference or docstring fails here."""
     for module in ("sphinx", "myst_parser", "furo"):
