@@ -10,6 +10,10 @@ the site):
 More lines inside the comment are Python run before the block, hidden from the reader: the set-up that a
 fragment of the guide leaves out. A block fails its test when it exits non-zero (an ``assert`` in it
 failed, or it raised), on any rank.
+
+In the guide, a block that does not run says so with ``<!-- fragment -->`` on the line before its fence (a
+synopsis, or code that needs a GPU): every fence with a language carries one marker or the other. Fences
+without a language hold program output, not code.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ DOCS = ROOT / "docs"
 # only -q and a doctree folder of its own.
 SPHINX_COMMAND = "python -m sphinx -W --keep-going -n -b html docs docs/_build/html"
 PAGES_WITH_RUNNING_BLOCKS = ("tutorial.md", "guide.md")
+PAGES_WITH_EVERY_BLOCK_MARKED = ("guide.md",)  # each code block runs or is marked a fragment
 PUBLIC_MODULES = ("cai_mpi", "cai_mpi.testing")
 
 _MARKED_BLOCK = re.compile(
@@ -89,6 +94,48 @@ def test_the_tutorial_runs_every_program_that_needs_no_gpu() -> None:
     marked = {block.code for block in BLOCKS if block.page == "tutorial.md"}
     unmarked = [code for code in re.findall(r"^```python\n(.*?)^```$", text, re.M | re.S) if code not in marked]
     assert marked and all("import cupy" in code for code in unmarked), unmarked
+
+
+def unmarked_code_blocks(text: str) -> list[int]:
+    """The lines of the fences with a language that are marked neither ``<!-- runs... -->`` nor
+    ``<!-- fragment -->`` on the line before; a ``<!-- fragment -->`` on no fence counts too."""
+    lines = text.split("\n")
+    unmarked, inside = [], False
+    for number, line in enumerate(lines):
+        if inside:
+            inside = not line.startswith("```")
+            continue
+        if line.startswith("```"):
+            inside = True
+            marker = text_of_comment_ending(lines, number - 1)
+            if line != "```" and not re.match(r"<!-- (runs\b|fragment -->$)", marker):
+                unmarked.append(number + 1)
+        elif line == "<!-- fragment -->" and not (number + 1 < len(lines) and lines[number + 1].startswith("```")):
+            unmarked.append(number + 1)
+    return unmarked
+
+
+def text_of_comment_ending(lines: list[str], number: int) -> str:
+    """The HTML comment that ends on line ``number`` (0-based), from its first line; "" if none ends there."""
+    if number < 0 or not lines[number].endswith("-->"):
+        return ""
+    start = number
+    while start > 0 and not lines[start].startswith("<!--"):
+        start -= 1
+    return "\n".join(lines[start:number + 1])
+
+
+def test_unmarked_code_blocks_finds_blocks_without_a_marker() -> None:
+    page = ("<!-- fragment -->\n```python\nf(x)\n```\n\n```python\ng()\n```\n\n```\noutput\n```\n"
+            "<!-- runs: mpiexec -n 2\nimport os\n-->\n```python\nprint(1)\n```\n<!-- fragment -->\n\n```sh\nls\n```\n")
+    assert unmarked_code_blocks(page) == [6, 19, 21]
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_EVERY_BLOCK_MARKED)
+def test_every_code_block_runs_or_is_marked_a_fragment(page: str) -> None:
+    lines = unmarked_code_blocks((DOCS / page).read_text())
+    assert not lines, (f"docs/{page}: the code blocks at lines {lines} neither run (<!-- runs -->, see this file's "
+                       "docstring) nor say they are fragments (<!-- fragment --> on the line before the fence)")
 
 
 def test_a_marker_must_sit_on_a_python_block() -> None:
