@@ -184,8 +184,19 @@ def _link_repository_pages(app: Any, docname: str, source: list[str]) -> None:
         source[0] = source[0].replace(f"]({path})", f"]({page})").replace(f"]({path}#", f"]({page}#")
 
 
+# The pages link a public name to its API entry as [`send_array`](api.md#cai_mpi.send_array), which opens the
+# reference page on GitHub. On the site the entry is an object, not a heading: the link becomes a cross-reference
+# to it (MyST resolves "#cai_mpi.send_array" through the Python domain), so a stale name fails the strict build.
+_API_LINK = re.compile(r"\]\(api\.md#(cai_mpi\.[\w.]+)\)")
+
+
+def _link_api_entries(app: Any, docname: str, source: list[str]) -> None:
+    source[0] = _API_LINK.sub(r"](#\1)", source[0])
+
+
 def setup(app: Any) -> dict[str, Any]:
     app.connect("source-read", _expand_public_api)
     app.connect("source-read", _link_repository_pages)
+    app.connect("source-read", _link_api_entries)
     app.connect("autodoc-process-signature", _hide_internal_constructors)
     return {"parallel_read_safe": True}

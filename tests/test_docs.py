@@ -163,6 +163,87 @@ def test_marked_block_runs(block: Block, tmp_path: Path) -> None:
     assert returncode == 0, f"the block at {block} failed:\n{output}"
 
 
+# --- Links to the API reference. A public name that a page mentions in backticks (`send_array`,
+# `cai_mpi.Array`, `Array.numpy()`, `cai_mpi.testing.FakeCudaArray`) is a link to its entry,
+# [`send_array`](api.md#cai_mpi.send_array): on GitHub that opens the reference page, on the site docs/conf.py
+# makes it a cross-reference, which fails the strict build when the entry does not exist. Calls with arguments
+# (`recv_array(0, out=buf)`) are code, not names, and headings carry no links.
+PAGES_THAT_LINK_API_NAMES = ("guide.md", "tutorial.md", "collectives.md")
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+_LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\n]*)\)")
+_API_NAME = re.compile(r"(?:cai_mpi\.(?P<testing>testing\.)?)?(?P<name>\w+)(?:\.(?P<member>\w+))?(?:\(\))?")
+
+
+def api_entry(span: str) -> str | None:
+    """The reference entry a code span names (``Array.numpy()`` -> ``cai_mpi.Array.numpy``), or None."""
+    import cai_mpi.testing
+
+    match = _API_NAME.fullmatch(span)
+    if not match:
+        return None
+    modules = [cai_mpi.testing] if match["testing"] else [cai_mpi] if span.startswith("cai_mpi.") else \
+        [cai_mpi, cai_mpi.testing]
+    for module in modules:
+        if match["name"] in module.__all__:
+            entry = f"{module.__name__}.{match['name']}"
+            if match["member"] is None:
+                return entry
+            obj = getattr(module, match["name"])
+            return f"{entry}.{match['member']}" if inspect.isclass(obj) and match["member"] in public_members(obj) \
+                else None
+    return None
+
+
+def link_api_names(text: str) -> tuple[str, list[str]]:
+    """``text`` with each unlinked public name in backticks made a link to its entry, and what was wrong: the
+    names that were not linked, and links to the wrong entry. Code blocks, HTML comments and headings are left as
+    they are."""
+    out, problems, fence, comment = [], [], False, False
+    for number, line in enumerate(text.split("\n"), 1):
+        skip = fence or comment or line.startswith(("```", "#", "<!--"))
+        fence = fence != line.startswith("```")
+        comment = (comment or line.startswith("<!--")) and not line.rstrip().endswith("-->")
+        if skip:
+            out.append(line)
+            continue
+        links = [(m.start(), m.end(), m[1], m[2]) for m in _LINK.finditer(line)]
+        for _, _, label, target in links:
+            entry = api_entry(label[1:-1]) if _CODE_SPAN.fullmatch(label) else None
+            if entry and target != f"api.md#{entry}":
+                problems.append(f"line {number}: [{label}]({target}) should link to api.md#{entry}")
+
+        def link(span: re.Match[str], links: list[tuple[int, int, str, str]] = links, number: int = number) -> str:
+            entry = api_entry(span[1])
+            if entry is None or any(start <= span.start() < end for start, end, _, _ in links):
+                return span[0]
+            problems.append(f"line {number}: {span[0]} is not a link to api.md#{entry}")
+            return f"[{span[0]}](api.md#{entry})"
+
+        out.append(_CODE_SPAN.sub(link, line))
+    return "\n".join(out), problems
+
+
+def test_link_api_names_links_names_but_not_code() -> None:
+    text = ("Use `send_array` or [`recv_array`](api.md#cai_mpi.recv_array), `Array.numpy()`, `recv_array(0)`,\n"
+            "`cai_mpi.testing.FakeCudaArray`, `Array.nothing`, `numpy.asarray`, [`waitall`](api.md#cai_mpi.waitany)\n"
+            "## `Array`\n```python\n`Array`\n```\n<!-- runs:\n`Array`\n-->\n")
+    linked, problems = link_api_names(text)
+    assert linked.split("\n")[:2] == [
+        "Use [`send_array`](api.md#cai_mpi.send_array) or [`recv_array`](api.md#cai_mpi.recv_array), "
+        "[`Array.numpy()`](api.md#cai_mpi.Array.numpy), `recv_array(0)`,",
+        "[`cai_mpi.testing.FakeCudaArray`](api.md#cai_mpi.testing.FakeCudaArray), `Array.nothing`, `numpy.asarray`, "
+        "[`waitall`](api.md#cai_mpi.waitany)"]
+    assert linked.split("\n")[2:] == text.split("\n")[2:]
+    assert len(problems) == 4 and any("should link to api.md#cai_mpi.waitall" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("page", PAGES_THAT_LINK_API_NAMES)
+def test_public_names_link_to_the_api_reference(page: str) -> None:
+    _, problems = link_api_names((DOCS / page).read_text())
+    assert not problems, (f"docs/{page}: public names in backticks must link to their API entry "
+                          "(`python tests/test_docs.py` links them):\n" + "\n".join(problems))
+
+
 def documented_python_names(objects_inv: Path) -> set[str]:
     """The Python objects a Sphinx inventory (objects.inv, version 2) lists."""
     with objects_inv.open("rb") as f:
@@ -279,3 +360,11 @@ def test_one_sphinx_command_everywhere() -> None:
     readme_and_index = {f for files_ in found.values() for f in files_} & {"README.md", "docs/index.md"}
     assert readme_and_index == {"README.md", "docs/index.md"}, found
     assert list(found) == [SPHINX_COMMAND], f"expected only `{SPHINX_COMMAND}`, found {found}"
+
+
+if __name__ == "__main__":  # python tests/test_docs.py: link the public names of the pages (see link_api_names)
+    for page in PAGES_THAT_LINK_API_NAMES:
+        path = DOCS / page
+        linked, problems = link_api_names(path.read_text())
+        path.write_text(linked)
+        print(f"docs/{page}: {len(problems)} fixed or to fix by hand", *problems, sep="\n  ")
