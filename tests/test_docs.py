@@ -348,6 +348,11 @@ def test_site_builds_without_warnings_and_documents_every_public_name(tmp_path: 
     entries = [f"cai_mpi.{name}.{member}" for name, obj in classes.items() for member in sorted(public_members(obj))]
     missing = [entry for entry in entries if entry not in documented]
     assert not missing, f"public attributes missing from the API reference (docs/conf.py, docstrings): {missing}"
+    # Users construct only these; the reference shows no constructor (internal arguments) for the other classes.
+    api_html = (html / "api.html").read_text()
+    headers = re.findall(r'<dt class="sig sig-object py" id="cai_mpi\.(\w+)">(.*?)</dt>', api_html, re.S)
+    with_constructor = {name for name, header in headers if name in classes and "sig-paren" in header}
+    assert with_constructor == {"Pipeline", "CAIDescriptor"}, with_constructor
 
 
 def test_one_sphinx_command_everywhere() -> None:
