@@ -53,7 +53,9 @@ napoleon_custom_sections = ["Returns"]
 # -n: every type named in a signature or a docstring must resolve. The site is built offline (no intersphinx),
 # so the types of numpy, mpi4py and collections.abc that signatures name cannot; only those are excused.
 nitpicky = True
-nitpick_ignore_regex = [("py:class", r"(numpy|mpi4py\.MPI|collections\.abc)\.\w+")]
+# (np.dtype: the public classes report cai_mpi as their module, whose namespace has no np in which autodoc could
+# evaluate a string annotation of theirs.)
+nitpick_ignore_regex = [("py:class", r"(numpy|np|mpi4py\.MPI|collections\.abc)\.\w+")]
 # Internal types named in public signatures, not documented on purpose: a Request's constructor arguments
 # (cai_mpi makes Requests, users do not) and the runtime interface that cai_mpi.testing.SimulatedRuntime implements.
 nitpick_ignore = [
@@ -143,11 +145,16 @@ def _hide_internal_constructors(app: Any, what: str, name: str, obj: Any, option
     return None
 
 
-def _source_line(obj: Any) -> int:
-    try:
-        return inspect.getsourcelines(obj)[1]
-    except (OSError, TypeError):
-        return 0
+def _definition(name: str, obj: Any) -> tuple[str | None, int]:
+    """The private module that defines a public class or function, and the line of its definition. Not read from
+    ``__module__``: the public classes report ``cai_mpi`` there (what tracebacks should show)."""
+    for modname, mod in sorted(sys.modules.items()):
+        if modname.startswith("cai_mpi._src.") and vars(mod).get(name) is obj and getattr(mod, "__file__", None):
+            with open(mod.__file__, encoding="utf-8") as f:
+                found = re.search(rf"^(?:class|def) {name}\b", f.read(), re.MULTILINE)
+            if found:
+                return modname, found.string.count("\n", 0, found.start()) + 1
+    return None, 0
 
 
 def public_api(module: str) -> str:
@@ -158,10 +165,10 @@ def public_api(module: str) -> str:
     groups: dict[str, list[tuple[int, int, str]]] = {}
     for position, name in enumerate(mod.__all__):
         obj = getattr(mod, name)
-        defined_in = obj.__module__ if inspect.isclass(obj) or inspect.isfunction(obj) else None
+        defined_in, line = _definition(name, obj) if inspect.isclass(obj) or inspect.isfunction(obj) else (None, 0)
         title = "Constants" if defined_in is None else _SECTIONS.get(defined_in, "Other names")
         # Known modules in page order, each in source order; anything else in the order of __all__.
-        key = (list(_SECTIONS).index(defined_in), _source_line(obj)) if defined_in in _SECTIONS else (99, position)
+        key = (list(_SECTIONS).index(defined_in), line) if defined_in in _SECTIONS else (99, position)
         groups.setdefault(title, []).append((*key, _directive(module, name, obj)))
     titles = sorted(groups, key=lambda t: order.index(t) if t in order else len(order) + (t == "Other names"))
     text = {title: "\n\n".join(d for _, _, d in sorted(groups[title])) for title in titles}

@@ -27,7 +27,6 @@ import re
 import shlex
 import subprocess
 import sys
-import textwrap
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,6 +257,17 @@ def documented_python_names(objects_inv: Path) -> set[str]:
     return names
 
 
+def class_definition(cls: type) -> ast.ClassDef:
+    """The class statement of ``cls``, found in the private module that defines it (public classes report
+    ``cai_mpi`` as their ``__module__``, so inspect.getsource cannot find them)."""
+    for name, mod in sorted(sys.modules.items()):
+        if name.startswith("cai_mpi") and vars(mod).get(cls.__name__) is cls and getattr(mod, "__file__", None):
+            for node in ast.walk(ast.parse(Path(mod.__file__).read_text())):
+                if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
+                    return node
+    raise LookupError(f"no module of cai_mpi defines {cls!r}")
+
+
 def public_members(cls: type) -> set[str]:
     """A class's public attributes and methods: its own and its cai_mpi bases' (not object's, tuple's or
     Exception's), dataclass fields, and attributes its methods assign (``self.first = ...``)."""
@@ -267,7 +277,7 @@ def public_members(cls: type) -> set[str]:
         names |= {field.name for field in dataclasses.fields(cls) if not field.name.startswith("_")}
     for k in cls.__mro__:
         if k.__module__.startswith("cai_mpi"):
-            for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(k)))):
+            for node in ast.walk(class_definition(k)):
                 targets = node.targets if isinstance(node, ast.Assign) else []
                 targets += [node.target] if isinstance(node, ast.AnnAssign) else []
                 for target in targets:
