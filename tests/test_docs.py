@@ -10,11 +10,18 @@ the site):
 More lines inside the comment are Python run before the block, hidden from the reader: the set-up that a
 fragment of the guide leaves out. A block fails its test when it exits non-zero (an ``assert`` in it
 failed, or it raised), on any rank.
+
+In the guide, a block that does not run says so with ``<!-- fragment -->`` on the line before its fence (a
+synopsis, or code that needs a GPU): every fence with a language carries one marker or the other. Fences
+without a language hold program output, not code.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import importlib
+import inspect
 import os
 import re
 import shlex
@@ -28,7 +35,11 @@ import pytest
 from launch import ROOT, run_ranks
 
 DOCS = ROOT / "docs"
+# The one command that builds the site, as README.md, docs/index.md and docs/conf.py give it; the test below adds
+# only -q and a doctree folder of its own.
+SPHINX_COMMAND = "python -m sphinx -W --keep-going -n -b html docs docs/_build/html"
 PAGES_WITH_RUNNING_BLOCKS = ("tutorial.md", "guide.md")
+PAGES_WITH_EVERY_BLOCK_MARKED = ("guide.md",)  # each code block runs or is marked a fragment
 PUBLIC_MODULES = ("cai_mpi", "cai_mpi.testing")
 
 _MARKED_BLOCK = re.compile(
@@ -84,6 +95,48 @@ def test_the_tutorial_runs_every_program_that_needs_no_gpu() -> None:
     assert marked and all("import cupy" in code for code in unmarked), unmarked
 
 
+def unmarked_code_blocks(text: str) -> list[int]:
+    """The lines of the fences with a language that are marked neither ``<!-- runs... -->`` nor
+    ``<!-- fragment -->`` on the line before; a ``<!-- fragment -->`` on no fence counts too."""
+    lines = text.split("\n")
+    unmarked, inside = [], False
+    for number, line in enumerate(lines):
+        if inside:
+            inside = not line.startswith("```")
+            continue
+        if line.startswith("```"):
+            inside = True
+            marker = text_of_comment_ending(lines, number - 1)
+            if line != "```" and not re.match(r"<!-- (runs\b|fragment -->$)", marker):
+                unmarked.append(number + 1)
+        elif line == "<!-- fragment -->" and not (number + 1 < len(lines) and lines[number + 1].startswith("```")):
+            unmarked.append(number + 1)
+    return unmarked
+
+
+def text_of_comment_ending(lines: list[str], number: int) -> str:
+    """The HTML comment that ends on line ``number`` (0-based), from its first line; "" if none ends there."""
+    if number < 0 or not lines[number].endswith("-->"):
+        return ""
+    start = number
+    while start > 0 and not lines[start].startswith("<!--"):
+        start -= 1
+    return "\n".join(lines[start:number + 1])
+
+
+def test_unmarked_code_blocks_finds_blocks_without_a_marker() -> None:
+    page = ("<!-- fragment -->\n```python\nf(x)\n```\n\n```python\ng()\n```\n\n```\noutput\n```\n"
+            "<!-- runs: mpiexec -n 2\nimport os\n-->\n```python\nprint(1)\n```\n<!-- fragment -->\n\n```sh\nls\n```\n")
+    assert unmarked_code_blocks(page) == [6, 19, 21]
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_EVERY_BLOCK_MARKED)
+def test_every_code_block_runs_or_is_marked_a_fragment(page: str) -> None:
+    lines = unmarked_code_blocks((DOCS / page).read_text())
+    assert not lines, (f"docs/{page}: the code blocks at lines {lines} neither run (<!-- runs -->, see this file's "
+                       "docstring) nor say they are fragments (<!-- fragment --> on the line before the fence)")
+
+
 def test_a_marker_must_sit_on_a_python_block() -> None:
     with pytest.raises(ValueError, match="markers"):
         marked_blocks("page.md", "<!-- runs -->\n\n```python\nprint(1)\n```\n")
@@ -109,6 +162,87 @@ def test_marked_block_runs(block: Block, tmp_path: Path) -> None:
     assert returncode == 0, f"the block at {block} failed:\n{output}"
 
 
+# --- Links to the API reference. A public name that a page mentions in backticks (`send_array`,
+# `cai_mpi.Array`, `Array.numpy()`, `cai_mpi.testing.FakeCudaArray`) is a link to its entry,
+# [`send_array`](api.md#cai_mpi.send_array): on GitHub that opens the reference page, on the site docs/conf.py
+# makes it a cross-reference, which fails the strict build when the entry does not exist. Calls with arguments
+# (`recv_array(0, out=buf)`) are code, not names, and headings carry no links.
+PAGES_THAT_LINK_API_NAMES = ("guide.md", "tutorial.md", "collectives.md")
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+_LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\n]*)\)")
+_API_NAME = re.compile(r"(?:cai_mpi\.(?P<testing>testing\.)?)?(?P<name>\w+)(?:\.(?P<member>\w+))?(?:\(\))?")
+
+
+def api_entry(span: str) -> str | None:
+    """The reference entry a code span names (``Array.numpy()`` -> ``cai_mpi.Array.numpy``), or None."""
+    import cai_mpi.testing
+
+    match = _API_NAME.fullmatch(span)
+    if not match:
+        return None
+    modules = [cai_mpi.testing] if match["testing"] else [cai_mpi] if span.startswith("cai_mpi.") else \
+        [cai_mpi, cai_mpi.testing]
+    for module in modules:
+        if match["name"] in module.__all__:
+            entry = f"{module.__name__}.{match['name']}"
+            if match["member"] is None:
+                return entry
+            obj = getattr(module, match["name"])
+            return f"{entry}.{match['member']}" if inspect.isclass(obj) and match["member"] in public_members(obj) \
+                else None
+    return None
+
+
+def link_api_names(text: str) -> tuple[str, list[str]]:
+    """``text`` with each unlinked public name in backticks made a link to its entry, and what was wrong: the
+    names that were not linked, and links to the wrong entry. Code blocks, HTML comments and headings are left as
+    they are."""
+    out, problems, fence, comment = [], [], False, False
+    for number, line in enumerate(text.split("\n"), 1):
+        skip = fence or comment or line.startswith(("```", "#", "<!--"))
+        fence = fence != line.startswith("```")
+        comment = (comment or line.startswith("<!--")) and not line.rstrip().endswith("-->")
+        if skip:
+            out.append(line)
+            continue
+        links = [(m.start(), m.end(), m[1], m[2]) for m in _LINK.finditer(line)]
+        for _, _, label, target in links:
+            entry = api_entry(label[1:-1]) if _CODE_SPAN.fullmatch(label) else None
+            if entry and target != f"api.md#{entry}":
+                problems.append(f"line {number}: [{label}]({target}) should link to api.md#{entry}")
+
+        def link(span: re.Match[str], links: list[tuple[int, int, str, str]] = links, number: int = number) -> str:
+            entry = api_entry(span[1])
+            if entry is None or any(start <= span.start() < end for start, end, _, _ in links):
+                return span[0]
+            problems.append(f"line {number}: {span[0]} is not a link to api.md#{entry}")
+            return f"[{span[0]}](api.md#{entry})"
+
+        out.append(_CODE_SPAN.sub(link, line))
+    return "\n".join(out), problems
+
+
+def test_link_api_names_links_names_but_not_code() -> None:
+    text = ("Use `send_array` or [`recv_array`](api.md#cai_mpi.recv_array), `Array.numpy()`, `recv_array(0)`,\n"
+            "`cai_mpi.testing.FakeCudaArray`, `Array.nothing`, `numpy.asarray`, [`waitall`](api.md#cai_mpi.waitany)\n"
+            "## `Array`\n```python\n`Array`\n```\n<!-- runs:\n`Array`\n-->\n")
+    linked, problems = link_api_names(text)
+    assert linked.split("\n")[:2] == [
+        "Use [`send_array`](api.md#cai_mpi.send_array) or [`recv_array`](api.md#cai_mpi.recv_array), "
+        "[`Array.numpy()`](api.md#cai_mpi.Array.numpy), `recv_array(0)`,",
+        "[`cai_mpi.testing.FakeCudaArray`](api.md#cai_mpi.testing.FakeCudaArray), `Array.nothing`, `numpy.asarray`, "
+        "[`waitall`](api.md#cai_mpi.waitany)"]
+    assert linked.split("\n")[2:] == text.split("\n")[2:]
+    assert len(problems) == 4 and any("should link to api.md#cai_mpi.waitall" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("page", PAGES_THAT_LINK_API_NAMES)
+def test_public_names_link_to_the_api_reference(page: str) -> None:
+    _, problems = link_api_names((DOCS / page).read_text())
+    assert not problems, (f"docs/{page}: public names in backticks must link to their API entry "
+                          "(`python tests/test_docs.py` links them):\n" + "\n".join(problems))
+
+
 def documented_python_names(objects_inv: Path) -> set[str]:
     """The Python objects a Sphinx inventory (objects.inv, version 2) lists."""
     with objects_inv.open("rb") as f:
@@ -123,17 +257,129 @@ def documented_python_names(objects_inv: Path) -> set[str]:
     return names
 
 
+def class_definition(cls: type) -> ast.ClassDef:
+    """The class statement of ``cls``, found in the private module that defines it (public classes report
+    ``cai_mpi`` as their ``__module__``, so inspect.getsource cannot find them)."""
+    for name, mod in sorted(sys.modules.items()):
+        if name.startswith("cai_mpi") and vars(mod).get(cls.__name__) is cls and getattr(mod, "__file__", None):
+            for node in ast.walk(ast.parse(Path(mod.__file__).read_text())):
+                if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
+                    return node
+    raise LookupError(f"no module of cai_mpi defines {cls!r}")
+
+
+def public_members(cls: type) -> set[str]:
+    """A class's public attributes and methods: its own and its cai_mpi bases' (not object's, tuple's or
+    Exception's), dataclass fields, and attributes its methods assign (``self.first = ...``)."""
+    names = {name for name in dir(cls) if not name.startswith("_")
+             and any(name in vars(k) for k in cls.__mro__ if k.__module__.startswith("cai_mpi"))}
+    if dataclasses.is_dataclass(cls):
+        names |= {field.name for field in dataclasses.fields(cls) if not field.name.startswith("_")}
+    for k in cls.__mro__:
+        if k.__module__.startswith("cai_mpi"):
+            for node in ast.walk(class_definition(k)):
+                targets = node.targets if isinstance(node, ast.Assign) else []
+                targets += [node.target] if isinstance(node, ast.AnnAssign) else []
+                for target in targets:
+                    for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                            names.add(t.attr)
+    return {name for name in names if not name.startswith("_")}
+
+
+def test_public_members_finds_properties_fields_and_instance_attributes() -> None:
+    import cai_mpi
+
+    assert {"shape", "dtype", "numpy", "source", "meta", "device"} <= public_members(cai_mpi.Array)
+    assert {"first", "last", "stage", "depth", "send", "recv", "close"} <= public_members(cai_mpi.Pipeline)
+    assert {"close", "send", "isend", "dest"} <= public_members(cai_mpi.SendChannel)
+    assert {"aware", "detail"} <= public_members(cai_mpi.CudaAwareness)
+    assert public_members(cai_mpi.TimeoutError) == {"seconds", "cancelled"}  # not BaseException's args
+
+
+def documented_parameters(doc: str) -> dict[str, str]:
+    """The entries of a Google-style "Args:" section: parameter name -> its description ("a, b: ..." is one entry
+    named "a, b", which napoleon renders as one description repeated under each name)."""
+    section = re.search(r"^Args:\n((?:    .*\n|\n)*)", doc + "\n", re.MULTILINE)
+    if not section:
+        return {}
+    entries = re.findall(r"^    (\S[^:\n]*?)(?: \([^)]*\))?: (.*(?:\n        .*)*)", section[1], re.MULTILINE)
+    return {name: " ".join(description.split()) for name, description in entries}
+
+
+def test_every_public_function_documents_each_parameter_in_its_own_words() -> None:
+    """The reference renders each parameter with what it means, not "as in reduce_array": the reader of one entry
+    should not have to open another. (cai_mpi.testing's helpers are for tests and are not held to it.)"""
+    problems = []
+    for module in ("cai_mpi",):
+        mod = importlib.import_module(module)
+        for name in mod.__all__:
+            fn = getattr(mod, name)
+            if not inspect.isfunction(fn):
+                continue
+            params = [p for p in inspect.signature(fn).parameters.values()
+                      if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+            documented = documented_parameters(inspect.getdoc(fn) or "")
+            for entry, description in documented.items():
+                if "," in entry:
+                    problems.append(f"{module}.{name}: `{entry}` share one description; give each its own")
+                elif re.match(r"(as in|see)\b", description, re.IGNORECASE):
+                    problems.append(f"{module}.{name}: `{entry}` is described only by reference: {description!r}")
+            problems += [f"{module}.{name}: parameter `{p.name}` is not in its Args: section"
+                         for p in params if p.name not in documented and not any(
+                             p.name in entry.split(", ") for entry in documented)]
+    assert not problems, "\n".join(problems)
+
+
+def test_documented_parameters_reads_google_args() -> None:
+    doc = "Do it.\n\nArgs:\n    a: the first\n        and more.\n    b, c: as in f.\n    d (int): four.\n\nReturns: x"
+    assert documented_parameters(doc) == {"a": "the first and more.", "b, c": "as in f.", "d": "four."}
+
+
 def test_site_builds_without_warnings_and_documents_every_public_name(tmp_path: Path) -> None:
     """The site (docs/conf.py) builds with -W -n: a broken link, cross-reference or docstring fails here."""
     for module in ("sphinx", "myst_parser", "furo"):
         pytest.importorskip(module, reason="the docs extra is not installed here: pip install -e '.[docs]' "
                                            "(scripts/test.sh installs it in the Open MPI venv, which builds the site)")
     html = tmp_path / "html"
-    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-q", "-b", "html",
-           "-d", str(tmp_path / "doctrees"), str(DOCS), str(html)]
+    documented_cmd = shlex.split(SPHINX_COMMAND)
+    assert documented_cmd[:3] == ["python", "-m", "sphinx"] and documented_cmd[-2:] == ["docs", "docs/_build/html"]
+    cmd = [sys.executable, *documented_cmd[1:-2], "-q", "-d", str(tmp_path / "doctrees"), str(DOCS), str(html)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"`{shlex.join(cmd)}` failed:\n{done.stdout}{done.stderr}"
     documented = documented_python_names(html / "objects.inv")
     missing = [f"{module}.{name}" for module in PUBLIC_MODULES
                for name in importlib.import_module(module).__all__ if f"{module}.{name}" not in documented]
     assert not missing, f"public names missing from the API reference (docs/api.md): {missing}"
+    # Every attribute and method of cai_mpi's classes too (Array.shape, Pipeline.first, Request.done, ...).
+    import cai_mpi
+
+    classes = {name: obj for name in cai_mpi.__all__ if inspect.isclass(obj := getattr(cai_mpi, name))}
+    entries = [f"cai_mpi.{name}.{member}" for name, obj in classes.items() for member in sorted(public_members(obj))]
+    missing = [entry for entry in entries if entry not in documented]
+    assert not missing, f"public attributes missing from the API reference (docs/conf.py, docstrings): {missing}"
+    # Users construct only these; the reference shows no constructor (internal arguments) for the other classes.
+    api_html = (html / "api.html").read_text()
+    headers = re.findall(r'<dt class="sig sig-object py" id="cai_mpi\.(\w+)">(.*?)</dt>', api_html, re.S)
+    with_constructor = {name for name, header in headers if name in classes and "sig-paren" in header}
+    assert with_constructor == {"Pipeline", "CAIDescriptor"}, with_constructor
+
+
+def test_one_sphinx_command_everywhere() -> None:
+    """README.md, the docs and the scripts give the same command to build the site (the one the test above runs)."""
+    files = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), DOCS / "conf.py", *sorted((ROOT / "scripts").glob("*"))]
+    found = {}
+    for path in files:
+        for command in re.findall(r"(?:python3? -m sphinx|sphinx-build)\b[^`\n(]*", path.read_text()):
+            found.setdefault(command.strip().rstrip(").;"), []).append(str(path.relative_to(ROOT)))
+    readme_and_index = {f for files_ in found.values() for f in files_} & {"README.md", "docs/index.md"}
+    assert readme_and_index == {"README.md", "docs/index.md"}, found
+    assert list(found) == [SPHINX_COMMAND], f"expected only `{SPHINX_COMMAND}`, found {found}"
+
+
+if __name__ == "__main__":  # python tests/test_docs.py: link the public names of the pages (see link_api_names)
+    for page in PAGES_THAT_LINK_API_NAMES:
+        path = DOCS / page
+        linked, problems = link_api_names(path.read_text())
+        path.write_text(linked)
+        print(f"docs/{page}: {len(problems)} fixed or to fix by hand", *problems, sep="\n  ")

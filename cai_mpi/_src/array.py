@@ -124,26 +124,32 @@ class Array:
     # -- array metadata ----------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
+        """The shape, as in numpy."""
         return self._host.shape if self._host is not None else self.descriptor.shape
 
     @property
     def dtype(self) -> np.dtype[Any]:
+        """The numpy dtype (structured dtypes included)."""
         return self._host.dtype if self._host is not None else self.descriptor.dtype
 
     @property
     def nbytes(self) -> int:
+        """The size of the data in bytes."""
         return int(self._host.nbytes) if self._host is not None else self.descriptor.nbytes
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return int(self._host.size) if self._host is not None else self.descriptor.size
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return len(self.shape)
 
     @property
     def is_host(self) -> bool:
+        """True for host memory, False for GPU memory (then ``device`` is the GPU's ordinal)."""
         return self._host is not None
 
     # -- export protocols --------------------------------------------------

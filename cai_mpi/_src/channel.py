@@ -442,7 +442,12 @@ def send_channel(
     Args:
         obj: host memory of any layout MPI can describe (up to CAI_MPI_MAX_MESSAGE_BYTES), or contiguous
             device memory when MPI is CUDA-aware (``send_array`` covers the rest).
-        dest, tag, comm, sync, meta: as in ``send_array``; ``sync`` applies before every send.
+        dest: the receiving rank in ``comm`` (not ``PROC_NULL``).
+        tag: 0..MPI.TAG_UB; the ``recv_channel`` may match it or use ANY_TAG.
+        comm: None for COMM_WORLD; the first use of any other communicator is collective over it.
+        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer synchronization that
+            otherwise precedes every send.
+        meta: a small JSON dict, sent with the first message (the description) and delivered as ``Array.meta``.
 
     Returns:
         A SendChannel (a context manager: closes on exit).
@@ -474,7 +479,12 @@ def recv_channel(
     is matched by the first ``recv()``.
 
     Args:
-        source, tag, comm, out, device: as in ``recv_array``.
+        source: the sending rank, or ANY_SOURCE (the channel is then bound to the sender found).
+        tag: the tag to match, or ANY_TAG.
+        comm: None for COMM_WORLD; the first use of another communicator is collective.
+        out: a writable CAI object or host array to receive every message into (a host one contiguous in the
+            sender's order), checked against the description on the first ``recv()``.
+        device: without ``out=``: None (a GPU when this rank has one, else host), "host", or a GPU ordinal.
 
     Returns:
         A RecvChannel (a context manager: closes on exit).

@@ -245,7 +245,10 @@ def gather_array(
     Args:
         obj: this rank's contribution: anything ``send_array`` takes.
         root: the gathering rank.
-        comm, sync, timeout: as in ``bcast_array``.
+        comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
+        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the synchronization of this rank's
+            producer stream.
+        timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
 
     Returns:
         On the root, one Array per rank in rank order (``source`` is the rank; on its GPU when the root has
@@ -277,7 +280,10 @@ def allgather_array(
 
     Args:
         obj: this rank's contribution: anything ``send_array`` takes.
-        comm, sync, timeout: as in ``bcast_array``.
+        comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
+        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the synchronization of this rank's
+            producer stream.
+        timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
 
     Returns:
         One Array per rank in rank order (``source`` is the rank), on this rank's GPU when it has one.
@@ -321,7 +327,10 @@ def scatter_array(
     Args:
         objs: on the root, ``comm.size`` arrays (anything ``send_array`` takes); ignored elsewhere.
         root: the scattering rank.
-        comm, sync, timeout: as in ``bcast_array``.
+        comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
+        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the synchronization of this rank's
+            producer stream.
+        timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
         out: a buffer to receive this rank's piece into (checked against it).
 
     Returns:
@@ -370,7 +379,10 @@ def alltoall_array(
 
     Args:
         objs: ``comm.size`` arrays, one per destination rank (anything ``send_array`` takes).
-        comm, sync, timeout: as in ``bcast_array``.
+        comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
+        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the synchronization of this rank's
+            producer stream.
+        timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
 
     Returns:
         One Array per source rank in rank order (``source`` is the rank), on this rank's GPU when it has one.

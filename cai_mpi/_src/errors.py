@@ -63,7 +63,13 @@ class SenderFailedError(CaiMpiError):
     """The sender of a message failed after its header went out (a CUDA error it could only see then, such as a
     sticky error while staging): the rest of the payload never came. ``source`` and ``tag`` name the message,
     ``reason`` is the sender's error as it reported it (the sender raised it too). Every message of the payload
-    was received and dropped, so the communicator stays usable; an ``out=`` buffer may hold part of it."""
+    was received and dropped, so the communicator stays usable; an ``out=`` buffer may hold part of it.
+
+    Attributes:
+        source: the rank that sent the message.
+        tag: the message's tag.
+        reason: the sender's error, as it reported it.
+    """
 
     def __init__(self, message: str, source: int, tag: int, reason: str) -> None:
         super().__init__(message)
@@ -81,7 +87,13 @@ class RuntimeUnavailableError(CaiMpiError):
 
 
 class CudaError(CaiMpiError, RuntimeError):
-    """A failed CUDA driver call: ``call`` names it, ``code`` is its CUresult (None if it never ran)."""
+    """A failed CUDA driver call: ``call`` names it, ``code`` is its CUresult (None if it never ran).
+
+    Attributes:
+        call: the driver function that failed.
+        code: its CUresult, or None if it never ran.
+        name: the CUresult's name (``CUDA_ERROR_...``), or None.
+    """
 
     def __init__(self, message: str, call: str, code: int | None = None, name: str | None = None) -> None:
         super().__init__(message)
@@ -100,6 +112,8 @@ class PipelineError(CaiMpiError):
     working on when known (else None). Raised on every other stage; the failing stage sees its own error.
 
     Attributes:
+        rank: the stage that failed.
+        meta: the ``meta`` of the item it was working on, or None.
         error_type: the name of the failing stage's exception type (``"ValueError"``, ``"mypkg.MyError"``).
         error_message: its message (``str()`` of it).
         error_traceback: its traceback as that stage would print it (the frames where it failed; the start of a
@@ -121,7 +135,12 @@ class PipelineError(CaiMpiError):
 class TimeoutError(CaiMpiError, builtins.TimeoutError):  # the name users expect; builtin handlers catch it too
     """A wait passed its ``timeout=`` (or ``CAI_MPI_TIMEOUT``). The message says what was awaited: the peer, tag,
     communicator and how long. ``seconds`` is the timeout; ``cancelled`` is True when the operation was withdrawn
-    (an unmatched receive: nothing was consumed), False when it could not be and completes in the background."""
+    (an unmatched receive: nothing was consumed), False when it could not be and completes in the background.
+
+    Attributes:
+        seconds: the timeout that passed.
+        cancelled: whether the operation was withdrawn.
+    """
 
     def __init__(self, message: str, seconds: float, cancelled: bool) -> None:
         super().__init__(message)

@@ -116,7 +116,15 @@ def isend_array(
     """Start sending ``obj`` to ``dest``; see ``send_array``.
 
     Args:
-        obj, dest, tag, comm, sync, meta: as in ``send_array``.
+        obj: an object exporting ``__cuda_array_interface__`` (CuPy, PyTorch, Numba...), a host array
+            (numpy or any buffer), or a received ``Array`` (forwarded as it is).
+        dest: the destination rank in ``comm`` (``PROC_NULL``: nothing is sent).
+        tag: 0..MPI.TAG_UB; the receiver may match it or use ANY_TAG.
+        comm: None for COMM_WORLD; the first use of any other communicator is collective over it
+            (cai_mpi duplicates it).
+        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer synchronization
+            (the CAI v3 consumer opt-out).
+        meta: a small JSON dict delivered as ``Array.meta``.
 
     The producer's stream is synchronized before this returns, so work you enqueue afterwards cannot race
     with the data MPI reads; modifying the buffer before ``wait()`` is an error. The request keeps ``obj``
@@ -340,7 +348,12 @@ def irecv_array(
     """Start receiving an array (into ``out=``: ``wait()`` returns an Array over it, no copy); see ``recv_array``.
 
     Args:
-        source, tag, comm, out, device: as in ``recv_array``.
+        source: the sending rank, or ANY_SOURCE (PROC_NULL: completes at once, with no data).
+        tag: the tag to match, or ANY_TAG.
+        comm: None for COMM_WORLD; the first use of another communicator is collective.
+        out: a writable CAI object or host array to receive into. The header is checked against it
+            first; on a mismatch the payload is received and discarded, and ``wait()`` raises RecvMismatchError.
+        device: without ``out=``: None (a GPU when this rank has one, else host), "host", or a GPU ordinal.
 
     Returns:
         A Request: ``wait()`` returns the Array; ``test()`` returns ``(True, array)`` once it arrived, else
@@ -414,11 +427,15 @@ def sendrecv_array(
         sendtag: the tag of the message sent, as ``send_array``'s ``tag``.
         source: the rank to receive from, or ANY_SOURCE; ``PROC_NULL`` receives nothing.
         recvtag: the tag to match, or ANY_TAG.
-        comm: None for COMM_WORLD.
-        out: a buffer to receive into, as in ``recv_array``.
-        device: without ``out=``, where to receive, as in ``recv_array``.
-        sync, meta: of the message sent, as in ``send_array``.
-        timeout: seconds each half may wait at most, as in ``recv_array`` and ``send_array``.
+        comm: None for COMM_WORLD; the first use of another communicator is collective.
+        out: a writable CAI object or host array to receive into, checked against the message first (a
+            mismatch discards the payload and raises RecvMismatchError).
+        device: without ``out=``: None (a GPU when this rank has one, else host), "host", or a GPU ordinal.
+        sync: for the array sent: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer
+            synchronization.
+        meta: a small JSON dict sent with ``obj``, delivered as the receiver's ``Array.meta``.
+        timeout: seconds each half (the send, the receive) may wait at most (None: ``CAI_MPI_TIMEOUT``, off by
+            default).
 
     Every argument is checked before anything is sent, and errors name ``sendrecv_array``.
 

@@ -60,6 +60,17 @@ class Pipeline:
     (``timeout * size * (depth + 1)``); past it, ``TimeoutError``, and the pipeline is abandoned
     (its pending messages finish in the background; ``comm`` stays usable).
 
+    Args:
+        comm: the ranks of the chain, in order (None for COMM_WORLD); any intracommunicator.
+        depth: the most items a stage may have sent and the next not yet received (an int >= 1).
+        timeout: seconds a ``send`` or ``recv`` waits at most (None: ``CAI_MPI_TIMEOUT``, off by default).
+
+    Attributes:
+        stage: this rank's stage: its rank in ``comm``.
+        first: True on stage 0, which only sends.
+        last: True on the last stage, which only receives.
+        depth: the ``depth`` it was made with.
+
     Example:
         >>> with cai_mpi.Pipeline() as pipe:  # doctest: +SKIP
         ...     if pipe.first:

@@ -179,7 +179,13 @@ def allreduce_array(
     """Reduce every rank's array element by element; every rank gets the result.
 
     Args:
-        obj, op, comm, out, sync, timeout: as in ``reduce_array`` (``out=`` on every rank).
+        obj: this rank's array (anything ``send_array`` takes); every rank's has the same shape and dtype.
+        op: "sum", "prod", "min", "max", or an mpi4py ``MPI.Op``.
+        comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
+        out: where to put the result on this rank (same shape and dtype, in native byte order).
+        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the synchronization of this rank's
+            producer stream.
+        timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
 
     Returns:
         An Array holding the result, in ``obj``'s dtype in native byte order, on the device ``obj`` is on (or

@@ -241,6 +241,7 @@ class Request(Generic[T]):
 
     @property
     def done(self) -> bool:
+        """True once the request completed (or its ``wait(timeout)`` gave up); never drives it: see ``test()``."""
         return self._gen is None or self._expired is not None
 
     @property

@@ -68,3 +68,51 @@ def test_no_extra_admits_bindings_that_misplace_pointers(extra: str) -> None:
     assert all(bindings.contains(v) for v in FIXED_BINDINGS[extra]), (extra, str(bindings))
     if "cuda-python" in reqs:  # it pins cuda-bindings to its own release series: its floor must be a fixed one
         assert not [v for v in BROKEN_BINDINGS if reqs["cuda-python"].specifier.contains(v)], extra
+
+
+def released_version(changelog: str) -> str:
+    """The version of the top released section of a Keep a Changelog file (``## 1.2.0`` or ``## [1.2.0] - date``).
+
+    An ``## Unreleased`` section may sit above it, and only there: it collects what the next release will hold."""
+    import re
+
+    headings = re.findall(r"^## +\[?([^\]\s]+)\]?", changelog, re.MULTILINE)
+    released = [h for h in headings if h.lower() != "unreleased"]
+    if not released:
+        raise ValueError("CHANGELOG.md has no released section (## X.Y.Z)")
+    if "unreleased" in (h.lower() for h in headings[1:]):
+        raise ValueError(f"CHANGELOG.md: the Unreleased section must be the first one, not after {headings[0]}")
+    return released[0]
+
+
+def test_released_version_reads_the_top_released_section() -> None:
+    assert released_version("# Changelog\n\n## Unreleased\n\n- x\n\n## 0.2.0\n\n## 0.1.0\n") == "0.2.0"
+    assert released_version("## [1.0.0] - 2026-01-02\n\n## [0.9.0] - 2025-12-01\n") == "1.0.0"
+    with pytest.raises(ValueError, match="no released section"):
+        released_version("## Unreleased\n\n- x\n")
+    with pytest.raises(ValueError, match="must be the first"):
+        released_version("## 0.2.0\n\n## Unreleased\n\n## 0.1.0\n")
+
+
+def test_the_version_is_the_top_released_section_of_the_changelog() -> None:
+    """pyproject.toml's version is what was last released: new work goes under "## Unreleased" until a release
+    names it (and then sets the version here too)."""
+    changelog = (Path(__file__).parents[2] / "CHANGELOG.md").read_text()
+    assert PYPROJECT["project"]["version"] == released_version(changelog), (
+        "pyproject.toml's version must match the top released section of CHANGELOG.md"
+    )
+
+
+def test_the_python_classifiers_start_at_requires_python_and_leave_no_gap() -> None:
+    import re
+
+    floor = re.fullmatch(r">=\s*3\.(\d+)", PYPROJECT["project"]["requires-python"])
+    assert floor, PYPROJECT["project"]["requires-python"]
+    minors = sorted(int(c.rsplit(".", 1)[1]) for c in PYPROJECT["project"]["classifiers"]
+                    if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
+    assert minors and minors[0] == int(floor[1]), (minors, floor[0])
+    assert minors == list(range(minors[0], minors[-1] + 1)), minors
+
+
+def test_the_package_names_its_authors() -> None:
+    assert PYPROJECT["project"]["authors"], "pyproject.toml [project] authors"
