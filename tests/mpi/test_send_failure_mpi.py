@@ -173,16 +173,24 @@ def test_a_sticky_error_during_a_send_is_reported_to_the_receiver(
     if rank == 0:
         sources = {dest: strided(rt, 0)[0] if aware else DoubleDeviceArray(rt, payload(0)) for dest in range(1, size)}
         _fault_at_the_first_wait(rt)
-        # Every send is posted before the context dies (a send started after it fails at once, posting nothing).
-        others = [cai_mpi.isend_array(sources[dest], dest, 9, comm, sync=False) for dest in range(2, size)]
-        with pytest.raises(cai_mpi.CudaError, match="ILLEGAL_ADDRESS"):
-            if blocking:
-                cai_mpi.send_array(sources[1], 1, 9, comm, sync=False)
-            else:
-                cai_mpi.isend_array(sources[1], 1, 9, comm, sync=False).wait(timeout=ARRIVES)
-        for req in others:
+        if aware:  # the pack is waited for before anything is posted: each send fails at once, posting nothing
+            for dest in range(1, size):
+                with pytest.raises(cai_mpi.CudaError, match="ILLEGAL_ADDRESS"):
+                    if blocking:
+                        cai_mpi.send_array(sources[dest], dest, 9, comm, sync=False)
+                    else:
+                        cai_mpi.isend_array(sources[dest], dest, 9, comm, sync=False).wait(timeout=ARRIVES)
+        else:
+            # Every send is posted before the context dies (a send started after it fails at once, posting nothing).
+            others = [cai_mpi.isend_array(sources[dest], dest, 9, comm, sync=False) for dest in range(2, size)]
             with pytest.raises(cai_mpi.CudaError, match="ILLEGAL_ADDRESS"):
-                req.wait(timeout=ARRIVES)
+                if blocking:
+                    cai_mpi.send_array(sources[1], 1, 9, comm, sync=False)
+                else:
+                    cai_mpi.isend_array(sources[1], 1, 9, comm, sync=False).wait(timeout=ARRIVES)
+            for req in others:
+                with pytest.raises(cai_mpi.CudaError, match="ILLEGAL_ADDRESS"):
+                    req.wait(timeout=ARRIVES)
         rt.driver_double.clear_fault(0)  # type: ignore[attr-defined]
     elif not aware:
         with pytest.raises(cai_mpi.SenderFailedError, match=r"rank 0 .*ILLEGAL_ADDRESS") as caught:
