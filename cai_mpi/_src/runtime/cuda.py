@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import ctypes
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -25,6 +23,7 @@ from .base import (
     Stream,
 )
 from .cudadriver import NOT_READY, SUCCESS, Driver, classify_pointer, error_text, load_cupy, load_driver, raw_call
+from .cudamemory import CudaDeviceBuffer, CudaPinnedBuffer, HostAllocation, Keep, OrderedFree, RetiredBlocks
 from .cudapack import as_cupy, byte_view
 from .cudastrided import pack_with_copies, unpack_with_copies
 
@@ -35,50 +34,6 @@ if TYPE_CHECKING:
     from ..descriptor import CAIDescriptor
 
 # -- owned resources ------------------------------------------------------------------
-
-
-class CudaDeviceBuffer(DeviceBuffer):
-    """Device memory from a caching pool; ``free()``, or garbage collection, runs ``release`` (a finalizer that gives
-    the block back: to CuPy's pool, the driver's stream-ordered pool, or first to the runtime's retired blocks)."""
-
-    def __init__(self, ptr: int, nbytes: int, ordinal: int, stream: int | None = None) -> None:
-        self.ptr = ptr
-        self.nbytes = nbytes
-        self.ordinal = ordinal
-        self.stream = stream
-        self._release: weakref.finalize[Any, Any] | None = None
-
-    def free(self) -> None:
-        """Release now (the block goes where ``release`` says)."""
-        if self._release is not None:
-            self._release()
-
-
-class CudaPinnedBuffer(PinnedBuffer):
-    """Page-locked host memory; ``array`` views keep it alive, so ``free()`` never leaves one dangling."""
-
-    def __init__(self, ptr: int, nbytes: int, array: np.ndarray[Any, Any]) -> None:
-        self.ptr = ptr
-        self.nbytes = nbytes
-        self._array: np.ndarray[Any, Any] | None = array
-
-    @property
-    def array(self) -> np.ndarray[Any, Any]:
-        if self._array is None:
-            raise ValueError("pinned buffer already freed")
-        return self._array
-
-    def free(self) -> None:
-        """Drop this buffer's hold; the memory is released once no view of ``array`` remains."""
-        self._array = None
-
-
-class _HostAllocation:
-    """Owner of one cuMemHostAlloc block; frees it when the last numpy view is collected."""
-
-    def __init__(self, driver: Driver, ptr: int, ordinal: int) -> None:
-        self.ptr = ptr
-        weakref.finalize(self, driver.release, ordinal, "cuMemFreeHost", ptr)
 
 
 class CudaStream(Stream):
@@ -164,7 +119,7 @@ class CudaRuntime(Runtime):
         self.ordinal = ordinal
         self._driver = Driver(drv)
         self._count: int | None = None
-        self._retired = _Retired(self)
+        self._retired = RetiredBlocks(self._release_events)
         # CuPy calls the real driver: with a driver given (the double), its memory means nothing to CuPy.
         self._load_cupy = load_cupy if driver is None else _no_cupy
 
@@ -281,14 +236,14 @@ class CudaRuntime(Runtime):
         if cp is not None:
             with self._cupy_on(cp, ordinal, own):
                 mem = cp.cuda.alloc(nbytes)
-            buf.ptr, give_back = int(mem.ptr), _Keep(mem)
+            buf.ptr, give_back = int(mem.ptr), Keep(mem)
         else:
             buf.ptr, give_back = self._alloc_ordered(nbytes, ordinal, own)
         if handed_out:
             assert consumer is not None
-            buf._release = weakref.finalize(buf, self._retired.hold, ordinal, consumer, give_back)
+            buf.release_with(self._retired.hold, ordinal, consumer, give_back)
         else:
-            buf._release = weakref.finalize(buf, give_back)
+            buf.release_with(give_back)
         return buf
 
     def _alloc_ordered(self, nbytes: int, ordinal: int, stream: CudaStream | None) -> tuple[int, Callable[[], None]]:
@@ -298,7 +253,7 @@ class CudaRuntime(Runtime):
         with self._on(ordinal):
             (dptr,) = self._driver.check("cuMemAllocAsync", nbytes, handle)
         ptr = int(dptr)
-        return ptr, _OrderedFree(self._driver, ordinal, ptr, handle, stream)
+        return ptr, OrderedFree(self._driver, ordinal, ptr, handle, stream)
 
     def _release_events(self, ordinal: int, consumer: int) -> list[Event]:
         """Events recorded now on the streams user work on a handed-out block runs on (see ``alloc_device``)."""
@@ -319,7 +274,7 @@ class CudaRuntime(Runtime):
         with self._on(self.ordinal):  # allocating needs a context: ours, not a fresh one on GPU 0
             (ptr,) = self._driver.check("cuMemHostAlloc", nbytes, self._driver.drv.CU_MEMHOSTALLOC_PORTABLE)
         ptr = int(ptr)
-        owner = _HostAllocation(self._driver, ptr, self.ordinal)
+        owner = HostAllocation(self._driver, ptr, self.ordinal)
         raw = (ctypes.c_ubyte * nbytes).from_address(ptr)
         raw._cai_mpi_owner = owner  # type: ignore[attr-defined]  # the view's base keeps the block alive
         return CudaPinnedBuffer(ptr, nbytes, np.ctypeslib.as_array(raw))
@@ -387,7 +342,7 @@ class CudaRuntime(Runtime):
             if int(out.data.ptr) == desc.ptr:  # already C-ordered: still hand back a new buffer
                 out = src.copy()
         buf = CudaDeviceBuffer(int(out.data.ptr), desc.nbytes, ordinal)
-        buf._release = weakref.finalize(buf, _Keep(out))
+        buf.release_with(Keep(out))
         return buf
 
     def _copy_strided(self, desc: CAIDescriptor, packed: int, stream: CudaStream, *, pack: bool) -> None:
@@ -421,67 +376,6 @@ class CudaRuntime(Runtime):
 
 def _no_cupy() -> None:
     return None
-
-
-class _Keep:
-    """Holds an object (a CuPy allocation) until called: calling it lets the object go back to its pool."""
-
-    __slots__ = ("held",)
-
-    def __init__(self, held: Any) -> None:
-        self.held = held
-
-    def __call__(self) -> None:
-        self.held = None
-
-
-class _OrderedFree:
-    """Frees stream-ordered memory on the stream it was allocated on (keeping that stream alive until then)."""
-
-    __slots__ = ("_driver", "_handle", "_ordinal", "_ptr", "_stream")
-
-    def __init__(self, driver: Driver, ordinal: int, ptr: int, handle: int, stream: CudaStream | None) -> None:
-        self._driver, self._ordinal, self._ptr, self._handle, self._stream = driver, ordinal, ptr, handle, stream
-
-    def __call__(self) -> None:
-        self._driver.release(self._ordinal, "cuMemFreeAsync", self._ptr, self._handle)
-        self._stream = None
-
-
-class _Retired:
-    """Handed-out device blocks whose Array has died, each kept from its pool until the events recorded at its
-    release (the user work that may still read it) have passed. Finalizers add to it from any thread."""
-
-    def __init__(self, runtime: CudaRuntime) -> None:
-        self._runtime = runtime
-        self._held: collections.deque[tuple[list[Event], Callable[[], None]]] = collections.deque()
-        self._lost: list[Callable[[], None]] = []
-        self._lock = threading.Lock()
-
-    def hold(self, ordinal: int, consumer: int, give_back: Callable[[], None]) -> None:
-        try:
-            events = self._runtime._release_events(ordinal, consumer)
-        except Exception:  # the driver is gone (interpreter exit) or the context is dead: never reuse the block
-            with self._lock:
-                self._lost.append(give_back)
-            return
-        with self._lock:
-            self._held.append((events, give_back))
-
-    def reap(self) -> None:
-        """Give back, oldest first, the blocks whose user work has passed (queries only: it never blocks)."""
-        while self._held:
-            with self._lock:
-                if not self._held:
-                    return
-                events, give_back = self._held[0]
-                if not all(e.query() for e in events):
-                    return
-                self._held.popleft()
-            give_back()
-
-    def __len__(self) -> int:
-        return len(self._held)
 
 
 def _own_stream(stream: Stream) -> CudaStream:

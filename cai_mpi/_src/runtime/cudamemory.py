@@ -1,0 +1,127 @@
+"""Device and pinned memory of the CUDA runtime, and the rules for giving it back: a handed-out block is retired
+until the user work that may read it has passed; stream-ordered memory is freed on its own stream."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .base import DeviceBuffer, Event, PinnedBuffer, Stream
+from .cudadriver import Driver
+
+__all__ = ["CudaDeviceBuffer", "CudaPinnedBuffer", "HostAllocation", "Keep", "OrderedFree", "RetiredBlocks"]
+
+
+class CudaDeviceBuffer(DeviceBuffer):
+    """Device memory from a caching pool; ``free()``, or garbage collection, runs ``release`` (a finalizer that gives
+    the block back: to CuPy's pool, the driver's stream-ordered pool, or first to the runtime's retired blocks)."""
+
+    def __init__(self, ptr: int, nbytes: int, ordinal: int, stream: int | None = None) -> None:
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.ordinal = ordinal
+        self.stream = stream
+        self._release: weakref.finalize[Any, Any] | None = None
+
+    def release_with(self, give_back: Callable[..., None], *args: Any) -> None:
+        """``give_back(*args)`` runs once, at ``free()`` or when the buffer is collected."""
+        self._release = weakref.finalize(self, give_back, *args)
+
+    def free(self) -> None:
+        """Release now (the block goes where ``release_with`` said)."""
+        if self._release is not None:
+            self._release()
+
+
+class CudaPinnedBuffer(PinnedBuffer):
+    """Page-locked host memory; ``array`` views keep it alive, so ``free()`` never leaves one dangling."""
+
+    def __init__(self, ptr: int, nbytes: int, array: np.ndarray[Any, Any]) -> None:
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self._array: np.ndarray[Any, Any] | None = array
+
+    @property
+    def array(self) -> np.ndarray[Any, Any]:
+        if self._array is None:
+            raise ValueError("pinned buffer already freed")
+        return self._array
+
+    def free(self) -> None:
+        """Drop this buffer's hold; the memory is released once no view of ``array`` remains."""
+        self._array = None
+
+
+class HostAllocation:
+    """Owner of one cuMemHostAlloc block; frees it when the last numpy view is collected."""
+
+    def __init__(self, driver: Driver, ptr: int, ordinal: int) -> None:
+        self.ptr = ptr
+        weakref.finalize(self, driver.release, ordinal, "cuMemFreeHost", ptr)
+
+
+class Keep:
+    """Holds an object (a CuPy allocation) until called: calling it lets the object go back to its pool."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: Any) -> None:
+        self.held = held
+
+    def __call__(self) -> None:
+        self.held = None
+
+
+class OrderedFree:
+    """Frees stream-ordered memory on the stream it was allocated on (keeping that stream alive until then)."""
+
+    __slots__ = ("_driver", "_handle", "_ordinal", "_ptr", "_stream")
+
+    def __init__(self, driver: Driver, ordinal: int, ptr: int, handle: int, stream: Stream | None) -> None:
+        self._driver, self._ordinal, self._ptr, self._handle, self._stream = driver, ordinal, ptr, handle, stream
+
+    def __call__(self) -> None:
+        self._driver.release(self._ordinal, "cuMemFreeAsync", self._ptr, self._handle)
+        self._stream = None
+
+
+class RetiredBlocks:
+    """Handed-out device blocks whose Array has died, each kept from its pool until the events recorded at its
+    release (the user work that may still read it) have passed. Finalizers add to it from any thread."""
+
+    def __init__(self, release_events: Callable[[int, int], list[Event]]) -> None:
+        """``release_events(ordinal, consumer)``: events recorded now on the streams user work may still run on."""
+        self._release_events = release_events
+        self._held: collections.deque[tuple[list[Event], Callable[[], None]]] = collections.deque()
+        self._lost: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def hold(self, ordinal: int, consumer: int, give_back: Callable[[], None]) -> None:
+        try:
+            events = self._release_events(ordinal, consumer)
+        except Exception:  # the driver is gone (interpreter exit) or the context is dead: never reuse the block
+            with self._lock:
+                self._lost.append(give_back)
+            return
+        with self._lock:
+            self._held.append((events, give_back))
+
+    def reap(self) -> None:
+        """Give back, oldest first, the blocks whose user work has passed (queries only: it never blocks)."""
+        while self._held:
+            with self._lock:
+                if not self._held:
+                    return
+                events, give_back = self._held[0]
+                if not all(e.query() for e in events):
+                    return
+                self._held.popleft()
+            give_back()
+
+    def __len__(self) -> int:
+        return len(self._held)
