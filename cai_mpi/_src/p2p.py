@@ -156,8 +156,9 @@ def send_array(
 ) -> None:
     """Send any CAI object (or host array, or Array) to rank ``dest``; the message describes itself.
 
-    Before MPI reads the data, the exporter's stream is synchronized (CAI v3 rules; a whole-device
-    synchronization for exporters that give no stream). Any layout, dtype and size.
+    Before MPI reads the data, the exporter's stream is synchronized (CAI v3 rules; for exporters that give no
+    stream, the legacy default stream and every blocking stream: see the guide's stream policy). Any layout,
+    dtype and size.
 
     Args:
         obj: an object exporting ``__cuda_array_interface__`` (CuPy, PyTorch, Numba...), a host array
