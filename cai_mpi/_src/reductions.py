@@ -216,7 +216,10 @@ def reduce_array(
 
     Args:
         obj: this rank's array (anything ``send_array`` takes); every rank's has the same shape and dtype.
-        op: "sum", "prod", "min", "max", or an mpi4py ``MPI.Op``.
+        op: "sum", "prod", "min", "max", "mean" (alias "avg": the sum divided by the communicator size, in
+            ``obj``'s dtype; floating and complex arrays only), or an mpi4py ``MPI.Op``. Bool arrays reduce
+            with ``MPI.LAND``, ``MPI.LOR``, ``MPI.LXOR``, and "min"/"max" (or ``MPI.MIN``/``MPI.MAX``), which
+            are logical and/or. A device result of "mean" is divided on the host (staged).
         root: the rank that gets the result.
         comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
         out: on the root, where to put the result (same shape and dtype, in native byte order).
@@ -230,7 +233,8 @@ def reduce_array(
 
     Raises:
         CollectiveMismatchError: on every rank, when shapes or dtypes differ (naming every rank's), or a rank
-            could not take part (that rank raises its own error: a structured or bool dtype, a bad ``op``...).
+            could not take part (that rank raises its own error: a structured dtype, an ``op`` that does not apply
+            to the dtype, such as "mean" of integers or "sum" of bools...).
         TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
             step: end the job).
     """
@@ -245,7 +249,10 @@ def allreduce_array(
 
     Args:
         obj: this rank's array (anything ``send_array`` takes); every rank's has the same shape and dtype.
-        op: "sum", "prod", "min", "max", or an mpi4py ``MPI.Op``.
+        op: "sum", "prod", "min", "max", "mean" (alias "avg": the sum divided by the communicator size, in
+            ``obj``'s dtype; floating and complex arrays only), or an mpi4py ``MPI.Op``. Bool arrays reduce
+            with ``MPI.LAND``, ``MPI.LOR``, ``MPI.LXOR``, and "min"/"max" (or ``MPI.MIN``/``MPI.MAX``), which
+            are logical and/or. A device result of "mean" is divided on the host (staged).
         comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
         out: where to put the result on this rank (same shape and dtype, in native byte order).
         sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the synchronization of this rank's
