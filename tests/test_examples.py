@@ -38,8 +38,10 @@ def test_halo_exchange_example(nprocs: int) -> None:
 
 @pytest.mark.parametrize("nprocs", [1, 4])
 def test_allreduce_average_example(nprocs: int) -> None:
+    """Gradient averaging of a dict of float32 and float64 parameters with op="mean"."""
     out = run(nprocs, "examples/allreduce_average.py", "--steps", "200")
     assert out.count(": ok") == nprocs and "WRONG" not in out
+    assert out.count("(w1: float32, b1: float64, w2: float64)") == nprocs, out
 
 
 @pytest.mark.parametrize("nprocs", [1, 3])
