@@ -7,6 +7,8 @@ the communicator size in the input dtype, so rounding order cannot differ.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
+from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, use_runtime
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -74,6 +77,45 @@ def test_reduce_mean_at_every_root(dtype: str) -> None:
             assert out.tobytes() == want.tobytes()
         else:
             assert got is None and not out.any()
+
+
+@pytest.fixture
+def simulated_gpu() -> Iterator[None]:
+    with use_runtime(SimulatedRuntime()):
+        yield
+
+
+@pytest.fixture(params=["staged", "cuda-aware"])
+def device_comm(request: pytest.FixtureRequest, simulated_gpu: None) -> Iterator[MPI.Intracomm]:
+    """A communicator on which device data is staged through the host, or handed to a (simulated) CUDA-aware
+    MPI directly."""
+    if request.param == "cuda-aware":
+        os.environ["CAI_MPI_CUDA_AWARE"] = "1"
+    try:
+        dup = comm.Dup()  # detection happens per communicator, at its first use
+        assert cai_mpi.cuda_aware(dup).aware == (request.param == "cuda-aware")
+    finally:
+        os.environ.pop("CAI_MPI_CUDA_AWARE", None)
+    yield dup
+    dup.Free()
+
+
+@pytest.mark.parametrize("dtype", ["f8", "c8"])
+def test_mean_of_device_arrays(device_comm: MPI.Intracomm, dtype: str) -> None:
+    x = values(dtype, rank)
+    want = mpi_mean(x)
+    got = cai_mpi.allreduce_array(FakeCudaArray(x, device=True), op="mean", comm=device_comm)
+    assert got.device == 0 and got.numpy().tobytes() == want.tobytes()
+    out = FakeCudaArray(np.zeros_like(x), device=True)
+    got = cai_mpi.allreduce_array(FakeCudaArray(x, device=True), op="mean", comm=device_comm, out=out)
+    assert got.numpy().tobytes() == want.tobytes()
+    for root in range(size):
+        want_at_root = mpi_mean(x, root)  # (collective: every rank calls it)
+        host_result = cai_mpi.reduce_array(FakeCudaArray(x, device=True), op="avg", root=root, comm=device_comm,
+                                           out=np.zeros_like(x) if rank == root else None)
+        assert (host_result is None) == (rank != root)
+        if host_result is not None:
+            assert host_result.numpy().tobytes() == want_at_root.tobytes()
 
 
 def test_mean_of_empty_array() -> None:
