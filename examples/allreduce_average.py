@@ -1,17 +1,18 @@
-"""Data-parallel gradient averaging: every rank computes gradients on its own shard of the data, then
-allreduce_array sums them and each rank divides by the number of ranks, as distributed training does.
+"""Data-parallel gradient averaging of a dict of parameters: every rank computes gradients on its own shard of
+the data, then allreduce_array(op="mean") averages each one over the ranks, as distributed training does.
 
-Run:  mpiexec -n 4 python examples/allreduce_average.py [--steps 20]
+Run:  mpiexec -n 4 python examples/allreduce_average.py [--steps 200]
 
-A linear model y = X @ w is fitted by gradient descent on data split across the ranks; with the averaged
-gradient every rank takes the same step, so the weights stay identical everywhere, and they approach the
-true weights. With a GPU and CuPy the gradients live on the device.
+A small two-layer linear model (parameters of different shapes and dtypes: float32 and float64) is fitted by
+gradient descent on data split across the ranks. With the averaged gradients every rank takes the same step,
+so the parameters stay identical everywhere, and the model approaches the true map.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -19,25 +20,44 @@ from mpi4py import MPI
 import cai_mpi
 
 
+def gradients(params: dict[str, Any], x: np.ndarray[Any, Any], y: np.ndarray[Any, Any]) -> dict[str, Any]:
+    """This shard's gradients of the mean squared error of y ~ (x @ w1 + b1) @ w2, each in its parameter's dtype."""
+    w1, b1, w2 = (params[k].astype(np.float64) for k in ("w1", "b1", "w2"))
+    hidden = x @ w1 + b1
+    err = 2.0 * (hidden @ w2 - y) / len(y)
+    d_hidden = np.outer(err, w2)
+    grads = {"w1": x.T @ d_hidden, "b1": d_hidden.sum(axis=0), "w2": hidden.T @ err}
+    return {k: g.astype(params[k].dtype) for k, g in grads.items()}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=200)
     args = p.parse_args()
     comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank = comm.Get_rank()
     true_w = np.array([2.0, -1.0, 0.5, 3.0])
     rng = np.random.default_rng(rank)  # each rank its own shard
     x = rng.standard_normal((256, true_w.size))
     y = x @ true_w + 0.01 * rng.standard_normal(256)
-    w = np.zeros_like(true_w)
+    start = np.random.default_rng(0)  # the same initial parameters on every rank
+    params: dict[str, Any] = {
+        "w1": (0.3 * start.standard_normal((4, 3))).astype(np.float32),
+        "b1": np.zeros(3, np.float64),
+        "w2": (0.3 * start.standard_normal(3)).astype(np.float64),
+    }
     for _ in range(args.steps):
-        grad = 2.0 * x.T @ (x @ w - y) / len(y)  # this shard's gradient
-        total = cai_mpi.allreduce_array(grad, op="sum")  # no shape given: any array, any rank count
-        w -= 0.1 * np.asarray(total) / size
-    spread = max(cai_mpi.allgather_array(w), key=lambda a: float(np.abs(np.asarray(a) - w).max()))
-    same_everywhere = np.array_equal(np.asarray(spread), w)
-    close = bool(np.allclose(w, true_w, atol=0.01))
-    print(f"rank {rank}: w = {np.round(w, 3).tolist()}: {'ok' if same_everywhere and close else 'WRONG'}")
+        for name, grad in gradients(params, x, y).items():
+            mean = cai_mpi.allreduce_array(grad, op="mean")  # the average over the ranks, in grad's dtype
+            params[name] -= np.asarray(mean) * params[name].dtype.type(0.05)
+    fitted = params["w1"].astype(np.float64) @ params["w2"]  # the linear map the model computes
+    same_everywhere = all(
+        all(np.array_equal(np.asarray(other), value) for other in cai_mpi.allgather_array(value))
+        for value in params.values())
+    close = bool(np.allclose(fitted, true_w, atol=0.02))
+    dtypes = ", ".join(f"{k}: {v.dtype}" for k, v in params.items())
+    print(f"rank {rank}: w1 @ w2 = {np.round(fitted, 3).tolist()} ({dtypes}): "
+          f"{'ok' if same_everywhere and close else 'WRONG'}")
     return 0 if comm.allreduce(int(not (same_everywhere and close))) == 0 else 1
 
 

@@ -26,6 +26,21 @@ def test_pipeline_example(nprocs: int) -> None:
     assert out.count(": ok") == 5 and "arrived intact" in out and "WRONG" not in out
 
 
+@pytest.mark.parametrize("nprocs", [3, 4])
+def test_pipeline_example_whose_middle_stage_fails(nprocs: int) -> None:
+    """Stage 1 raises on batch 2: it reports its own error, every other stage the PipelineError naming stage 1,
+    the item and the error; every rank leaves the pipeline and the job exits with status 2, the documented one."""
+    done = run_ranks(nprocs, ["examples/pipeline.py", "--batches", "5", "--depth", "1", "--fail-at-batch", "2"],
+                     timeout=180)
+    assert done.returncode == 2, done.output
+    out = done.stdout
+    assert out.count("rank 1: failed: StageFailure: batch 2 cannot be transformed") == 1, done.output
+    for r in (0, *range(2, nprocs)):
+        assert out.count(f"rank {r}: stopped: stage 1 failed on {{'batch': 2}} with __main__.StageFailure: "
+                         "batch 2 cannot be transformed") == 1, done.output
+    assert "arrived intact" not in out and "WRONG" not in out and "Traceback" not in done.output
+
+
 @pytest.mark.parametrize("nprocs", [1, 4])
 def test_halo_exchange_example(nprocs: int) -> None:
     """A 2-D non-periodic grid: at 1 rank every face is a wall (PROC_NULL), at 4 (2 x 2) each rank has two
@@ -38,8 +53,10 @@ def test_halo_exchange_example(nprocs: int) -> None:
 
 @pytest.mark.parametrize("nprocs", [1, 4])
 def test_allreduce_average_example(nprocs: int) -> None:
+    """Gradient averaging of a dict of float32 and float64 parameters with op="mean"."""
     out = run(nprocs, "examples/allreduce_average.py", "--steps", "200")
     assert out.count(": ok") == nprocs and "WRONG" not in out
+    assert out.count("(w1: float32, b1: float64, w2: float64)") == nprocs, out
 
 
 @pytest.mark.parametrize("nprocs", [1, 3])
