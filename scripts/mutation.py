@@ -147,6 +147,10 @@ def run(module: str, sample: int | None, seed: int, fresh: bool, retest_survivor
         scratch_tree(module)  # the tests as they are now; the module as it was (a new revision: start --fresh)
         (STATE / f"tree-{module}" / "mutation.toml").write_text(config_text(module))
         forget_survivors(session)
+        if meta_path.exists():
+            meta = json.loads(meta_path.read_text())
+            meta["survivors_retested"] = f"{revision()} {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+            meta_path.write_text(json.dumps(meta))
     if fresh or not session.exists():
         session.unlink(missing_ok=True)
         tree = scratch_tree(module)
