@@ -70,6 +70,14 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
                   ["test_p2p_mpi.py", "test_staging_mpi.py", "test_send_failure_mpi.py", "test_edge_paths_mpi.py"]),
 }
 
+# Survivors judged equivalent (no input can tell them from the original), with why: (file, operator, occurrence) ->
+# reason. Occurrences number the operator's sites in the file: re-judge these when the file changes.
+JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
+    ("cai_mpi/_src/sync.py", "core/NumberReplacer", 1):
+        "version >= 2: a descriptor below version 3 never holds a stream (descriptor_from_dict drops it with a "
+        "warning), so 'stream is not None' decides alone",
+}
+
 STAGE_TIMEOUT = int(os.environ.get("CAI_MPI_MUTATION_STAGE_TIMEOUT", "120"))  # one stage of one mutant, seconds
 TEST_TIMEOUT = 30  # one test inside a stage (pytest-timeout): a mutant that hangs a wait fails fast
 
@@ -235,7 +243,8 @@ def score(module: str) -> dict[str, Any] | None:
     session = STATE / f"{module}.sqlite"
     if not session.exists():
         return None
-    counts = dict.fromkeys(("killed", "timeout", "survived", "incompetent", "equivalent", "pending", "skipped"), 0)
+    names = ("killed", "timeout", "survived", "judged_equivalent", "incompetent", "equivalent", "pending", "skipped")
+    counts = dict.fromkeys(names, 0)
     survivors = []
     with use_db(str(session), WorkDB.Mode.open) as db:
         done = dict(db.results)
@@ -248,10 +257,12 @@ def score(module: str) -> dict[str, Any] | None:
             elif result.test_outcome == TestOutcome.INCOMPETENT or result.worker_outcome != WorkerOutcome.NORMAL:
                 counts["incompetent"] += 1
             elif result.test_outcome == TestOutcome.SURVIVED:
-                counts["survived"] += 1
                 m = item.mutations[0]
+                why = JUDGED_EQUIVALENT.get((str(m.module_path), m.operator_name, m.occurrence))
+                counts["survived" if why is None else "judged_equivalent"] += 1
                 survivors.append({"job": item.job_id, "file": str(m.module_path), "operator": m.operator_name,
-                                  "occurrence": m.occurrence, "line": m.start_pos[0], "diff": result.diff})
+                                  "occurrence": m.occurrence, "line": m.start_pos[0], "equivalent": why,
+                                  "diff": result.diff})
             elif result.output == "timeout" or "stage timed out" in (result.output or ""):
                 counts["timeout"] += 1
             else:
@@ -265,16 +276,18 @@ def score(module: str) -> dict[str, Any] | None:
 
 def report(modules: list[str], json_path: Path | None) -> None:
     rows = [row for row in map(score, modules) if row is not None]
-    print(f"{'module':<12} {'killed':>6} {'timeout':>7} {'survived':>8} {'incomp.':>7} {'equiv.':>6} {'pending':>7} "
-          f"{'skipped':>7} {'killed %':>8}  revision")
+    print(f"{'module':<12} {'killed':>6} {'timeout':>7} {'survived':>8} {'judged eq.':>10} {'incomp.':>7} "
+          f"{'equiv.':>6} {'pending':>7} {'skipped':>7} {'killed %':>8}  revision")
     for r in rows:
         pct = "-" if r["killed_pct"] is None else f"{r['killed_pct']:.1f}"
-        print(f"{r['module']:<12} {r['killed']:>6} {r['timeout']:>7} {r['survived']:>8} {r['incompetent']:>7} "
+        print(f"{r['module']:<12} {r['killed']:>6} {r['timeout']:>7} {r['survived']:>8} {r['judged_equivalent']:>10} "
+              f"{r['incompetent']:>7} "
               f"{r['equivalent']:>6} {r['pending']:>7} {r['skipped']:>7} {pct:>8}  {r.get('revision', '?')}"
               f"{' (sample of ' + str(r['sample']) + ')' if r.get('sample') else ''}")
     for r in rows:
         for s in r["survivors"]:
-            print(f"\n-- survivor {r['module']}: {s['file']}:{s['line']} {s['operator']} #{s['occurrence']}")
+            print(f"\n-- survivor {r['module']}: {s['file']}:{s['line']} {s['operator']} #{s['occurrence']}"
+                  + (f" (judged equivalent: {s['equivalent']})" if s["equivalent"] else ""))
             print(s["diff"] or "")
     if json_path:
         json_path.write_text(json.dumps(rows, indent=2))
