@@ -92,6 +92,10 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
         "below it and '!=' and '>' agree",
     ("cai_mpi/_src/pipeline.py", "core/NumberReplacer", 73):
         "equivalent: Pipeline._notices_sent is counted but never read (dead state)",
+    ("cai_mpi/_src/channel.py", "core/ReplaceAndWithOr", 4):
+        "harmless: _queued() is reached only with a message in flight (_inflight is None only before the first "
+        "message and after close), where 'or' makes it always true: every message then takes the queued path, "
+        "which waits for a settled predecessor at once; only the fast path is skipped",
 }
 
 STAGE_TIMEOUT = int(os.environ.get("CAI_MPI_MUTATION_STAGE_TIMEOUT", "120"))  # one stage of one mutant, seconds
