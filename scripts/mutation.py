@@ -190,6 +190,13 @@ def run(module: str, sample: int | None, seed: int, fresh: bool, retest_survivor
             skip_all_but(session, sample, seed)
         meta_path.write_text(json.dumps({"revision": revision(), "sample": sample, "seed": seed,
                                          "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}))
+    elif sample is not None:
+        scratch_tree(module)  # the tests as they are now (same module source: after a change, start --fresh)
+        (STATE / f"tree-{module}" / "mutation.toml").write_text(config_text(module))
+        grow_sample(session, sample, seed)
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        meta["sample"] = max(sample, meta.get("sample") or 0)
+        meta_path.write_text(json.dumps(meta))
     tree = STATE / f"tree-{module}"
     print(f"== {module}: mutating {', '.join(MODULES[module][0])} in {tree}", flush=True)
     cosmic_ray("exec", "mutation.toml", str(session), cwd=tree)
@@ -256,6 +263,21 @@ def skip_all_but(session: Path, sample: int, seed: int) -> None:
                                                         output="not in the sample"))
 
 
+def grow_sample(session: Path, sample: int, seed: int) -> None:
+    """Raise a sampled session's sample to ``sample`` mutants: more of the skipped ones become pending."""
+    import sqlite3
+
+    with sqlite3.connect(session) as db:
+        skipped = sorted(job for (job,) in db.execute(
+            "SELECT job_id FROM work_results WHERE output = 'not in the sample'"))
+        (sampled,) = db.execute("SELECT count(*) FROM work_items").fetchone()
+        (equivalent,) = db.execute("SELECT count(*) FROM work_results WHERE output = ?", (ANNOTATION,)).fetchone()
+        more = sample - (sampled - len(skipped) - equivalent)
+        if more > 0:
+            chosen = random.Random(seed + sample).sample(skipped, min(more, len(skipped)))
+            db.executemany("DELETE FROM work_results WHERE job_id = ?", [(job,) for job in chosen])
+
+
 def score(module: str) -> dict[str, Any] | None:
     """Killed, timed out, survived, incompetent (the mutant does not import), pending, skipped; and the survivors."""
     from cosmic_ray.work_db import WorkDB, use_db
@@ -320,7 +342,8 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="mutate and test (resumable)")
     p_run.add_argument("modules", nargs="*", choices=[[], *MODULES], metavar="MODULE")
-    p_run.add_argument("--sample", type=int, help="test only N mutants per module, drawn at random")
+    p_run.add_argument("--sample", type=int,
+                       help="test only N mutants per module, drawn at random (on a sampled session: raise it to N)")
     p_run.add_argument("--seed", type=int, default=28)
     p_run.add_argument("--fresh", action="store_true", help="discard the module's session and start over")
     p_run.add_argument("--retest-survivors", action="store_true",
