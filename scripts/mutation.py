@@ -317,7 +317,7 @@ def score(module: str) -> dict[str, Any] | None:
             "survivors": survivors}
 
 
-def report(modules: list[str], json_path: Path | None) -> None:
+def report(modules: list[str], json_path: Path | None, markdown: bool = False) -> None:
     rows = [row for row in map(score, modules) if row is not None]
     print(f"{'module':<12} {'killed':>6} {'timeout':>7} {'survived':>8} {'judged eq.':>10} {'incomp.':>7} "
           f"{'equiv.':>6} {'pending':>7} {'skipped':>7} {'killed %':>8}  revision")
@@ -332,6 +332,16 @@ def report(modules: list[str], json_path: Path | None) -> None:
             print(f"\n-- survivor {r['module']}: {s['file']}:{s['line']} {s['operator']} #{s['occurrence']}"
                   + (f" (judged equivalent: {s['equivalent']})" if s["equivalent"] else ""))
             print(s["diff"] or "")
+    if markdown:
+        print("\n| Module | Mutants | Annotations (equiv.) | Tested | Killed | Timeout | Survived | Judged equivalent "
+              "| Killed % of non-equivalent |\n|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            total = sum(r[k] for k in ("killed", "timeout", "survived", "judged_equivalent", "incompetent",
+                                       "equivalent", "pending", "skipped"))
+            tested = r["killed"] + r["timeout"] + r["survived"] + r["judged_equivalent"]
+            pct = "-" if r["killed_pct"] is None else f"{r['killed_pct']:.0f}%"
+            print(f"| {r['module']} | {total} | {r['equivalent']} | {tested} (sample) | {r['killed']} | {r['timeout']} "
+                  f"| {r['survived']} | {r['judged_equivalent']} | {pct} |")
     if json_path:
         json_path.write_text(json.dumps(rows, indent=2))
         print(f"\nwrote {json_path}")
@@ -351,6 +361,7 @@ def main() -> int:
     p_rep = sub.add_parser("report", help="the score per module")
     p_rep.add_argument("modules", nargs="*", metavar="MODULE")
     p_rep.add_argument("--json", type=Path, help="also write the scores and survivors as JSON")
+    p_rep.add_argument("--markdown", action="store_true", help="also print the table for docs/testing.md")
     p_test = sub.add_parser("test", help="the test command cosmic-ray runs for each mutant of MODULE")
     p_test.add_argument("module", choices=list(MODULES))
     args = parser.parse_args()
@@ -365,7 +376,7 @@ def main() -> int:
             run(module, args.sample, args.seed, args.fresh, args.retest_survivors)
         report(modules, None)
     else:
-        report(modules, args.json)
+        report(modules, args.json, args.markdown)
     return 0
 
 
