@@ -54,7 +54,7 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
                  ["test_zero_size_exports.py", "test_datatypes.py", "test_descriptor.py", "test_input_errors.py",
                   "test_bad_input_table.py", "test_device_ordering.py", "test_device_rule.py"],
                  ["test_p2p_mpi.py", "test_bad_input_mpi.py"]),
-    "reductions": (["cai_mpi/_src/reductions.py"], [],
+    "reductions": (["cai_mpi/_src/reductions.py"], ["test_reduction_route.py"],
                    ["test_reduction_results_mpi.py", "test_reduce_byte_order_mpi.py", "test_collectives_mpi.py",
                     "test_collectives_with_timeout_mpi.py"]),
     "pipeline": (["cai_mpi/_src/pipeline.py"], ["test_p2p_self.py"], ["test_pipeline_mpi.py"]),
