@@ -66,7 +66,7 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
                     ["test_collectives_mpi.py", "test_collectives_with_timeout_mpi.py", "test_bcast_headers_mpi.py",
                      "test_reduce_byte_order_mpi.py", "test_reduction_results_mpi.py"]),
     "requests": (["cai_mpi/_src/requests.py"],
-                 ["test_completion.py", "test_dropped_requests.py", "test_request_timeouts.py",
+                 ["test_wait_polling.py", "test_completion.py", "test_dropped_requests.py", "test_request_timeouts.py",
                   "test_device_ordering.py", "test_exit_hooks.py"],
                  ["test_requests_mpi.py", "test_lifetime_mpi.py", "test_channel_mpi.py"]),
     "transport": (["cai_mpi/_src/transport"],
@@ -80,14 +80,8 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
     ("cai_mpi/_src/sync.py", "core/NumberReplacer", 1):
         "version >= 2: a descriptor below version 3 never holds a stream (descriptor_from_dict drops it with a "
         "warning), so 'stream is not None' decides alone",
-    ("cai_mpi/_src/requests.py", "core/AddNot", 10):
-        "harmless: complete_by() polls by sleeping first and spinning after the first millisecond instead of the "
-        "other way round; what it returns and when it gives up are unchanged (only how fast it notices)",
     ("cai_mpi/_src/requests.py", "core/ReplaceComparisonOperator_Lt_LtE", 0):
         "equivalent: 'now <= spin_until' spins at one more instant of a float clock than 'now < spin_until'",
-    ("cai_mpi/_src/requests.py", "core/ReplaceBinaryOperator_Add_Div", 1):
-        "harmless: complete_by()'s pause stays 0 (0 * 2 / 1e-5), so it polls with sleep(0) instead of backing off "
-        "to a millisecond: more CPU while waiting, the same results and the same give-up time",
     ("cai_mpi/_src/requests.py", "core/ReplaceUnaryOperator_Delete_USub", 1):
         "harmless: the fallback description of a request made without one changes its tag from -1 to 1; every "
         "request a public call can time out is made with its own description",
