@@ -91,6 +91,9 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
     ("cai_mpi/_src/pipeline.py", "core/ReplaceComparisonOperator_NotEq_Gt", 1):
         "equivalent: the report comes from a failing stage and 'failing' is the lowest one, so report.rank is never "
         "below it and '!=' and '>' agree",
+    ("cai_mpi/_src/pipeline.py", "core/ReplaceBinaryOperator_Mul_Add", 2):
+        "harmless: a stage's wait, once past spinning, sleeps its longest pause (_MAX_PAUSE, 100 microseconds) at "
+        "once instead of doubling up to it; what it waits for and when it times out are unchanged",
     ("cai_mpi/_src/pipeline.py", "core/NumberReplacer", 73):
         "equivalent: Pipeline._notices_sent is counted but never read (dead state)",
     ("cai_mpi/_src/channel.py", "core/ReplaceAndWithOr", 4):
