@@ -348,8 +348,9 @@ def report(modules: list[str], json_path: Path | None, markdown: bool = False) -
                                        "equivalent", "pending", "skipped"))
             tested = r["killed"] + r["timeout"] + r["survived"] + r["judged_equivalent"]
             pct = "-" if r["killed_pct"] is None else f"{r['killed_pct']:.0f}%"
-            print(f"| {r['module']} | {total} | {r['equivalent']} | {tested} (sample) | {r['killed']} | {r['timeout']} "
-                  f"| {r['survived']} | {r['judged_equivalent']} | {pct} |")
+            scope = "all" if not (r["skipped"] or r["pending"]) else "sample"
+            print(f"| {r['module']} | {total} | {r['equivalent']} | {tested} ({scope}) | {r['killed']} "
+                  f"| {r['timeout']} | {r['survived']} | {r['judged_equivalent']} | {pct} |")
     if json_path:
         json_path.write_text(json.dumps(rows, indent=2))
         print(f"\nwrote {json_path}")
