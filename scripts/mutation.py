@@ -108,19 +108,22 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
         "which waits for a settled predecessor at once; only the fast path is skipped",
 }
 
+# World sizes per module (default 2 and 3): a pipeline of 4 has two middle stages, which index their neighbours.
+RANKS: dict[str, tuple[int, ...]] = {"pipeline": (2, 3, 4)}
+
 STAGE_TIMEOUT = int(os.environ.get("CAI_MPI_MUTATION_STAGE_TIMEOUT", "120"))  # one stage of one mutant, seconds
 TEST_TIMEOUT = 30  # one test inside a stage (pytest-timeout): a mutant that hangs a wait fails fast
 
 
 def stages(module: str) -> list[list[str]]:
-    """The test commands for ``module``, in order: one process, then mpiexec at 2 and 3 ranks."""
+    """The test commands for ``module``, in order: one process, then mpiexec at 2 and 3 ranks (``RANKS``)."""
     _, unit, mpi = MODULES[module]
     common = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", f"--timeout={TEST_TIMEOUT}",
               "--timeout-method=thread", "-m", "not slow and not gpu and not slurm"]
     out = []
     if unit:
         out.append([str(BIN / "python"), *common, "--deselect", MPICH_HANG, *(f"tests/unit/{f}" for f in unit)])
-    for n in (2, 3):
+    for n in RANKS.get(module, (2, 3)):
         out.append([str(BIN / "mpiexec"), "-n", str(n), str(BIN / "python"), *common, "--with-mpi",
                     *(f"tests/mpi/{f}" for f in mpi)])
     return out
@@ -170,7 +173,7 @@ def config_text(module: str) -> str:
     paths, _, _ = MODULES[module]
     command = f"{BIN / 'python'} {ROOT / 'scripts' / 'mutation.py'} test {module}"
     # cosmic-ray's own timeout is a last resort above the three stages' own limits
-    return (f'[cosmic-ray]\nmodule-path = {json.dumps(paths)}\ntimeout = {3 * STAGE_TIMEOUT + 60}\n'
+    return (f'[cosmic-ray]\nmodule-path = {json.dumps(paths)}\ntimeout = {4 * STAGE_TIMEOUT + 60}\n'
             f'excluded-modules = []\ntest-command = "{command}"\n\n[cosmic-ray.distributor]\nname = "local"\n')
 
 
