@@ -85,6 +85,9 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
         "equivalent: enum members compare by identity, so 'kind != MemoryKind.HOST' is 'kind is not MemoryKind.HOST'",
     ("cai_mpi/_src/requests.py", "core/ReplaceComparisonOperator_Lt_LtE", 0):
         "equivalent: 'now <= spin_until' spins at one more instant of a float clock than 'now < spin_until'",
+    ("cai_mpi/_src/requests.py", "core/ReplaceUnaryOperator_USub_Not", 2):
+        "harmless: the same fallback description in PostedRequest (peer -1 becomes 0); a PostedRequest made without "
+        "one is either empty (PROC_NULL: complete at once) or abandoned without a wait (collectives)",
     ("cai_mpi/_src/requests.py", "core/ReplaceUnaryOperator_Delete_USub", 1):
         "harmless: the fallback description of a request made without one changes its tag from -1 to 1; every "
         "request a public call can time out is made with its own description",
