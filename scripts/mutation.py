@@ -83,6 +83,9 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
         "warning), so 'stream is not None' decides alone",
     ("cai_mpi/_src/sync.py", "core/ReplaceComparisonOperator_IsNot_NotEq", 0):
         "equivalent: enum members compare by identity, so 'kind != MemoryKind.HOST' is 'kind is not MemoryKind.HOST'",
+    ("cai_mpi/_src/operands.py", "core/NumberReplacer", 2):
+        "equivalent: host_view's 'desc.ptr == 0' is only reached with size > 0, where descriptor_from_dict has "
+        "already refused a NULL pointer; 'ptr == 1' differs only for an array at address 1, which no allocator gives",
     ("cai_mpi/_src/requests.py", "core/ReplaceComparisonOperator_Lt_LtE", 0):
         "equivalent: 'now <= spin_until' spins at one more instant of a float clock than 'now < spin_until'",
     ("cai_mpi/_src/requests.py", "core/ReplaceUnaryOperator_USub_Not", 2):
