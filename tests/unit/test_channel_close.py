@@ -1,0 +1,41 @@
+"""``close()`` of a channel (and leaving its ``with`` block): quiet on a channel that never carried a message, and
+it waits for the message in flight, so the request is done when ``close()`` returns. A rank talking to itself
+(survivors of the mutation run: neither was tested, docs/testing.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cai_mpi
+
+me = MPI.COMM_WORLD.Get_rank()
+DATA = np.arange(1000, dtype="<i4")
+
+
+def test_closing_channels_that_never_carried_a_message_is_quiet() -> None:
+    tx = cai_mpi.send_channel(DATA.copy(), me, 71)
+    rx = cai_mpi.recv_channel(me, 71)
+    tx.close()
+    rx.close()
+    tx.close()  # idempotent
+    rx.close()
+    with cai_mpi.send_channel(DATA.copy(), me, 72), cai_mpi.recv_channel(me, 72):
+        pass
+
+
+@pytest.mark.parametrize("earlier", [0, 1], ids=["first-message", "later-message"])
+def test_close_waits_for_the_message_in_flight(earlier: int) -> None:
+    """The first message (it carries the description) and later ones take different paths."""
+    with cai_mpi.send_channel(DATA, me, 73) as tx, cai_mpi.recv_channel(me, 73) as rx:
+        for _ in range(earlier):
+            rx_req, tx_req = rx.irecv(), tx.isend()
+            assert np.asarray(rx_req.wait()).tolist() == DATA.tolist()
+            tx_req.wait()
+        received, sent = rx.irecv(), tx.isend()
+        tx.close()
+        assert sent.done, "SendChannel.close() returned with its message still in flight"
+        rx.close()
+        assert received.done, "RecvChannel.close() returned with its message still in flight"
+        assert np.asarray(received.wait()).tolist() == DATA.tolist()
