@@ -27,8 +27,11 @@ def aware(monkeypatch: pytest.MonkeyPatch) -> Iterator[CudaRuntime]:
     monkeypatch.setenv("CAI_MPI_CUDA_AWARE", "1")
     reload_config({"CAI_MPI_INLINE_BYTES": "0"})
     rt = double_runtime(cuda_aware=True)
+    comm = MPI.COMM_SELF.Dup()  # CUDA-awareness is detected once per communicator: a fresh one sees the setting
+    rt.comm = comm  # type: ignore[attr-defined]
     with use_runtime(rt):
         yield rt  # type: ignore[misc]
+    comm.Free()
     reload_config()
     rt.driver_double.close()  # type: ignore[attr-defined]
 
@@ -42,7 +45,7 @@ def copies_during(rt: CudaRuntime, call: Any) -> tuple[Any, list[str]]:
 
 def test_device_arrays_are_reduced_on_the_device_without_a_copy(aware: CudaRuntime) -> None:
     x = DoubleDeviceArray(aware, DATA)
-    got, copies = copies_during(aware, lambda: cai_mpi.allreduce_array(x, comm=MPI.COMM_SELF))
+    got, copies = copies_during(aware, lambda: cai_mpi.allreduce_array(x, comm=aware.comm))
     assert copies == [], f"a CUDA-aware reduction of device arrays staged its data: {copies}"
     assert isinstance(got, cai_mpi.Array) and got.device != "cpu"
     aware.sync_device(0)
@@ -52,6 +55,6 @@ def test_device_arrays_are_reduced_on_the_device_without_a_copy(aware: CudaRunti
 def test_a_result_in_host_memory_is_reduced_on_the_host(aware: CudaRuntime) -> None:
     x = DoubleDeviceArray(aware, DATA)
     out = np.zeros_like(DATA)
-    _, copies = copies_during(aware, lambda: cai_mpi.allreduce_array(x, comm=MPI.COMM_SELF, out=out))
+    _, copies = copies_during(aware, lambda: cai_mpi.allreduce_array(x, comm=aware.comm, out=out))
     assert copies, "a device input reduced into host memory was handed to MPI without staging"
     assert out.tobytes() == DATA.tobytes()
