@@ -12,19 +12,21 @@ from __future__ import annotations
 
 from importlib.metadata import version as _package_version
 
-from ._src.bind import bind_device_early as _bind_device_early
+from ._src.runtime.bind import bind_device_early as _bind_device_early
 
 _bind_device_early()  # CAI_MPI_BIND_DEVICE=1: this rank's GPU is made current before MPI is initialized
 
-from ._src.abort import abort_on_error
-from ._src.array import Array
-from ._src.channel import RecvChannel, SendChannel, recv_channel, send_channel
-from ._src.collectives import allgather_array, alltoall_array, bcast_array, gather_array, scatter_array
-from ._src.completion import testall, waitall, waitany
+from ._src.api.abort import abort_on_error
+from ._src.api.channel import RecvChannel, SendChannel, recv_channel, send_channel
+from ._src.api.collectives import allgather_array, alltoall_array, bcast_array, gather_array, scatter_array
+from ._src.api.completion import testall, waitall, waitany
+from ._src.api.p2p import irecv_array, isend_array, recv_array, send_array, sendrecv_array
+from ._src.api.pipeline import Pipeline
+from ._src.api.reductions import allreduce_array, reduce_array
+from ._src.api.validation import ANY_SOURCE, ANY_TAG, PROC_NULL
+from ._src.arrays.array import Array
 from ._src.config import ENV_VARS
-from ._src.descriptor import CAIDescriptor, describe
-from ._src.detect import CudaAwareness
-from ._src.device import DeviceChoice, choose_device
+from ._src.core.descriptor import CAIDescriptor, describe
 from ._src.errors import (
     CAIError,
     CaiMpiError,
@@ -38,12 +40,10 @@ from ._src.errors import (
     StreamError,
     TimeoutError,
 )
-from ._src.p2p import irecv_array, isend_array, recv_array, send_array, sendrecv_array
-from ._src.pipeline import Pipeline
-from ._src.privcomm import cuda_aware, init_world
-from ._src.reductions import allreduce_array, reduce_array
-from ._src.requests import Request
-from ._src.validation import ANY_SOURCE, ANY_TAG, PROC_NULL
+from ._src.progress.requests import Request
+from ._src.runtime.device import DeviceChoice, choose_device
+from ._src.transport.detect import CudaAwareness
+from ._src.transport.privcomm import cuda_aware, init_world
 
 try:  # one place for the version: pyproject.toml, read back from the installed package's metadata
     __version__ = _package_version("cai_mpi")

@@ -24,7 +24,8 @@ examples:
 
 # Each command is a module with main(argv) -> exit status, imported only when asked for.
 _COMMANDS = {
-    "info": "._src.info", "demo": "._src.demo", "bench": "._src.bench", "run": "._src.run", "soak": "._src.soak",
+    "info": "._src.cli.info", "demo": "._src.cli.demo", "bench": "._src.cli.bench", "run": "._src.cli.run",
+    "soak": "._src.cli.soak",
 }
 
 

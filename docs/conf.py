@@ -73,18 +73,18 @@ nitpick_ignore = [
 # replaced here by the reference when the site is built.
 
 _SECTIONS = {  # defining module -> section title, in page order; unknown modules go to "Other names"
-    "cai_mpi._src.p2p": "Point-to-point",
-    "cai_mpi._src.requests": "Point-to-point",
-    "cai_mpi._src.completion": "Point-to-point",
-    "cai_mpi._src.channel": "Persistent channels",
-    "cai_mpi._src.collectives": "Collectives",
-    "cai_mpi._src.reductions": "Collectives",
-    "cai_mpi._src.pipeline": "Pipelines",
-    "cai_mpi._src.array": "Arrays and descriptors",
-    "cai_mpi._src.descriptor": "Arrays and descriptors",
-    "cai_mpi._src.privcomm": "MPI and GPUs",
-    "cai_mpi._src.detect": "MPI and GPUs",
-    "cai_mpi._src.device": "MPI and GPUs",
+    "cai_mpi._src.api.p2p": "Point-to-point",
+    "cai_mpi._src.progress.requests": "Point-to-point",
+    "cai_mpi._src.api.completion": "Point-to-point",
+    "cai_mpi._src.api.channel": "Persistent channels",
+    "cai_mpi._src.api.collectives": "Collectives",
+    "cai_mpi._src.api.reductions": "Collectives",
+    "cai_mpi._src.api.pipeline": "Pipelines",
+    "cai_mpi._src.arrays.array": "Arrays and descriptors",
+    "cai_mpi._src.core.descriptor": "Arrays and descriptors",
+    "cai_mpi._src.transport.privcomm": "MPI and GPUs",
+    "cai_mpi._src.transport.detect": "MPI and GPUs",
+    "cai_mpi._src.runtime.device": "MPI and GPUs",
     "cai_mpi._src.errors": "Errors",
 }
 _PLACEHOLDER = re.compile(r"^<!-- public-api: ([\w.]+) -->\n.*?^<!-- /public-api -->$", re.MULTILINE | re.DOTALL)

@@ -40,33 +40,33 @@ MPICH_HANG = "tests/unit/test_device_ordering.py::test_a_failed_staged_send_hold
 
 # module -> (files to mutate, unit test files run in one process, MPI test files run at 2 and 3 ranks)
 MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
-    "sync": (["cai_mpi/_src/sync.py"],
+    "sync": (["cai_mpi/_src/arrays/sync.py"],
              ["test_sync_policy.py", "test_device_ordering.py", "test_device_rule.py", "test_config.py",
               "test_sendrecv_self.py"],
              ["test_staging_mpi.py"]),
-    "header": (["cai_mpi/_src/header.py"],
+    "header": (["cai_mpi/_src/core/header.py"],
                ["test_largest_inline_message.py", "test_header.py", "test_bad_input_table.py"],
                ["test_bcast_headers_mpi.py", "test_corrupt_header_mpi.py"]),
-    "descriptor": (["cai_mpi/_src/descriptor.py"],
+    "descriptor": (["cai_mpi/_src/core/descriptor.py"],
                    ["test_descriptor.py", "test_array.py", "test_datatypes.py", "test_bad_input_table.py"],
                    ["test_p2p_mpi.py"]),
-    "operands": (["cai_mpi/_src/operands.py"],
+    "operands": (["cai_mpi/_src/arrays/operands.py"],
                  ["test_zero_size_exports.py", "test_datatypes.py", "test_descriptor.py", "test_input_errors.py",
                   "test_bad_input_table.py", "test_device_ordering.py", "test_device_rule.py"],
                  ["test_p2p_mpi.py", "test_bad_input_mpi.py"]),
-    "reductions": (["cai_mpi/_src/reductions.py"], ["test_reduction_route.py"],
+    "reductions": (["cai_mpi/_src/api/reductions.py"], ["test_reduction_route.py"],
                    ["test_reduction_results_mpi.py", "test_reduce_byte_order_mpi.py", "test_collectives_mpi.py",
                     "test_collectives_with_timeout_mpi.py"]),
-    "pipeline": (["cai_mpi/_src/pipeline.py"], ["test_p2p_self.py"],
+    "pipeline": (["cai_mpi/_src/api/pipeline.py"], ["test_p2p_self.py"],
                  ["test_pipeline_mpi.py", "test_pipeline_notice_mpi.py"]),
-    "channel": (["cai_mpi/_src/channel.py"],
+    "channel": (["cai_mpi/_src/api/channel.py"],
                 ["test_channel_close.py", "test_channel_one_message.py", "test_p2p_self.py", "test_input_errors.py",
                  "test_exit_hooks.py", "test_device_ordering.py"],
                 ["test_channel_mpi.py", "test_lifetime_mpi.py"]),
-    "collectives": (["cai_mpi/_src/collectives.py"], ["test_collective_counts.py"],
+    "collectives": (["cai_mpi/_src/api/collectives.py"], ["test_collective_counts.py"],
                     ["test_collectives_mpi.py", "test_collectives_with_timeout_mpi.py", "test_bcast_headers_mpi.py",
                      "test_reduce_byte_order_mpi.py", "test_reduction_results_mpi.py"]),
-    "requests": (["cai_mpi/_src/requests.py"],
+    "requests": (["cai_mpi/_src/progress/requests.py"],
                  ["test_wait_polling.py", "test_completion.py", "test_dropped_requests.py", "test_request_timeouts.py",
                   "test_device_ordering.py", "test_exit_hooks.py"],
                  ["test_requests_mpi.py", "test_lifetime_mpi.py", "test_channel_mpi.py"]),
@@ -78,37 +78,37 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
 # Survivors judged equivalent (no input can tell them from the original), with why: (file, operator, occurrence) ->
 # reason. Occurrences number the operator's sites in the file: re-judge these when the file changes.
 JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
-    ("cai_mpi/_src/sync.py", "core/NumberReplacer", 1):
+    ("cai_mpi/_src/arrays/sync.py", "core/NumberReplacer", 1):
         "version >= 2: a descriptor below version 3 never holds a stream (descriptor_from_dict drops it with a "
         "warning), so 'stream is not None' decides alone",
-    ("cai_mpi/_src/sync.py", "core/ReplaceComparisonOperator_IsNot_NotEq", 0):
+    ("cai_mpi/_src/arrays/sync.py", "core/ReplaceComparisonOperator_IsNot_NotEq", 0):
         "equivalent: enum members compare by identity, so 'kind != MemoryKind.HOST' is 'kind is not MemoryKind.HOST'",
-    ("cai_mpi/_src/operands.py", "core/NumberReplacer", 2):
+    ("cai_mpi/_src/arrays/operands.py", "core/NumberReplacer", 2):
         "equivalent: host_view's 'desc.ptr == 0' is only reached with size > 0, where descriptor_from_dict has "
         "already refused a NULL pointer; 'ptr == 1' differs only for an array at address 1, which no allocator gives",
-    ("cai_mpi/_src/requests.py", "core/ReplaceComparisonOperator_Lt_LtE", 0):
+    ("cai_mpi/_src/progress/requests.py", "core/ReplaceComparisonOperator_Lt_LtE", 0):
         "equivalent: 'now <= spin_until' spins at one more instant of a float clock than 'now < spin_until'",
-    ("cai_mpi/_src/requests.py", "core/ReplaceUnaryOperator_USub_Not", 2):
+    ("cai_mpi/_src/progress/requests.py", "core/ReplaceUnaryOperator_USub_Not", 2):
         "harmless: the same fallback description in PostedRequest (peer -1 becomes 0); a PostedRequest made without "
         "one is either empty (PROC_NULL: complete at once) or abandoned without a wait (collectives)",
-    ("cai_mpi/_src/requests.py", "core/ReplaceUnaryOperator_Delete_USub", 1):
+    ("cai_mpi/_src/progress/requests.py", "core/ReplaceUnaryOperator_Delete_USub", 1):
         "harmless: the fallback description of a request made without one changes its tag from -1 to 1; every "
         "request a public call can time out is made with its own description",
-    ("cai_mpi/_src/pipeline.py", "core/ReplaceComparisonOperator_Eq_Is", 4):
+    ("cai_mpi/_src/api/pipeline.py", "core/ReplaceComparisonOperator_Eq_Is", 4):
         "equivalent in CPython below 257 stages: 'failing is self.stage' compares two ints that the small-int "
         "cache makes one object whenever they are equal",
-    ("cai_mpi/_src/pipeline.py", "core/ReplaceComparisonOperator_NotEq_Gt", 1):
+    ("cai_mpi/_src/api/pipeline.py", "core/ReplaceComparisonOperator_NotEq_Gt", 1):
         "equivalent: the report comes from a failing stage and 'failing' is the lowest one, so report.rank is never "
         "below it and '!=' and '>' agree",
-    ("cai_mpi/_src/pipeline.py", "core/ReplaceBinaryOperator_Mul_Add", 2):
+    ("cai_mpi/_src/api/pipeline.py", "core/ReplaceBinaryOperator_Mul_Add", 2):
         "harmless: a stage's wait, once past spinning, sleeps its longest pause (_MAX_PAUSE, 100 microseconds) at "
         "once instead of doubling up to it; what it waits for and when it times out are unchanged",
-    ("cai_mpi/_src/pipeline.py", "core/ReplaceBinaryOperator_Mul_Div", 3):
+    ("cai_mpi/_src/api/pipeline.py", "core/ReplaceBinaryOperator_Mul_Div", 3):
         "harmless: leaving the pipeline, the wait for the stages' agreement backs off to pauses of about 2 "
         "microseconds instead of 100: more polls, the same agreement",
-    ("cai_mpi/_src/pipeline.py", "core/NumberReplacer", 73):
+    ("cai_mpi/_src/api/pipeline.py", "core/NumberReplacer", 73):
         "equivalent: Pipeline._notices_sent is counted but never read (dead state)",
-    ("cai_mpi/_src/channel.py", "core/ReplaceAndWithOr", 4):
+    ("cai_mpi/_src/api/channel.py", "core/ReplaceAndWithOr", 4):
         "harmless: _queued() is reached only with a message in flight (_inflight is None only before the first "
         "message and after close), where 'or' makes it always true: every message then takes the queued path, "
         "which waits for a settled predecessor at once; only the fast path is skipped",

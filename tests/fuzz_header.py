@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _wire_format_alone() -> None:
-    """Make ``cai_mpi._src.header`` importable without cai_mpi's package init, which initializes MPI: libFuzzer
+    """Make ``cai_mpi._src.core.header`` importable without cai_mpi's package init, which initializes MPI: libFuzzer
     ends the process with exit(), which would leave MPI unfinalized (and its startup would dominate short runs)."""
     for name, path in (("cai_mpi", ROOT / "cai_mpi"), ("cai_mpi._src", ROOT / "cai_mpi" / "_src")):
         package = types.ModuleType(name)
@@ -30,7 +30,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     import atheris
 
-    with atheris.instrument_imports(include=["cai_mpi._src.header"]):
+    with atheris.instrument_imports(include=["cai_mpi._src.core.header"]):
         import hostile_headers
     tracemalloc.start()
 

@@ -19,9 +19,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cai_mpi._src import header
+from cai_mpi._src.core import header
+from cai_mpi._src.core.header import (
+    HEADER_BUFFER_BYTES,
+    MAX_NDIM,
+    HeaderMemo,
+    MessageInfo,
+    decode_header,
+    encode_header,
+)
 from cai_mpi._src.errors import ProtocolError
-from cai_mpi._src.header import HEADER_BUFFER_BYTES, MAX_NDIM, HeaderMemo, MessageInfo, decode_header, encode_header
 
 __all__ = [
     "CORRUPT", "FIELDS", "LIMIT", "Corrupt", "check_decoder", "craft", "seed_headers",

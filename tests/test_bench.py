@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from mpi4py import MPI
 
-from cai_mpi._src.bench.cli import parse_size, size_list
-from cai_mpi._src.bench.kernels import Plan
-from cai_mpi._src.bench.progress import Progress
-from cai_mpi._src.bench.report import check_targets, render_markdown, render_targets
+from cai_mpi._src.cli.bench.cli import parse_size, size_list
+from cai_mpi._src.cli.bench.kernels import Plan
+from cai_mpi._src.cli.bench.progress import Progress
+from cai_mpi._src.cli.bench.report import check_targets, render_markdown, render_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 MPIEXEC = Path(sys.prefix) / "bin" / "mpiexec"
@@ -381,9 +381,9 @@ def test_targets_take_the_median_of_repeated_runs() -> None:
 
 def test_modes_side_by_side_move_the_same_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """raw and the out= modes of one size share source and receive buffers (see SharedBuffers)."""
-    from cai_mpi._src.bench import kernels
-    from cai_mpi._src.bench.buffers import BufferKind
-    from cai_mpi._src.bench.modes import MODES, Context, Mode, ModeSpec
+    from cai_mpi._src.cli.bench import kernels
+    from cai_mpi._src.cli.bench.buffers import BufferKind
+    from cai_mpi._src.cli.bench.modes import MODES, Context, Mode, ModeSpec
 
     ctx = Context(comm=MPI.COMM_SELF, kind=BufferKind(), aware=False)
     made = {}
@@ -436,8 +436,8 @@ def test_plot_draws_every_mode_in_a_color_of_its_own(tmp_path: Path, monkeypatch
     pytest.importorskip("matplotlib", reason="--plot needs the plot extra (installed by scripts/test.sh)")
     from matplotlib.figure import Figure
 
-    from cai_mpi._src.bench.modes import MODES
-    from cai_mpi._src.bench.report import plot
+    from cai_mpi._src.cli.bench.modes import MODES
+    from cai_mpi._src.cli.bench.report import plot
 
     out, png = tmp_path / "lat.json", tmp_path / "lat.png"
     host_modes = [m for m in MODES if m != "raw-staged"]  # every mode that runs on host buffers

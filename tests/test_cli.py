@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from cai_mpi.__main__ import _COMMANDS
-from cai_mpi._src.bench import cli as bench_cli
-from cai_mpi._src.bench.kernels import TESTS
+from cai_mpi._src.cli.bench import cli as bench_cli
+from cai_mpi._src.cli.bench.kernels import TESTS
 
 
 def examples(help_text: str) -> list[str]:
@@ -92,7 +92,7 @@ def test_info_checks_device_attribution_on_every_gpu() -> None:
 
 
 def test_info_says_when_cai_mpi_itself_misplaces_memory() -> None:
-    from cai_mpi._src import info
+    from cai_mpi._src.cli import info
 
     found = {"bindings": "13.2.0", "gpus": [{"gpu": 0, "located": 0, "reported": 0},
                                             {"gpu": 1, "located": 0, "reported": 0},

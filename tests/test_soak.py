@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from launch import run_ranks
 
-from cai_mpi._src.soak.rounds import KINDS
+from cai_mpi._src.cli.soak.rounds import KINDS
 
 LIMIT = 240  # seconds: each run takes a few; this only tells a hang from a busy machine
 
@@ -57,9 +57,9 @@ PLANTED = r"""
 import sys
 import numpy as np
 from mpi4py import MPI
-from cai_mpi._src.channel import RecvChannel
-from cai_mpi._src.soak import cli, rounds
-from cai_mpi._src.soak.messages import HOST, Spec
+from cai_mpi._src.api.channel import RecvChannel
+from cai_mpi._src.cli.soak import cli, rounds
+from cai_mpi._src.cli.soak.messages import HOST, Spec
 
 described = rounds.Worker._spec
 
@@ -100,8 +100,8 @@ def test_a_soak_whose_channel_receives_fail_ends_and_lists_the_failures(tmp_path
 STUCK = r"""
 import sys, threading
 from mpi4py import MPI
-from cai_mpi._src.channel import RecvChannel
-from cai_mpi._src.soak import cli
+from cai_mpi._src.api.channel import RecvChannel
+from cai_mpi._src.cli.soak import cli
 
 def never(self, timeout=None):
     threading.Event().wait()

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from .._src.descriptor import CAIDescriptor
+from .._src.arrays.operands import host_view
+from .._src.core.descriptor import CAIDescriptor
 from .._src.errors import StreamError
-from .._src.operands import host_view
 from .._src.runtime.base import HOST, DeviceBuffer, Event, Location, MemoryKind, PinnedBuffer, Runtime, Stream
 from ._streams import SimulatedEvent, SimulatedStream, all_streams, resolve_stream
 

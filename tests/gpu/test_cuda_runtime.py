@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cai_mpi._src.descriptor import CAIDescriptor, describe
+from cai_mpi._src.core.descriptor import CAIDescriptor, describe
 from cai_mpi._src.runtime import cuda as cuda_rt
 from cai_mpi._src.runtime import cudadriver
 from cai_mpi._src.runtime.base import HOST, DeviceBuffer, Location, MemoryKind

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from launch import ROOT, run_ranks
 
-from cai_mpi._src.descriptor import descriptor_from_dict
+from cai_mpi._src.core.descriptor import descriptor_from_dict
 
 SELFCHECK = ROOT / "tests" / "gpu" / "selfcheck"
 

@@ -12,7 +12,7 @@ from bad_input_cases import CASES, SENT, BadInput, good_message
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.privcomm import private_comms
+from cai_mpi._src.transport.privcomm import private_comms
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

@@ -18,9 +18,9 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src import collectives
-from cai_mpi._src.agreement import describe_source
-from cai_mpi._src.header import encode_meta, inline_message
+from cai_mpi._src.api import collectives
+from cai_mpi._src.core.header import encode_meta, inline_message
+from cai_mpi._src.transport.agreement import describe_source
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

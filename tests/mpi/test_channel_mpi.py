@@ -226,7 +226,7 @@ def test_unclosed_channels_free_their_requests() -> None:
     """Dropping a channel, or leaving it open at exit, frees its MPI request (MPICH warns otherwise)."""
     import gc
 
-    from cai_mpi._src import channel
+    from cai_mpi._src.api import channel
 
     x = np.arange(3.0)
     tx = cai_mpi.send_channel(x, nxt, tag=12)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src import collectives
+from cai_mpi._src.api import collectives
 from cai_mpi._src.config import reload_config
 from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, use_runtime
 

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
-from cai_mpi._src.privcomm import private_comms
+from cai_mpi._src.transport.privcomm import private_comms
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

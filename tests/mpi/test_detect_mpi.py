@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from mpi4py import MPI
 
-from cai_mpi._src.detect import CudaAwareness, agree, detect_local
+from cai_mpi._src.transport.detect import CudaAwareness, agree, detect_local
 
 
 def _same_everywhere(comm: MPI.Comm, result: CudaAwareness) -> list[tuple[bool, str]]:

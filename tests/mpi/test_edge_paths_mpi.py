@@ -18,11 +18,11 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src import requests
 from cai_mpi._src.config import reload_config
-from cai_mpi._src.privcomm import private_comms
+from cai_mpi._src.progress import requests
+from cai_mpi._src.progress.waits import Waitable
 from cai_mpi._src.runtime.base import Runtime
-from cai_mpi._src.waits import Waitable
+from cai_mpi._src.transport.privcomm import private_comms
 from cai_mpi.testing import DoubleDeviceArray, FakeCudaArray, SimulatedRuntime, double_runtime, use_runtime
 
 pytestmark = pytest.mark.mpi(min_size=2)

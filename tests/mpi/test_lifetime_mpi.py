@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.requests import _active
+from cai_mpi._src.progress.requests import _active
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

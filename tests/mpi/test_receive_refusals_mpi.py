@@ -10,8 +10,8 @@ from hostile_headers import craft
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.header import HEADER_BUFFER_BYTES
-from cai_mpi._src.privcomm import private_comms
+from cai_mpi._src.core.header import HEADER_BUFFER_BYTES
+from cai_mpi._src.transport.privcomm import private_comms
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
-from cai_mpi._src.requests import _active
+from cai_mpi._src.progress.requests import _active
 from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, use_runtime
 
 pytestmark = pytest.mark.mpi(min_size=2)

@@ -12,8 +12,8 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.array import Array
-from cai_mpi._src.descriptor import descriptor_from_dict
+from cai_mpi._src.arrays.array import Array
+from cai_mpi._src.core.descriptor import descriptor_from_dict
 from cai_mpi.testing import SimulatedRuntime, use_runtime
 from cai_mpi.testing._runtime import SimulatedDeviceBuffer
 

@@ -16,14 +16,14 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
-from cai_mpi._src.descriptor import CAIDescriptor
+from cai_mpi._src.core.descriptor import CAIDescriptor
 from cai_mpi._src.runtime.cuda import CudaRuntime
 from cai_mpi.testing import DoubleDeviceArray, double_runtime, use_runtime
 
 me = MPI.COMM_WORLD.Get_rank()
 
 
-# -- the DLPack ABI (dlpack.h, v1), written out independently of cai_mpi._src.dlpack ----------------------------
+# -- the DLPack ABI (dlpack.h, v1), written out independently of cai_mpi._src.arrays.dlpack ----------------------------
 class Device(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 

@@ -18,7 +18,7 @@ from bad_input_cases import CASES, GROUPS, POINTERS, SENT, BadInput, good_messag
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.privcomm import private_comms
+from cai_mpi._src.transport.privcomm import private_comms
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
 BEGIN, END = "<!-- bad-input-table:begin -->\n", "<!-- bad-input-table:end -->"

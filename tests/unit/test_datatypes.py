@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
 
-from cai_mpi._src.datatypes import describable, strided_type
-from cai_mpi._src.descriptor import descriptor_from_numpy
-from cai_mpi._src.operands import host_view
+from cai_mpi._src.arrays.operands import host_view
+from cai_mpi._src.core.descriptor import descriptor_from_numpy
+from cai_mpi._src.transport.datatypes import describable, strided_type
 
 # =============================================================================================
 # strided_type through MPI.COMM_SELF

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cai_mpi
-from cai_mpi._src.descriptor import CAIDescriptor, describe, descriptor_from_dict, may_self_overlap
+from cai_mpi._src.arrays.operands import host_view
+from cai_mpi._src.core.descriptor import CAIDescriptor, describe, descriptor_from_dict, may_self_overlap
 from cai_mpi._src.errors import CAI_PREFIX, CAIError
-from cai_mpi._src.operands import host_view
 from cai_mpi.testing import FakeCudaArray
 
 PTR = 0x7F00_0000_1000  # any non-zero address: descriptor_from_dict never dereferences it

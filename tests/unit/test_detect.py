@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 from mpi4py import MPI
 
-from cai_mpi._src import detect
-from cai_mpi._src.detect import CudaAwareness, agree, detect_local
+from cai_mpi._src.transport import detect
+from cai_mpi._src.transport.detect import CudaAwareness, agree, detect_local
 
 VENDOR_VARS = ("CAI_MPI_CUDA_AWARE", "MPICH_GPU_SUPPORT_ENABLED", "MV2_USE_CUDA")
 

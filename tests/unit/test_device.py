@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from cai_mpi._src import device
-from cai_mpi._src.device import LOCAL_RANK_VARS, DeviceChoice, choose_device, parse_visible_devices
+from cai_mpi._src.runtime import device
+from cai_mpi._src.runtime.device import LOCAL_RANK_VARS, DeviceChoice, choose_device, parse_visible_devices
 
 
 @pytest.mark.parametrize(

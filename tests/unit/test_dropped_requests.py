@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.requests import _active
+from cai_mpi._src.progress.requests import _active
 
 ME = MPI.COMM_WORLD.Get_rank()
 

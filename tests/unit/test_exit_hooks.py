@@ -8,7 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src import channel
+from cai_mpi._src.api import channel
 
 ME = MPI.COMM_WORLD.Get_rank()
 

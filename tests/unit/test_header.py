@@ -21,9 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from cai_mpi._src import header
-from cai_mpi._src.errors import CAIError, CaiMpiError, ProtocolError
-from cai_mpi._src.header import (
+from cai_mpi._src.core import header
+from cai_mpi._src.core.header import (
     FLAG_FORTRAN,
     FLAG_INLINE,
     HEADER_BUFFER_BYTES,
@@ -35,6 +34,7 @@ from cai_mpi._src.header import (
     encode_header,
     encode_meta,
 )
+from cai_mpi._src.errors import CAIError, CaiMpiError, ProtocolError
 
 BIG = 1 << 62
 # The documented layout, restated to catch silent changes: payload tag, magic, version, flags, ndim,

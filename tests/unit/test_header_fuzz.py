@@ -25,7 +25,7 @@ from hostile_headers import CORRUPT, FIELDS, LIMIT, Corrupt, check_decoder, craf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cai_mpi._src.header import decode_header
+from cai_mpi._src.core.header import decode_header
 
 FUZZ_SECONDS = float(os.environ.get("CAI_MPI_FUZZ_SECONDS", "10"))
 EXAMPLES = max(100, int(25 * FUZZ_SECONDS))

@@ -32,7 +32,8 @@ def test_meta_nested_past_the_recursion_limit_is_a_type_error_naming_the_functio
     with pytest.raises(TypeError, match=rf"^{fn}: meta is nested too deeply for JSON .*: flatten it$") as info:
         WITH_META[fn](nested(5000))
     assert len(str(info.value)) < 200  # (the meta itself is not in the message)
-    assert not cai_mpi._src.privcomm.private_comms(SELF).header.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)  # nothing sent
+    # nothing sent
+    assert not cai_mpi._src.transport.privcomm.private_comms(SELF).header.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
 
 
 def test_meta_nested_moderately_still_travels() -> None:
@@ -63,7 +64,7 @@ def test_a_raising_cai_property_is_a_cai_error_naming_the_function_chained_to_th
         READING_CAI[fn](FailingExporter())
     cause = info.value.__cause__
     assert isinstance(cause, RuntimeError) and str(cause) == "the buffer was freed"
-    assert not cai_mpi._src.privcomm.private_comms(SELF).header.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+    assert not cai_mpi._src.transport.privcomm.private_comms(SELF).header.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
 
 
 class NoInterfaceHere:

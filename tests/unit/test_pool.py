@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cai_mpi._src.config import Config, reload_config
-from cai_mpi._src.pool import BlockPool, HostReceivePool, host_receive_pool, size_class
+from cai_mpi._src.transport.pool import BlockPool, HostReceivePool, host_receive_pool, size_class
 
 # -- BlockPool -----------------------------------------------------------------------------------------------
 

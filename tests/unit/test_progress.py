@@ -6,7 +6,7 @@ import io
 import os
 import threading
 
-from cai_mpi._src.bench.progress import Progress
+from cai_mpi._src.cli.bench.progress import Progress
 
 
 def test_nothing_is_written_when_the_stream_is_no_terminal() -> None:

@@ -12,9 +12,9 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.deadlines import Awaited
-from cai_mpi._src.requests import Request, _active, complete
-from cai_mpi._src.waits import Waitable
+from cai_mpi._src.progress.deadlines import Awaited
+from cai_mpi._src.progress.requests import Request, _active, complete
+from cai_mpi._src.progress.waits import Waitable
 
 
 class Flag(Waitable):

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cai_mpi._src.soak.report import SCHEMA, markdown_table, memory_allowance, memory_failures
+from cai_mpi._src.cli.soak.report import SCHEMA, markdown_table, memory_allowance, memory_failures
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 DOC = DOCS / "reliability.md"

@@ -13,10 +13,10 @@ import pytest
 from mpi4py import MPI
 
 from cai_mpi import Array
-from cai_mpi._src.soak.cli import _report
-from cai_mpi._src.soak.messages import HOST, LAYOUTS, content, digest, make, problem, spec_for
-from cai_mpi._src.soak.report import Sample, memory_allowance, memory_summary, plot, render
-from cai_mpi._src.soak.rounds import Worker
+from cai_mpi._src.cli.soak.cli import _report
+from cai_mpi._src.cli.soak.messages import HOST, LAYOUTS, content, digest, make, problem, spec_for
+from cai_mpi._src.cli.soak.report import Sample, memory_allowance, memory_summary, plot, render
+from cai_mpi._src.cli.soak.rounds import Worker
 
 SEED = 5
 SPECS = [spec_for((i, 0, 1, 2, 0), SEED, 4 << 20) for i in range(400)]

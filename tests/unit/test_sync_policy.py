@@ -1,4 +1,5 @@
-"""The stream policy itself (cai_mpi/_src/sync.py), call by call: which wait each kind of memory and CAI version gets.
+"""The stream policy itself (cai_mpi/_src/arrays/sync.py), call by call: which wait each kind of memory and CAI
+version gets.
 The end-to-end ordering tests (test_device_ordering.py) check the data; these pin the exact waits, so a policy that
 waits for the wrong stream, or on pageable memory no GPU can write, fails here (survivors of the mutation run,
 docs/testing.md)."""
@@ -10,10 +11,10 @@ from typing import Any, cast
 
 import pytest
 
+from cai_mpi._src.arrays.sync import sync_enabled, sync_producer, sync_unnamed
 from cai_mpi._src.config import reload_config
-from cai_mpi._src.descriptor import CAIDescriptor
+from cai_mpi._src.core.descriptor import CAIDescriptor
 from cai_mpi._src.runtime.base import LEGACY_STREAM, PER_THREAD_STREAM, Location, MemoryKind, Runtime
-from cai_mpi._src.sync import sync_enabled, sync_producer, sync_unnamed
 
 STREAM = 0x7F00  # a non-default stream handle
 

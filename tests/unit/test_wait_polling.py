@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from cai_mpi._src import requests
-from cai_mpi._src.deadlines import Deadline
+from cai_mpi._src.progress import requests
+from cai_mpi._src.progress.deadlines import Deadline
 
 
 class Clock:

@@ -41,7 +41,7 @@ def _make(name: str | None) -> Runtime:
         if name == "cuda":
             raise RuntimeUnavailableError(f"CAI_MPI_RUNTIME=cuda but CUDA is not usable here: {reason}")
         return HostRuntime()
-    from ..device import choose_device
+    from .device import choose_device
 
     choice = choose_device(visible_count=visible_device_count())
     return CudaRuntime(choice.ordinal or 0)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..descriptor import CAIDescriptor
+    from ..core.descriptor import CAIDescriptor
 
 __all__ = [
     "DeviceBuffer",

@@ -31,7 +31,7 @@ __all__ = ["CudaRuntime", "device_attribution"]
 
 
 if TYPE_CHECKING:
-    from ..descriptor import CAIDescriptor
+    from ..core.descriptor import CAIDescriptor
 
 # -- owned resources ------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from ..descriptor import CAIDescriptor, may_self_overlap
+from ..core.descriptor import CAIDescriptor, may_self_overlap
 from .base import PinnedBuffer
 from .cudadriver import Driver
 

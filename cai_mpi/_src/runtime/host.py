@@ -8,7 +8,7 @@ from ..errors import RuntimeUnavailableError, StreamError
 from .base import HOST, DeviceBuffer, Event, Location, PinnedBuffer, Runtime, Stream
 
 if TYPE_CHECKING:
-    from ..descriptor import CAIDescriptor
+    from ..core.descriptor import CAIDescriptor
 
 __all__ = ["HostRuntime"]
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 from .contiguous import Gathered, Landing, Outgoing, outgoing
 from .failure import PREPARED
 from .pieces import internal_stream
-from .receive import Inbound, Inbox, header_failure, plan_recv
+from .receive import Inbound, Inbox, give_back_inbox, header_failure, plan_recv, take_inbox
 from .send import Outbound, plan_send
 
 __all__ = [
-    "PREPARED", "Gathered", "Inbound", "Inbox", "Landing", "Outbound", "Outgoing", "header_failure", "internal_stream",
-    "outgoing", "plan_recv", "plan_send",
+    "PREPARED", "Gathered", "Inbound", "Inbox", "Landing", "Outbound", "Outgoing", "give_back_inbox", "header_failure",
+    "internal_stream", "outgoing", "plan_recv", "plan_send", "take_inbox",
 ]

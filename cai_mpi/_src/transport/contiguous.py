@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from ..array import Array
-from ..descriptor import CAIDescriptor
-from ..header import MessageInfo
-from ..operands import DeviceSource, RecvTarget, Target
-from ..pool import host_receive_pool
+from ..arrays.array import Array
+from ..arrays.operands import DeviceSource, RecvTarget, Target
+from ..core.descriptor import CAIDescriptor
+from ..core.header import MessageInfo
 from ..runtime.base import Runtime
 from .pieces import internal_stream, pinned_pool
+from .pool import host_receive_pool
 
 __all__ = ["ALIGN", "Gathered", "Landing", "Outgoing", "outgoing"]
 

@@ -16,7 +16,7 @@ from typing import Any
 from mpi4py import MPI
 
 from ..errors import SenderFailedError
-from ..waits import MPIWait, Waitable
+from ..progress.waits import MPIWait, Waitable
 from .pieces import BYTE, Steps
 
 __all__ = ["PREPARED", "REASON_BYTES", "announce_failure", "failed", "receive_checked", "receive_reason"]

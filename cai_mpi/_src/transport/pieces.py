@@ -13,9 +13,9 @@ from mpi4py import MPI
 
 from ..config import config
 from ..errors import CudaError
-from ..pool import BlockPool
+from ..progress.waits import Waitable
 from ..runtime.base import Event, PinnedBuffer, Runtime, Stream
-from ..waits import Waitable
+from .pool import BlockPool
 
 __all__ = ["BYTE", "Steps", "byte_chunks", "chunks", "give_back", "internal_stream", "pinned_pool", "raw"]
 

@@ -7,20 +7,20 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..array import Array
+from ..arrays.array import Array
+from ..arrays.operands import RecvTarget, Target, describe_target, mismatch
 from ..config import Config
-from ..datatypes import describable, strided_type
+from ..core.header import HEADER_BUFFER_BYTES, HeaderMemo, MessageInfo
 from ..errors import ProtocolError, RecvMismatchError, SenderFailedError
-from ..header import HEADER_BUFFER_BYTES, HeaderMemo, MessageInfo
-from ..operands import RecvTarget, Target, describe_target, mismatch
-from ..pool import host_receive_pool
-from ..privcomm import PrivateComms
+from ..progress.waits import EventWait, MPIWait
 from ..runtime.base import DeviceBuffer, Event, Runtime
-from ..waits import EventWait, MPIWait
+from .datatypes import describable, strided_type
 from .failure import failed, receive_checked, receive_reason
 from .pieces import BYTE, Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
+from .pool import host_receive_pool
+from .privcomm import PrivateComms
 
-__all__ = ["Inbound", "Inbox", "header_failure", "plan_recv"]
+__all__ = ["Inbound", "Inbox", "give_back_inbox", "header_failure", "plan_recv", "take_inbox"]
 
 #: The most bytes a cai_mpi sender puts in one MPI message (a C int count of MPI.BYTE).
 MAX_ONE_MESSAGE = 2**31 - 1
@@ -52,6 +52,21 @@ class Inbox(HeaderMemo):
             self._view = np.frombuffer(self.hbuf, info.dtype, count, info.header_nbytes).reshape(shape)
             self._view_info = info
         return self._view
+
+
+_inboxes: list[Inbox] = []  # free list: a nonblocking receive holds its inbox until its header is decoded
+
+
+def take_inbox() -> Inbox:
+    """An inbox for one nonblocking header receive (give it back once the header is decoded)."""
+    try:
+        return _inboxes.pop()
+    except IndexError:
+        return Inbox()
+
+
+def give_back_inbox(inbox: Inbox) -> None:
+    _inboxes.append(inbox)
 
 
 def header_failure(fn: str, exc: MPI.Exception, status: MPI.Status) -> Exception:

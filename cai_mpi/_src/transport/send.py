@@ -7,15 +7,15 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..arrays.operands import DeviceSource
 from ..config import Config
-from ..datatypes import describable, strided_type
-from ..header import encode_header, inline_message
-from ..operands import DeviceSource
-from ..privcomm import PrivateComms
+from ..core.header import encode_header, inline_message
+from ..progress.waits import EventWait, MPIWait
 from ..runtime.base import DeviceBuffer, Event, PinnedBuffer, Runtime
-from ..waits import EventWait, MPIWait
+from .datatypes import describable, strided_type
 from .failure import PREPARED, announce_failure
 from .pieces import Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
+from .privcomm import PrivateComms
 
 __all__ = ["Outbound", "plan_send"]
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cai_mpi._src.descriptor import CAIDescriptor
+from cai_mpi._src.core.descriptor import CAIDescriptor
 from cai_mpi._src.errors import CudaError
 from cai_mpi._src.runtime.cuda import CudaRuntime
 from cai_mpi.testing import CudaDriverDouble

@@ -13,9 +13,9 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
+from cai_mpi._src.arrays.operands import DeviceSource, send_source
 from cai_mpi._src.config import reload_config
 from cai_mpi._src.errors import CudaError
-from cai_mpi._src.operands import DeviceSource, send_source
 from cai_mpi._src.runtime import cudadriver
 from cai_mpi._src.runtime.base import Location, MemoryKind
 from cai_mpi._src.runtime.cuda import CudaRuntime, device_attribution

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cai_mpi._src.descriptor import CAIDescriptor
+from cai_mpi._src.core.descriptor import CAIDescriptor
 from cai_mpi._src.errors import CudaError, RuntimeUnavailableError, StreamError
 from cai_mpi._src.runtime import cudadriver
 from cai_mpi._src.runtime.base import HOST, Location, MemoryKind

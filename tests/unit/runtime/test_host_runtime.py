@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cai_mpi._src.config import reload_config
-from cai_mpi._src.descriptor import CAIDescriptor
+from cai_mpi._src.core.descriptor import CAIDescriptor
 from cai_mpi._src.errors import RuntimeUnavailableError, StreamError
 from cai_mpi._src.runtime import get_runtime, set_runtime
 from cai_mpi._src.runtime.base import HOST, Location, MemoryKind

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cai_mpi._src.descriptor import CAIDescriptor, describe
+from cai_mpi._src.core.descriptor import CAIDescriptor, describe
 from cai_mpi._src.errors import StreamError
 from cai_mpi._src.runtime.base import HOST, Location, MemoryKind
 from cai_mpi.testing import FakeCudaArray, SimulatedEvent, SimulatedRuntime, SimulatedStream, use_runtime

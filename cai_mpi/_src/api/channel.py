@@ -1,0 +1,503 @@
+"""Persistent channels: a stream of same-shaped arrays from one rank to another, described once.
+
+The first message of a channel is an ordinary self-describing header (flag CHANNEL, docs/protocol.md)
+followed by the payload on the channel's payload tag; every later message is the payload alone. Both
+ends plan their first message with the transport, as every send and receive does, and bind the one
+payload message it plans to an MPI persistent request (``Send_init`` / ``Recv_init``): no header to
+build or parse, nothing allocated per message.
+"""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+from collections.abc import Generator
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..arrays.array import Array
+from ..arrays.operands import DeviceSource, RecvTarget, recv_target, send_source
+from ..arrays.sync import sync_enabled, sync_unnamed
+from ..config import config
+from ..errors import TimeoutError
+from ..progress.deadlines import Awaited, Deadline, deadline
+from ..progress.requests import PostedRequest, Request, RequestWait, _active, complete_by, keep_past_exit
+from ..progress.waits import MPIWait, Waitable
+from ..runtime import get_runtime
+from ..transport import give_back_inbox, header_failure, plan_recv, plan_send, take_inbox
+from .validation import (
+    ANY_SOURCE,
+    ANY_TAG,
+    PROC_NULL,
+    Device,
+    check_comm,
+    check_meta,
+    check_rank,
+    check_sync,
+    check_tag,
+    receive_device,
+)
+
+__all__ = ["RecvChannel", "SendChannel", "recv_channel", "send_channel"]
+
+_BYTE = MPI.BYTE
+
+
+def _free(req: MPI.Request | None, mpi: Any = MPI) -> None:  # (``mpi``: this module's MPI, even during teardown)
+    if req is not None and mpi.Is_initialized() and not mpi.Is_finalized() and req != mpi.REQUEST_NULL:
+        req.Free()
+
+
+# Channels not closed yet: their persistent requests are freed before MPI finalizes (MPICH reports
+# "freeing inactive persistent request" otherwise), or when a channel is garbage collected.
+_open_channels: weakref.WeakSet[SendChannel | RecvChannel] = weakref.WeakSet()
+
+
+@atexit.register
+def _free_open_channels() -> None:
+    # atexit hooks run before MPI_Finalize (mpi4py finalizes from Py_AtExit, after the interpreter's teardown).
+    for ch in list(_open_channels):
+        inflight = ch._inflight
+        if inflight is not None and not inflight._settled:
+            # MPI still owns its memory: keep it past teardown, and its request active (freed, it would read as
+            # complete to a later wait, which would then let the memory go).
+            keep_past_exit(inflight)
+            ch._closed = True
+        else:
+            ch._release()
+
+
+def _address(src: np.ndarray[Any, Any] | DeviceSource) -> int:
+    return src.desc.ptr if isinstance(src, DeviceSource) else int(src.__array_interface__["data"][0])
+
+
+class _Channel:
+    """What both ends share: one MPI persistent request, the message in flight, closing and freeing.
+
+    Messages of one channel are strictly ordered: a message started while the previous one is in flight
+    queues behind it (the persistent request is single), so windows of isends or irecvs never block.
+    """
+
+    __slots__ = ("__weakref__", "_about", "_closed", "_inflight", "_req")
+
+    # Reached through the class: teardown may clear this module's globals before it frees a channel.
+    _free_request = staticmethod(_free)
+    _about: Awaited  # what a timeout says this channel was waiting for
+    _closed: bool
+    _req: MPI.Prequest | None
+    _inflight: Request[Any] | None
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise ValueError(f"{what} on a closed channel")
+
+    def _start(self, result: Any, keep: Any, about: Awaited) -> Request[Any]:
+        """Start the persistent request now (nothing in flight): a Request with nothing left to drive. A receive's
+        may be withdrawn by a timeout (its message then waits for the next start)."""
+        assert self._req is not None
+        self._req.Start()
+        return PostedRequest([self._req], result, keep=keep, about=about, cancellable=not about.sends)
+
+    def _queued(self) -> bool:
+        return self._inflight is not None and not self._inflight._settled
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for a message in flight, then free the channel's MPI request (idempotent).
+
+        Args:
+            timeout: seconds to wait at most (None: ``CAI_MPI_TIMEOUT``, off by default). Past it,
+                ``TimeoutError``, and the channel is closed all the same: a send stays posted, its memory kept
+                alive, and completes if the peer receives it (later cai_mpi waits finish it); a receive that
+                matched nothing is withdrawn; the MPI request is freed once MPI is done with it.
+        """
+        fn = f"{type(self).__name__}.close"
+        due = deadline(fn, timeout)  # (a bad timeout is refused before anything changes)
+        if self._closed:
+            return
+        inflight = self._inflight
+        if inflight is not None and not inflight._settled:
+            if due is None:
+                # Its error, if any, is its own wait()'s to raise (a failed recv() has raised it already).
+                inflight._wait_quietly()
+            else:
+                withdrawn = self._settle_by(inflight, due)
+                if withdrawn or not inflight._settled:
+                    self._release()
+                    about = self._about
+                    raise Awaited(fn, about.sends, about.peer, about.tag, about.comm).expired(
+                        due, cancelled=withdrawn, matched=True)
+        self._release()
+
+    @staticmethod
+    def _settle_by(inflight: Request[Any], due: Deadline) -> bool:
+        """Wait until ``due`` for the message in flight to settle: through its own wait, which withdraws a receive
+        that matched nothing at ``due`` (then True) and leaves anything else to finish in the background; after an
+        earlier timeout, for its completion in the background."""
+        withdrawn = False
+        if not inflight.done:
+            try:
+                inflight._wait_until(due)
+            except TimeoutError as exc:
+                withdrawn = exc.cancelled
+            except BaseException:
+                pass  # the message's own error is its own wait()'s to raise
+        if not inflight._settled:
+            complete_by(RequestWait(inflight), due)
+        return withdrawn
+
+    def _release(self) -> None:
+        """No more messages; free the MPI request without waiting (close, exit, garbage collection). Not while a
+        message is in flight: MPI still owns its memory, and a freed request would read as complete to its wait
+        (which would then let the memory go). The request in flight holds the MPI request until it completes, and
+        whoever frees the channel last (garbage collection, or the exit hook) frees it then."""
+        if not hasattr(self, "_closed"):  # (a constructor that raised set nothing)
+            return
+        self._closed = True
+        if not self._queued():
+            self._free_request(self._req)
+
+    def __del__(self) -> None:
+        self._release()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if error is None:
+            self.close()
+        else:  # leaving on an error: waiting for a peer now could hang, or hide the error behind another
+            self._close_without_waiting()
+
+    def _close_without_waiting(self) -> None:
+        """Close now: a receive in flight that matched nothing is withdrawn; a send, or a receive whose message
+        matched, goes on in the background (kept alive by its request, driven by later cai_mpi waits)."""
+        inflight = self._inflight
+        if inflight is not None and not inflight.done and not self._about.sends:
+            try:
+                inflight._wait_until(Deadline(0.0))
+            except BaseException:
+                pass  # withdrawn (its wait() says so), or its own error
+        self._release()
+
+
+class SendChannel(_Channel):
+    """Sends the current contents of one array to one rank, again and again. Made by ``send_channel``.
+
+    ``send()`` blocks like ``send_array``; ``isend()`` returns a Request. ``close()`` frees the
+    channel's MPI request; a closed channel refuses to send. Context manager: closes on exit.
+    """
+
+    __slots__ = ("_header", "_obj", "_opened", "_pc", "_ptr", "_rt", "_sync", "_sync_each", "dest", "dtype", "shape",
+                 "tag")
+
+    def __init__(self, obj: Any, dest: int, tag: int, comm: MPI.Comm | None, sync: bool | None,
+                 meta: dict[str, Any] | None) -> None:
+        fn = "send_channel"
+        pc = check_comm(fn, comm)
+        self.dest = check_rank(fn, "dest", dest, pc, wildcard=False)
+        if self.dest == PROC_NULL:
+            raise ValueError(f"{fn}: a channel needs a real destination rank, not PROC_NULL")
+        self.tag = check_tag(fn, tag, pc, wildcard=False)
+        meta_bytes = check_meta(fn, meta)
+        rt = get_runtime()
+        self._sync = check_sync(fn, sync)
+        src = send_source(fn, obj, self._sync, rt)
+        header, ptag, payload, steps, in_place = plan_send(src, pc, meta_bytes, config(), rt, self.dest, channel=True)
+        if steps is not None or len(payload) != 1 or not in_place:
+            raise ValueError(
+                f"{fn}: a channel hands the array's memory to MPI in place, as one message: host memory of at "
+                f"most CAI_MPI_MAX_MESSAGE_BYTES={config().max_message_bytes} bytes in a layout MPI can describe, "
+                f"or contiguous device memory through a CUDA-aware MPI (this one is "
+                f"{'' if pc.aware.aware else 'not '}CUDA-aware, per {pc.aware.source}). "
+                "Use send_array, which packs, stages and splits"
+            )
+        self._header = header
+        self._req: MPI.Prequest | None = pc.payload.Send_init(payload[0], self.dest, ptag)
+        self._pc, self._rt, self._obj = pc, rt, obj
+        self._ptr = _address(src)
+        self.shape: tuple[int, ...] = src.desc.shape if isinstance(src, DeviceSource) else src.shape
+        self.dtype: np.dtype[Any] = src.desc.dtype if isinstance(src, DeviceSource) else src.dtype
+        # CAI exporters (a producer stream) and device Arrays (work launched on them) are waited for before
+        # every send; host arrays have nothing pending.
+        self._sync_each = isinstance(src, DeviceSource) or (
+            not isinstance(obj, (np.ndarray, Array)) and hasattr(obj, "__cuda_array_interface__"))
+        self._opened = self._closed = False
+        self._inflight = None
+        self._about = Awaited("SendChannel.send", True, self.dest, self.tag, pc.header)
+        _open_channels.add(self)
+
+    def _sync_producer(self) -> None:
+        """CAI v3: the exporter's current stream is synchronized before every read of its memory."""
+        now = send_source("send_channel", self._obj, self._sync, self._rt)
+        shape = now.desc.shape if isinstance(now, DeviceSource) else now.shape
+        if _address(now) != self._ptr or shape != self.shape:
+            raise ValueError("send_channel: the channel's array was reallocated or reshaped since it was opened: "
+                             "open a new channel")
+
+    def _steps(self, previous: Request[Any] | None) -> Generator[Waitable, None, None]:
+        """One message: after the previous one, the header (first message only), then the payload."""
+        if previous is not None and not previous._settled:
+            yield RequestWait(previous)
+        assert self._req is not None
+        reqs: list[MPI.Request] = [self._req]
+        if not self._opened:
+            self._opened = True
+            reqs.append(self._pc.header.Isend([self._header, _BYTE], self.dest, self.tag))
+        self._req.Start()
+        yield MPIWait(reqs, final=True)
+
+    def send(self, timeout: float | None = None) -> None:
+        """Send the array's current contents (the first send also carries the description).
+
+        Args:
+            timeout: seconds to wait at most (None: ``CAI_MPI_TIMEOUT``, off by default). Past it,
+                ``TimeoutError``; the message stays posted and later ones queue behind it.
+        """
+        due = deadline("SendChannel.send", timeout)
+        if due is None and self._opened and not self._sync_each and not self._closed and not self._queued() \
+                and not _active:
+            req = self._req
+            assert req is not None
+            req.Start()  # the common case: one persistent send, nothing else
+            req.Wait()
+            return
+        self.isend()._wait_until(due)
+
+    def isend(self) -> Request[None]:
+        """Start sending the array's current contents; modifying it before ``wait()`` is an error.
+
+        While an earlier ``isend`` is in flight the new one queues behind it (it starts when that one
+        completes, driven by any cai_mpi wait), so windows of isends never block.
+        """
+        self._check_open("send")
+        if self._sync_each:
+            self._sync_producer()
+        about = self._about
+        if self._opened and not self._queued():
+            req: Request[None] = self._start(None, keep=(self, self._obj), about=about)
+        else:
+            req = Request(self._steps(self._inflight), keep=(self, self._obj, self._inflight), about=about)
+        self._inflight = req
+        return req
+
+    def __enter__(self) -> SendChannel:
+        return self
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("open" if self._opened else "not yet sent")
+        return f"<cai_mpi.SendChannel to rank {self.dest} tag {self.tag} shape={self.shape} dtype={self.dtype} {state}>"
+
+
+class RecvChannel(_Channel):
+    """Receives the arrays of one ``SendChannel``. Made by ``recv_channel``.
+
+    The first ``recv()`` takes the channel's description (from ``source``/``tag``, wildcards allowed;
+    the channel is then bound to the sender found) and allocates the receive buffer, or checks ``out=``.
+    Every ``recv()`` returns the same ``Array`` over that buffer, overwritten by each message: copy what
+    you keep.
+    """
+
+    __slots__ = ("_array", "_ordinal", "_out", "_pc", "_rt", "_sync_target", "_target", "dtype", "meta", "shape",
+                 "source", "tag")
+
+    def __init__(self, source: int, tag: int, comm: MPI.Comm | None, out: Any, device: Any) -> None:
+        fn = "recv_channel"
+        pc = check_comm(fn, comm)
+        self.source = check_rank(fn, "source", source, pc, wildcard=True)
+        if self.source == PROC_NULL:
+            raise ValueError(f"{fn}: a channel needs a real source rank (or ANY_SOURCE), not PROC_NULL")
+        self.tag = check_tag(fn, tag, pc, wildcard=True)
+        rt = get_runtime()
+        self._target = recv_target(fn, out, rt) if out is not None else None
+        # Memory the user may still be working on is waited for before every message lands in it: an out=
+        # with a producer to synchronize, or (once open) the channel's own Array on a GPU.
+        self._sync_target = isinstance(self._target, RecvTarget) and self._target.producer is not None
+        self._ordinal = None if out is not None else receive_device(fn, device, rt)
+        self._pc, self._rt, self._out = pc, rt, out
+        self._req = None
+        self._array: Array | None = None
+        self._inflight = None
+        self._closed = False
+        self._about = Awaited("RecvChannel.recv", False, self.source, self.tag, pc.header)
+        _open_channels.add(self)
+        self.shape: tuple[int, ...] | None = None
+        self.dtype: np.dtype[Any] | None = None
+        self.meta: dict[str, Any] | None = None
+
+    def _open(self) -> Generator[Waitable, None, Array]:
+        """The first message: its header says what the channel carries; bind its payload's landing."""
+        pc = self._pc
+        inbox = take_inbox()
+        try:
+            yield MPIWait([pc.header.Irecv(inbox.msg, self.source, self.tag)], inbox.status, cancellable=True)
+        except MPI.Exception as exc:
+            give_back_inbox(inbox)
+            raise header_failure("recv_channel", exc, inbox.status) from None
+        try:
+            array, sender, ptag, payload, steps = plan_recv(
+                "recv_channel", inbox, self._target, self._ordinal, pc, config(), self._rt, channel=True
+            )
+        finally:
+            give_back_inbox(inbox)
+        if array is None:
+            assert steps is not None
+            yield from steps  # discards the payload, then raises why
+        req = pc.payload.Recv_init(payload[0], sender, ptag)
+        req.Start()
+        self._req, self._array = req, array
+        self._sync_target = self._sync_target or array._host is None
+        self.source, self.tag, self.shape, self.dtype, self.meta = array.source, array.tag, array.shape, \
+            array.dtype, array.meta
+        self._about = Awaited("RecvChannel.recv", False, self.source, self.tag, pc.header)
+        yield MPIWait([req], final=True)
+        return array
+
+    def _steps(self, previous: Request[Any] | None) -> Generator[Waitable, None, Array]:
+        """One message: after the previous one (the persistent request is single), start and wait."""
+        if previous is not None and not previous.done:
+            yield RequestWait(previous)
+        if self._req is None:
+            return (yield from self._open())
+        self._req.Start()
+        yield MPIWait([self._req], final=True, cancellable=True)
+        return self._array  # type: ignore[return-value]
+
+    def recv(self, timeout: float | None = None) -> Array:
+        """Receive the next array of the channel (the same Array object, overwritten, every time).
+
+        Args:
+            timeout: seconds to wait at most (None: ``CAI_MPI_TIMEOUT``, off by default). Past it,
+                ``TimeoutError``, and the receive is withdrawn: the late message is the next ``recv()``'s.
+        """
+        self._check_open("recv")
+        due = deadline("RecvChannel.recv", timeout)
+        self._wait_for_users()
+        req = self._req
+        if due is None and req is not None and not self._queued() and not _active:
+            req.Start()  # the common case: one persistent receive, nothing else
+            req.Wait()
+            return self._array  # type: ignore[return-value]
+        return self._post()._wait_until(due)
+
+    def irecv(self) -> Request[Array]:
+        """Start receiving the next array; ``wait()`` returns the channel's Array.
+
+        While an earlier ``irecv`` is pending the new one queues behind it, so a window of irecvs never
+        blocks; each completes with the buffer holding its own message, until the next one lands there.
+        """
+        self._check_open("recv")
+        self._wait_for_users()
+        return self._post()
+
+    def _post(self) -> Request[Array]:
+        about = self._about
+        if self._req is not None and not self._queued():
+            req: Request[Array] = self._start(self._array, keep=(self,), about=about)
+        else:
+            req = Request(self._steps(self._inflight), keep=(self, self._out, self._inflight), about=about)
+        self._inflight = req
+        return req
+
+    def _wait_for_users(self) -> None:
+        """Before the next message lands, wait for work the user may still have on the memory: in the caller's
+        thread (a per-thread default stream belongs to it), as for any receive into ``out=``."""
+        if not self._sync_target:
+            return
+        if isinstance(self._target, RecvTarget):
+            self._target.sync_before_write(self._rt)
+        elif self._array is not None and sync_enabled(None):
+            sync_unnamed(int(self._array.device), self._rt)  # kernels still reading the previous message
+
+    @property
+    def array(self) -> Array | None:
+        """The Array every ``recv`` returns (None before the first message)."""
+        return self._array
+
+    def __enter__(self) -> RecvChannel:
+        return self
+
+    def __repr__(self) -> str:
+        if self.shape is None:
+            state = "closed" if self._closed else "not yet opened"
+            return f"<cai_mpi.RecvChannel from rank {self.source} tag {self.tag}, {state}>"
+        return (f"<cai_mpi.RecvChannel from rank {self.source} tag {self.tag} shape={self.shape} "
+                f"dtype={self.dtype}{' closed' if self._closed else ''}>")
+
+
+def send_channel(
+    obj: Any,
+    dest: int,
+    tag: int = 0,
+    comm: MPI.Comm | None = None,
+    *,
+    sync: bool | None = None,
+    meta: dict[str, Any] | None = None,
+) -> SendChannel:
+    """Open a persistent channel that sends ``obj``'s contents to ``dest``, as often as you call ``send()``.
+
+    The array's memory is bound to an MPI persistent request: change its contents between sends, not its
+    shape or allocation. The first send carries the description (shape, dtype, ``meta``); later ones only
+    the data, at nearly raw MPI cost. Pair it with ``recv_channel`` on ``dest``. Opening is local:
+    nothing is sent until the first ``send()``.
+
+    Args:
+        obj: host memory of any layout MPI can describe (up to CAI_MPI_MAX_MESSAGE_BYTES), or contiguous
+            device memory when MPI is CUDA-aware (``send_array`` covers the rest).
+        dest: the receiving rank in ``comm`` (not ``PROC_NULL``).
+        tag: 0..MPI.TAG_UB; the ``recv_channel`` may match it or use ANY_TAG.
+        comm: None for COMM_WORLD; the first use of any other communicator is collective over it.
+        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer synchronization that
+            otherwise precedes every send.
+        meta: a small JSON dict, sent with the first message (the description) and delivered as ``Array.meta``.
+
+    Returns:
+        A SendChannel (a context manager: closes on exit).
+
+    Raises:
+        TypeError, ValueError: a bad argument, or memory a channel cannot hand to MPI in place.
+
+    Example:
+        >>> with send_channel(x, dest=1) as tx:  # doctest: +SKIP
+        ...     for step in range(n):
+        ...         x[:] = step
+        ...         tx.send()
+    """
+    return SendChannel(obj, dest, tag, comm, sync, meta)
+
+
+def recv_channel(
+    source: int = ANY_SOURCE,
+    tag: int = ANY_TAG,
+    comm: MPI.Comm | None = None,
+    *,
+    out: Any = None,
+    device: Device = None,
+) -> RecvChannel:
+    """Open the receiving end of a ``send_channel``; each ``recv()`` returns the next array.
+
+    ``out=`` receives in place (checked against the description on the first ``recv``); without it a
+    buffer is allocated once, on ``device`` (as in ``recv_array``). Opening is local: the description
+    is matched by the first ``recv()``.
+
+    Args:
+        source: the sending rank, or ANY_SOURCE (the channel is then bound to the sender found).
+        tag: the tag to match, or ANY_TAG.
+        comm: None for COMM_WORLD; the first use of another communicator is collective.
+        out: a writable CAI object or host array to receive every message into (a host one contiguous in the
+            sender's order), checked against the description on the first ``recv()``.
+        device: without ``out=``: None (a GPU when this rank has one, else host), "host", or a GPU ordinal.
+
+    Returns:
+        A RecvChannel (a context manager: closes on exit).
+
+    Raises:
+        TypeError, ValueError: a bad argument. The first ``recv()`` raises RecvMismatchError or
+            ProtocolError for a message the channel cannot take (its payload is discarded).
+
+    Example:
+        >>> with recv_channel(source=0) as rx:  # doctest: +SKIP
+        ...     for step in range(n):
+        ...         a = rx.recv()  # the same Array every time, holding the newest data
+    """
+    return RecvChannel(source, tag, comm, out, device)
+

@@ -1,0 +1,367 @@
+"""Pipeline: a chain of ranks passing self-describing arrays downstream, with back-pressure and errors
+that reach every stage.
+
+Stage ``r`` of ``comm`` receives from ``r - 1`` and sends to ``r + 1``. Items travel with
+``isend_array``/``irecv_array`` on a private duplicate of ``comm``; a second duplicate carries the
+control messages: credits (how many items a stage has received, sent back upstream) and failure notices
+(sent by a failing stage to every other one). A sender never has more than ``depth`` items sent and not
+yet received downstream. Leaving the ``with`` block is collective: the stages agree on whether any of
+them failed, receive whatever is still in flight, and free the duplicates, so nothing is left unmatched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..arrays.array import Array
+from ..errors import PipelineError, TimeoutError
+from ..progress.deadlines import Deadline, deadline
+from ..progress.requests import PostedRequest, Request
+from ..transport.privcomm import private_comms
+from .p2p import irecv_array, isend_array, recv_array
+
+__all__ = ["Pipeline"]
+
+_ITEM, _END = 0, 1  # tags on the data duplicate
+_CREDIT, _NOTICE = 0, 1  # tags on the control duplicate
+_SPIN_SECONDS = 1e-3  # how long a wait polls before it starts sleeping
+_MAX_PAUSE = 1e-4  # the longest sleep between polls after that
+_NOTICE_BYTES = 64 << 10
+_TEXT_CHARS = 16 << 10  # of a failing stage's message, and of the end of its traceback, that a notice carries
+# What each stage tells the others on leaving: the failing stage (else the size), messages sent downstream
+# (items and the end of the stream), messages received from upstream, credits sent, whether a receive is
+# still posted upstream.
+_FAILED, _SENT, _RECEIVED, _CREDITS, _POSTED = range(5)
+
+
+class Pipeline:
+    """A chain of the ranks of ``comm``: stage ``r`` receives from ``r - 1`` and sends to ``r + 1``.
+
+    Constructing one is collective over ``comm``, and so is leaving its ``with`` block. ``send`` blocks
+    only when ``depth`` items are sent and not yet received by the next stage; ``recv`` (and iteration,
+    which receives the next item while you work on this one) returns None at the end of the stream.
+    ``send`` keeps a reference to what it sends until MPI is done with it: dropping yours is safe,
+    modifying the array in place before then is an error, as with any nonblocking send.
+
+    ``timeout``: seconds a ``send`` or ``recv`` waits at most for a credit or an item (None:
+    ``CAI_MPI_TIMEOUT``, off by default); past it, ``TimeoutError`` on that stage, which the others
+    then see as its failure (``PipelineError``) on leaving the ``with`` block. Leaving waits for every
+    stage to leave, at most ``timeout`` once per stage and item that may still be in flight
+    (``timeout * size * (depth + 1)``); past it, ``TimeoutError``, and the pipeline is abandoned
+    (its pending messages finish in the background; ``comm`` stays usable).
+
+    Args:
+        comm: the ranks of the chain, in order (None for COMM_WORLD); any intracommunicator.
+        depth: the most items a stage may have sent and the next not yet received (an int >= 1).
+        timeout: seconds a ``send`` or ``recv`` waits at most (None: ``CAI_MPI_TIMEOUT``, off by default).
+
+    Attributes:
+        stage: this rank's stage: its rank in ``comm``.
+        first: True on stage 0, which only sends.
+        last: True on the last stage, which only receives.
+        depth: the ``depth`` it was made with.
+
+    Example:
+        >>> with cai_mpi.Pipeline() as pipe:  # doctest: +SKIP
+        ...     if pipe.first:
+        ...         for batch in batches:
+        ...             pipe.send(batch, meta={"id": batch_id})
+        ...     else:
+        ...         for item in pipe:
+        ...             if not pipe.last:
+        ...                 pipe.send(work(item))  # keeps item.meta
+    """
+
+    def __init__(self, comm: MPI.Comm | None = None, *, depth: int = 2, timeout: float | None = None) -> None:
+        self._timeout = timeout
+        deadline("Pipeline", timeout)  # a bad timeout fails here, not at the first wait
+        comm = MPI.COMM_WORLD if comm is None else comm
+        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+            raise TypeError(f"Pipeline: comm must be an mpi4py intracommunicator or None, got {comm!r}")
+        if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 1:
+            raise ValueError(f"Pipeline: depth must be an int >= 1, got {depth!r}")
+        self.depth = int(depth)
+        self.stage, self._size = comm.Get_rank(), comm.Get_size()
+        self.first, self.last = self.stage == 0, self.stage == self._size - 1
+        self._data = comm.Dup()
+        self._ctl = comm.Dup()
+        self._data.Set_name(f"cai_mpi-pipeline-data({comm.Get_name()})")
+        self._ctl.Set_name(f"cai_mpi-pipeline-control({comm.Get_name()})")
+        private_comms(self._data)  # collective on first use: make it now, while every stage is here
+        self._sent = self._acked = self._received = self._credits_sent = self._notices_sent = 0
+        self._closed = self.last  # the last stage has no stream to close
+        self._ended = self.first  # the first stage has no stream to receive
+        self._sends: deque[Request[None]] = deque()
+        self._control: list[MPI.Request] = []  # credits and notices in flight
+        self._prefetch: Request[Array] | None = None
+        self._meta: dict[str, Any] | None = None  # of the item this stage works on, for failure reports
+        self._credit = np.zeros(1, np.int64)
+        self._credit_req = None if self.last else self._ctl.Irecv(self._credit, self.stage + 1, _CREDIT)
+        self._notice = bytearray(_NOTICE_BYTES)
+        self._notice_status = MPI.Status()
+        self._notice_req = self._ctl.Irecv(self._notice, MPI.ANY_SOURCE, _NOTICE)
+        self._notices_received = 0
+        self._left = False
+
+    # -- the stream ------------------------------------------------------------------------------------------
+
+    def send(self, obj: Any, *, meta: dict[str, Any] | None = None) -> None:
+        """Send ``obj`` (anything ``send_array`` takes) to the next stage; a forwarded Array keeps its meta.
+
+        Blocks while ``depth`` items are sent and not yet received downstream.
+        """
+        if self.last:
+            raise ValueError(f"Pipeline.send: stage {self.stage} is the last stage: there is no next stage")
+        if self._closed:
+            raise ValueError(f"Pipeline.send: stage {self.stage} already closed its stream")
+        self._wait(lambda: self._sent - self._acked < self.depth, "a credit from the next stage")
+        if meta is None and isinstance(obj, Array):
+            meta = obj.meta
+        self._sends.append(isend_array(obj, self.stage + 1, _ITEM, self._data, meta=meta))
+        self._sent += 1
+        self._reap()
+
+    def recv(self) -> Array | None:
+        """The next item from the previous stage, or None at the end of the stream."""
+        if self.first:
+            raise ValueError(f"Pipeline.recv: stage {self.stage} is the first stage: there is no previous stage")
+        if self._ended:
+            return None
+        if self._prefetch is None:
+            self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)
+        pending = self._prefetch
+        self._wait(lambda: pending.test()[0], "an item from the previous stage")
+        self._prefetch = None
+        item = pending.wait()
+        self._received += 1
+        if item.tag == _END:
+            self._ended = True
+            return None
+        self._credit_back()
+        self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)  # the next one, while you work
+        self._meta = item.meta
+        return item
+
+    def __iter__(self) -> Iterator[Array]:
+        while (item := self.recv()) is not None:
+            yield item
+
+    def close(self) -> None:
+        """End the stream: the next stage's ``recv`` returns None after the items sent before. Idempotent; does
+        nothing on the last stage."""
+        if not self._closed:
+            self._closed = True
+            self._sends.append(isend_array(np.empty(0, np.uint8), self.stage + 1, _END, self._data))
+            self._sent += 1
+
+    # -- waiting, credits and failures ---------------------------------------------------------------------
+
+    def _wait(self, done: Callable[[], bool], what: str) -> None:
+        """Until ``done()``, keep everything moving and watch for a failure anywhere; past the timeout (``what``
+        did not come), TimeoutError, which reaches the other stages as this stage's failure.
+
+        For the first ``_SPIN_SECONDS`` it only yields the core between polls (an item or a credit usually
+        comes sooner than any ``time.sleep``, even of 0, returns); then it sleeps, backing off to
+        ``_MAX_PAUSE``.
+        """
+        spin_until = time.perf_counter() + _SPIN_SECONDS
+        pause = 0.0
+        due = deadline("Pipeline", self._timeout)
+        while not done():
+            self._check_notice()
+            self._reap()
+            if due is not None and time.monotonic() > due.at:
+                raise TimeoutError(f"Pipeline: stage {self.stage} waited {due.seconds:g} s for {what}", due.seconds,
+                                   False)
+            if pause or time.perf_counter() > spin_until:
+                pause = min(pause * 2 + 1e-6, _MAX_PAUSE)
+                time.sleep(pause)
+            else:
+                os.sched_yield()
+
+    def _reap(self) -> None:
+        """Account returned credits; forget completed sends (testing them also drives every cai_mpi request)."""
+        while self._credit_req is not None and self._credit_req.Test():
+            self._acked = max(self._acked, int(self._credit[0]))
+            self._credit_req = self._ctl.Irecv(self._credit, self.stage + 1, _CREDIT)
+        while self._sends and self._sends[0].test()[0]:
+            self._sends.popleft().wait()
+        self._control = [r for r in self._control if not r.Test()]
+
+    def _credit_back(self) -> None:
+        count = np.array([self._received], np.int64)
+        self._control.append(self._ctl.Isend(count, self.stage - 1, _CREDIT))
+        self._credits_sent += 1
+        self._keep = count  # the buffer lives until the next credit replaces it (MPI holds its own reference)
+
+    def _check_notice(self) -> None:
+        if self._notice_req.Test(self._notice_status):
+            self._notices_received += 1
+            raise self._failure_from(self._notice[: self._notice_status.Get_count(MPI.BYTE)])
+
+    def _failure_from(self, raw: bytes | bytearray) -> PipelineError:
+        notice = json.loads(bytes(raw))
+        kind, message = notice["type"], notice["message"]
+        return PipelineError(f"Pipeline: stage {notice['rank']} failed: {kind}: {message}", notice["rank"],
+                             notice["meta"], error_type=kind, error_message=message,
+                             error_traceback=notice["traceback"])
+
+    def _notify(self, error: BaseException, *, own: bool = True) -> None:
+        """Tell every other stage that this one failed (they raise PipelineError, wherever they wait), with the
+        error's type, message and (``own``: an exception this stage raised) traceback."""
+        kind = type(error)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        text = "".join(traceback.format_exception(kind, error, error.__traceback__)) if own else ""
+        message, text = str(error)[:_TEXT_CHARS], text[-_TEXT_CHARS:]
+        meta = self._meta
+        while True:
+            notice = {"rank": self.stage, "meta": meta, "type": name, "message": message, "traceback": text}
+            try:
+                raw = json.dumps(notice).encode()
+            except (TypeError, ValueError):
+                meta = None
+                continue
+            if len(raw) <= _NOTICE_BYTES:
+                break
+            meta, message, text = None, message[: len(message) // 2], text[len(text) // 2 :]  # (escaped non-ASCII)
+        for rank in range(self._size):
+            if rank != self.stage:
+                self._control.append(self._ctl.Isend(raw, rank, _NOTICE))
+                self._notices_sent += 1
+
+    # -- leaving ---------------------------------------------------------------------------------------------
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        failed_here = error is not None and not isinstance(error, PipelineError)
+        if failed_here:
+            assert error is not None
+            self._notify(error)
+        elif error is None:
+            self.close()
+            if not self._ended:  # left before the end of its stream: upstream would wait for it forever
+                self._left = True
+                failed_here = True
+                self._notify(RuntimeError("it left the pipeline before the end of its stream"), own=False)
+        mine = np.array([self.stage if failed_here else self._size, self._sent, self._received, self._credits_sent,
+                         self._prefetch is not None], np.int64)
+        everyone = np.empty((self._size, len(mine)), np.int64)
+        agreed = self._ctl.Iallgather(mine, everyone)
+        pause = 0.0
+        due = self._leaving_deadline()
+        while not agreed.Test():  # meanwhile sends of this stage that still need driving (staging) go on
+            self._reap()
+            if due is not None and time.monotonic() > due.at:
+                raise self._gave_up(agreed, (mine, everyone), due) from error
+            time.sleep(pause)
+            pause = min(pause * 2 + 1e-6, _MAX_PAUSE)
+        report = self._settle(everyone)
+        self._data.Free()
+        self._ctl.Free()
+        failing = int(everyone[:, _FAILED].min())
+        if failing == self._size or (failed_here and not self._left):
+            return  # no failure; or this stage's own exception goes on unchanged
+        if isinstance(error, PipelineError) and error.rank == failing:
+            return  # the report this stage already raised goes on (raising a copy would print it twice)
+        if self._left and failing == self.stage:
+            report = PipelineError(f"Pipeline: stage {self.stage} left the pipeline before the end of its stream",
+                                   self.stage)
+        elif report is None or report.rank != failing:
+            report = PipelineError(f"Pipeline: stage {failing} failed", failing)
+        raise report from None  # (error, if any, is the report of a stage that failed later: this one replaces it)
+
+    def _leaving_deadline(self) -> Deadline | None:
+        """How long leaving waits for every stage to leave. A stage leaves once its stream has ended: behind the
+        last item still on its way to it, and at most ``depth`` + 1 items per stage can be; when no stage's wait
+        times out, the next arrives within ``timeout``. So no healthy pipeline waits longer than ``timeout`` once
+        per stage and item in flight (work a stage does after its stream ended counts too)."""
+        due = deadline("Pipeline", self._timeout)
+        return None if due is None else Deadline(due.seconds * self._size * (self.depth + 1))
+
+    def _gave_up(self, agreed: MPI.Request, buffers: Any, due: Deadline) -> TimeoutError:
+        """Some stage did not leave in time: keep what MPI may still touch (the agreement, which completes if the
+        others leave later, and the control messages in flight) alive, withdraw this stage's control receives, and
+        leave the pipeline's communicators as they are (out of step: not freed)."""
+        error = TimeoutError(
+            f"Pipeline: stage {self.stage} waited {due.seconds:g} s for every stage to leave the pipeline (leaving is "
+            f"collective over {self._size} stages); the pipeline is abandoned: its pending messages finish in the "
+            "background, and the communicator you gave it stays usable", due.seconds, False)
+        PostedRequest([agreed], None, keep=buffers)._abandon(error)
+        if self._control:
+            PostedRequest(self._control, None)._abandon(error)
+            self._control = []
+        for req in (self._credit_req, self._notice_req):
+            if req is not None and req != MPI.REQUEST_NULL:
+                req.Cancel()
+                req.Wait()
+        self._credit_req = None
+        return error
+
+    def _settle(self, everyone: np.ndarray[Any, Any]) -> PipelineError | None:
+        """Receive what is still in flight to this stage, wait for what it sent, and return the failure report
+        of the lowest failing stage (each failing stage sent one to everyone)."""
+        me = self.stage
+        # A receive posted downstream that nothing sent will ever match gets an empty message.
+        if not self.last and everyone[me + 1, _POSTED] and self._sent == everyone[me + 1, _RECEIVED]:
+            self._sends.append(isend_array(np.empty(0, np.uint8), me + 1, _END, self._data))
+        if not self.first:
+            missing = int(everyone[me - 1, _SENT]) - self._received
+            if self._prefetch is not None:
+                missing = max(missing, 1)  # (the stage above sent one more to match it, as just above)
+                self._prefetch.wait()
+                self._prefetch = None
+                missing -= 1
+            for _ in range(missing):
+                recv_array(me - 1, MPI.ANY_TAG, self._data, device="host")
+        if not self.last:  # credits: one message per item received downstream; self._acked of them read so far
+            missing = int(everyone[me + 1, _CREDITS]) - self._acked
+            assert self._credit_req is not None
+            if missing > 0:
+                self._credit_req.Wait()
+                missing -= 1
+            else:
+                self._credit_req.Cancel()
+                self._credit_req.Wait()
+            self._credit_req = None
+            for _ in range(missing):
+                self._ctl.Recv(np.zeros(1, np.int64), me + 1, _CREDIT)
+        reports = self._notices(sum(1 for r in range(self._size) if everyone[r, _FAILED] != self._size and r != me))
+        while self._sends:  # everything sent has been (or is being) received downstream
+            self._sends.popleft().wait()
+        MPI.Request.Waitall(self._control)
+        self._control = []
+        return min(reports, key=lambda r: r.rank) if reports else None
+
+    def _notices(self, expected: int) -> list[PipelineError]:
+        """Read the ``expected`` failure notices sent to this stage (one may have been read already)."""
+        reports = []
+        if self._notices_received or expected > 0:
+            if not self._notices_received:
+                self._notice_req.Wait(self._notice_status)
+            reports.append(self._failure_from(self._notice[: self._notice_status.Get_count(MPI.BYTE)]))
+            expected -= 1
+        else:
+            self._notice_req.Cancel()
+            self._notice_req.Wait()
+        for _ in range(expected):
+            status = MPI.Status()
+            buf = bytearray(_NOTICE_BYTES)
+            self._ctl.Recv(buf, MPI.ANY_SOURCE, _NOTICE, status)
+            reports.append(self._failure_from(buf[: status.Get_count(MPI.BYTE)]))
+        return reports
+
+    def __repr__(self) -> str:
+        return (f"<cai_mpi.Pipeline stage {self.stage} of {self._size}, depth {self.depth}, "
+                f"{self._sent} sent, {self._received} received>")

@@ -1,0 +1,174 @@
+"""One pool abstraction for reusable memory: size classes, a budget of idle bytes, eviction.
+
+Host receive buffers and pinned staging buffers are both expensive to get fresh (page faults;
+page-locking costs milliseconds) and both come and go in a few sizes. ``BlockPool`` keeps idle
+blocks by power-of-two size class, at most ``budget`` idle bytes in all; a block coming back to a
+full pool first evicts idle blocks of the classes used least recently, and is released itself only
+if that is not enough. ``HostReceivePool`` lends its blocks as numpy arrays that go back to the
+pool when the last view of them dies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from ..config import config
+
+__all__ = ["BlockPool", "HostReceivePool", "host_receive_pool", "size_class"]
+
+B = TypeVar("B")
+
+
+def size_class(nbytes: int) -> int:
+    """The power of two a request of ``nbytes`` is served from."""
+    return 1 << (nbytes - 1).bit_length() if nbytes > 1 else 1
+
+
+class BlockPool(Generic[B]):
+    """Idle blocks by size class within a byte budget, evicting the least recently used classes first.
+
+    Args:
+        allocate: makes a new block of exactly the size class asked for.
+        release: frees a block the pool will not keep.
+        budget: the most idle bytes the pool holds, asked each time a block is taken (a setting may change).
+            Not when one comes back: that may happen during interpreter teardown, when settings are gone.
+    """
+
+    def __init__(
+        self, allocate: Callable[[int], B], release: Callable[[B], None], *, budget: Callable[[], int]
+    ) -> None:
+        self._allocate = allocate
+        self._release = release
+        self._read_budget = budget
+        self.budget = budget()
+        self.idle_bytes = 0
+        self._idle: OrderedDict[int, list[B]] = OrderedDict()  # size class -> idle blocks, least recent first
+        # Reentrant: the garbage collector can free a lease (which gives its block back) at any allocation.
+        self._lock = threading.RLock()
+
+    def take(self, nbytes: int) -> tuple[B, int]:
+        """An idle block of ``nbytes``' size class, else a new one: ``(block, its size class)``."""
+        cls = size_class(nbytes)
+        self.budget = self._read_budget()
+        with self._lock:
+            idle = self._idle.get(cls)
+            if idle:
+                self._idle.move_to_end(cls)
+                self.idle_bytes -= cls
+                return idle.pop(), cls
+        return self._allocate(cls), cls
+
+    def give(self, block: B, cls: int) -> None:
+        """Take back a block of size class ``cls``, evicting the least recently used idle blocks to fit the budget
+        (or, if the block is larger than the budget, releasing it and trimming what a lowered budget left over)."""
+        evicted: list[B] = []
+        budget = self.budget
+        fits = cls <= budget
+        with self._lock:
+            if cls in self._idle:
+                self._idle.move_to_end(cls)  # in use: evicted last
+            room = budget - cls if fits else budget
+            for other, idle in list(self._idle.items()):  # a copy: a lease may die in here and come back
+                while idle and self.idle_bytes > room:
+                    evicted.append(idle.pop())
+                    self.idle_bytes -= other
+            if fits:
+                self._idle.setdefault(cls, []).append(block)
+                self._idle.move_to_end(cls)
+                self.idle_bytes += cls
+            else:
+                evicted.append(block)
+        for b in evicted:  # outside the lock: releasing may call into CUDA or the allocator
+            self._release(b)
+
+    def clear(self) -> None:
+        """Release every idle block."""
+        with self._lock:
+            evicted = [b for idle in self._idle.values() for b in idle]
+            self._idle.clear()
+            self.idle_bytes = 0
+        for b in evicted:
+            self._release(b)
+
+
+# -- host receive buffers lent as numpy arrays ------------------------------------------------------------------
+
+_lease_types: dict[int, type[ctypes.Array[ctypes.c_ubyte]]] = {}
+
+
+def _lease_type(cls: int) -> type[ctypes.Array[ctypes.c_ubyte]]:
+    """A ctypes array type over one block of size class ``cls`` that gives the block back when it dies.
+
+    numpy keeps the exporter of a buffer as the base of every array made from it (views included), so
+    the lease lives exactly as long as the last array over the block.
+    """
+    lease_type = _lease_types.get(cls)
+    if lease_type is None:
+
+        def __del__(self: Any) -> None:
+            self._pool._return(self._block, cls)
+
+        lease_type = type(f"_Lease{cls}", (ctypes.c_ubyte * cls,), {"__del__": __del__})
+        _lease_types[cls] = lease_type
+    return lease_type
+
+
+class HostReceivePool:
+    """Host memory for received arrays: pooled blocks from ``min_bytes`` up, lent as numpy arrays.
+
+    Smaller receives get plain ``numpy.empty`` (pooling them saves nothing); every pooled array is a
+    view of a block that goes back to the pool when the array and every view of it are gone.
+    """
+
+    def __init__(
+        self, *, min_bytes: int = 1 << 16, max_bytes: int = 1 << 30,
+        budget: Callable[[], int] = lambda: config().pool_bytes,
+    ) -> None:
+        self.min_bytes = min_bytes
+        self.max_bytes = max_bytes
+        self.blocks: BlockPool[np.ndarray[Any, Any]] = BlockPool(_new_block, _drop_block, budget=budget)
+
+    def take_array(
+        self, shape: tuple[int, ...], dtype: np.dtype[Any], nbytes: int, fortran: bool = False
+    ) -> np.ndarray[Any, Any]:
+        """A writable array of ``shape`` and ``dtype`` (``nbytes`` in all), C or Fortran ordered."""
+        if nbytes < self.min_bytes or nbytes > self.max_bytes:
+            return np.empty(shape, dtype, order="F" if fortran else "C")
+        block, cls = self.blocks.take(nbytes)
+        lease = _lease_type(cls).from_address(block.ctypes.data)
+        lease._pool, lease._block = self, block  # type: ignore[attr-defined]
+        flat: np.ndarray[Any, Any] = np.frombuffer(lease, dtype, nbytes // dtype.itemsize)  # type: ignore[call-overload]
+        if len(shape) == 1:
+            return flat
+        return flat.reshape(shape, order="F") if fortran else flat.reshape(shape)
+
+    def _return(self, block: np.ndarray[Any, Any], cls: int) -> None:
+        self.blocks.give(block, cls)
+
+    @property
+    def idle_bytes(self) -> int:
+        return self.blocks.idle_bytes
+
+    def clear(self) -> None:
+        self.blocks.clear()
+
+
+def _new_block(cls: int) -> np.ndarray[Any, Any]:
+    return np.empty(cls, np.uint8)
+
+
+def _drop_block(block: np.ndarray[Any, Any]) -> None:
+    """Nothing to do: the block's memory goes when its last reference does."""
+
+
+_host_pool = HostReceivePool()
+
+
+def host_receive_pool() -> HostReceivePool:
+    return _host_pool
