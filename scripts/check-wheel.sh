@@ -81,7 +81,7 @@ if "cai-mpi = cai_mpi.__main__:main" not in entry_points:
 with tarfile.open(sdist) as tf:
     root = sdist.name.removesuffix(".tar.gz") + "/"
     in_sdist = {m.name.removeprefix(root) for m in tf.getmembers() if m.isfile()}
-promised = ("cai_mpi/", "tests/", "examples/", "docs/", "slurm/", "scripts/", "benchmarks/")
+promised = ("cai_mpi/", "tests/", "examples/", "docs/", "slurm/", "scripts/")
 wanted = {n for n in tracked if n.startswith(promised) and not n.startswith("docs/_build/")}
 wanted |= {"README.md", "CHANGELOG.md", "LICENSE", "pyproject.toml", "MANIFEST.in"}
 problems += [f"sdist lacks {n}" for n in sorted(wanted - in_sdist)]
