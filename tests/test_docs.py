@@ -379,7 +379,8 @@ def test_site_builds_without_warnings_and_documents_every_public_name(tmp_path: 
 
 def test_one_sphinx_command_everywhere() -> None:
     """README.md, the docs and the scripts give the same command to build the site (the one the test above runs)."""
-    files = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), DOCS / "conf.py", *sorted((ROOT / "scripts").glob("*"))]
+    scripts = sorted(p for p in (ROOT / "scripts").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    files = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), DOCS / "conf.py", *scripts]
     found = {}
     for path in files:
         for command in re.findall(r"(?:python3? -m sphinx|sphinx-build)\b[^`\n(]*", path.read_text()):
