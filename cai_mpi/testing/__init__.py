@@ -125,8 +125,9 @@ class FakeCudaArray:
 
 @contextlib.contextmanager
 def use_runtime(runtime: Runtime | str) -> Iterator[Runtime]:
-    """Temporarily install a runtime ('host', 'simulated', 'cuda' or an instance)."""
-    previous = set_runtime(runtime)
+    """Temporarily install a runtime: an instance, or 'host', 'cuda', or 'simulated' (a new ``SimulatedRuntime()``,
+    which the library does not know by name)."""
+    previous = set_runtime(SimulatedRuntime() if runtime == "simulated" else runtime)
     try:
         yield get_runtime()
     finally:

@@ -1,7 +1,8 @@
 """A simulated GPU for tests: device memory that MPI must not read, copies and packing on simulated streams.
 
-Installed like any runtime (``use_runtime("simulated")`` or ``CAI_MPI_RUNTIME=simulated``): the
-transport and the real runtimes know nothing of it.
+Installed as an instance, like any runtime (``use_runtime(SimulatedRuntime())``, ``use_runtime("simulated")``,
+or ``python -m cai_mpi run --simulated-gpu`` for a whole program): the library, its transport and its real
+runtimes know nothing of it.
 """
 
 from __future__ import annotations

@@ -393,11 +393,11 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
 
 def host_accessible_double() -> CudaDriverDouble:
     """A double whose device memory the host (so a CUDA-aware MPI) can read and write: the factory for
-    ``CAI_MPI_CUDA_DRIVER=cai_mpi.testing.cuda_driver:host_accessible_double`` with ``CAI_MPI_CUDA_AWARE=1``."""
+    ``CAI_MPI_TEST_CUDA_DRIVER=cai_mpi.testing.cuda_driver:host_accessible_double`` with ``CAI_MPI_CUDA_AWARE=1``."""
     return CudaDriverDouble(device_memory_host_accessible=True)
 
 
 def ordinal_bug_double() -> CudaDriverDouble:
     """A double that reads DEVICE_ORDINAL as the broken cuda-bindings releases do (0 for every pointer): the factory
-    for ``CAI_MPI_CUDA_DRIVER=cai_mpi.testing.cuda_driver:ordinal_bug_double``."""
+    for ``CAI_MPI_TEST_CUDA_DRIVER=cai_mpi.testing.cuda_driver:ordinal_bug_double``."""
     return CudaDriverDouble(ordinal_bug=True)

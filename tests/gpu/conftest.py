@@ -45,7 +45,7 @@ os.environ["CAI_MPI_TEST_RANK"] = str(MPI.COMM_WORLD.Get_rank())
 
 with warnings.catch_warnings():
     warnings.simplefilter("default")
-    probe()  # imports the driver bindings (or CAI_MPI_CUDA_DRIVER's stand-in) once, for the test modules' probes
+    probe()  # imports the driver bindings (or CAI_MPI_TEST_CUDA_DRIVER's stand-in) once, for the test modules' probes
 
 _config: pytest.Config | None = None
 

@@ -55,7 +55,7 @@ def test_a_gpu_library_that_warns_when_imported_does_not_hide_the_gpu(tmp_path: 
     # The probe imports the driver bindings while pytest collects (warnings are errors there): a deprecation
     # notice in them made every GPU test skip as "no usable CUDA GPU". Here a driver double that warns so.
     (tmp_path / "noisy_driver.py").write_text(NOISY_DRIVER)
-    env = {**os.environ, "CAI_MPI_CUDA_DRIVER": "noisy_driver:CudaDriverDouble",
+    env = {**os.environ, "CAI_MPI_TEST_CUDA_DRIVER": "noisy_driver:CudaDriverDouble",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-rs",
                            "tests/gpu/test_gpu_p2p.py::test_runtime_is_cuda"], cwd=ROOT, env=env,

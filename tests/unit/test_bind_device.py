@@ -44,7 +44,7 @@ def run(tmp_path: Path, **env: str) -> tuple[dict[str, object], list[dict[str, o
     record = tmp_path / "binds.json"
     full = {k: v for k, v in os.environ.items() if not k.startswith(("CAI_MPI_", "OMPI_COMM_WORLD", "SLURM_"))}
     full.update(PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", BIND_RECORD=str(record),
-                CAI_MPI_CUDA_DRIVER="recording_driver:make", **env)
+                CAI_MPI_TEST_CUDA_DRIVER="recording_driver:make", **env)
     full.pop("CUDA_VISIBLE_DEVICES", None)
     done = subprocess.run([sys.executable, "-c", CHECK], env=full, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

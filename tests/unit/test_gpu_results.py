@@ -134,7 +134,7 @@ def test_benchmark_tables_join_the_page_when_the_run_made_them(fabricated_run: P
 
 def test_a_run_on_the_driver_double_says_it_was_not_a_gpu_run(fabricated_run: Path) -> None:
     summary, runs = gpu_results.load(fabricated_run)
-    summary["settings"] = {"CAI_MPI_CUDA_DRIVER": "cai_mpi.testing.cuda_driver:CudaDriverDouble"}
+    summary["settings"] = {"CAI_MPI_TEST_CUDA_DRIVER": "cai_mpi.testing.cuda_driver:CudaDriverDouble"}
     page = gpu_results.render(summary, runs)
     assert "**Not a GPU run:** cai_mpi talked to a stand-in for the GPU (cai_mpi.testing.cuda_driver:" in page
 

@@ -116,3 +116,17 @@ def test_the_python_classifiers_start_at_requires_python_and_leave_no_gap() -> N
 
 def test_the_package_names_its_authors() -> None:
     assert PYPROJECT["project"]["authors"], "pyproject.toml [project] authors"
+
+
+def test_the_tools_dependencies_are_the_bench_extra_not_the_librarys() -> None:
+    """tqdm and matplotlib serve only `python -m cai_mpi bench` and `soak` (issue 25): the library, the demo and
+    the tests that need no tools install without them (scripts/check-wheel.sh checks that wheel)."""
+    requirements = pytest.importorskip("packaging.requirements")
+
+    def names(reqs: list[str]) -> set[str]:
+        return {requirements.Requirement(r).name for r in reqs}
+
+    assert names(PYPROJECT["project"]["dependencies"]) == {"numpy", "mpi4py"}
+    assert names(EXTRAS["bench"]) == {"tqdm", "matplotlib"}
+    assert "plot" not in EXTRAS
+    assert "bench" in requirements.Requirement(EXTRAS["dev"][0]).extras  # the suite runs the tools too

@@ -1,4 +1,5 @@
-"""The progress bar of bench and soak: drawn on a terminal (or when asked), never into a pipe or a log."""
+"""The progress bar of bench and soak: drawn on a terminal (or when asked), never into a pipe or a log; by tqdm
+when the bench extra is installed, else as a plain text line of the same shape (every test runs both ways)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,20 @@ import io
 import os
 import threading
 
+import pytest
+
+from cai_mpi._src.cli.bench import progress
 from cai_mpi._src.cli.bench.progress import Progress
+
+
+@pytest.fixture(autouse=True, params=["tqdm", "plain"])
+def drawn_by(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test of this file with tqdm drawing, then as where tqdm is not installed (no bench extra)."""
+    if request.param == "tqdm":
+        pytest.importorskip("tqdm", reason="tqdm comes with the bench extra (scripts/test.sh installs it)")
+    else:
+        monkeypatch.setattr(progress, "tqdm", None)
+    return str(request.param)
 
 
 def test_nothing_is_written_when_the_stream_is_no_terminal() -> None:
@@ -82,3 +96,17 @@ def test_disabled_draws_nothing_and_a_restart_replaces_the_bar() -> None:
     q.advance(1, "second")
     q.close()
     assert " 25%|" in log.getvalue()
+
+
+def test_without_tqdm_the_line_is_plain_text(drawn_by: str) -> None:
+    log = io.StringIO()
+    p = Progress(True, log, delay=0.0, interval=0.0, width=10)
+    p.start(4)
+    p.advance(1, "bw 8 B cai")
+    assert p.line().startswith(" 25%|##        | bw 8 B cai [00:00<") or drawn_by == "tqdm", p.line()
+    p.advance(3, "a")  # a shorter label: the longer line before it is overwritten, not left behind
+    drawn = log.getvalue()
+    last = drawn.rsplit("\r", 1)[-1]
+    assert last.startswith("100%|") and len(last) >= len(drawn.split("\r")[1]), repr(drawn)
+    p.close()
+    assert log.getvalue()[len(drawn):].strip(" \r") == ""

@@ -11,10 +11,11 @@ from typing import Any
 
 from mpi4py import MPI
 
-from ..config import ENV_VARS
+from ..config import ENV_VARS, TEST_HOOKS
 from ..runtime import get_runtime
 from ..runtime.device import choose_device
 from ..transport.privcomm import cuda_aware
+from . import simulated
 
 __all__ = ["collect", "main"]
 
@@ -81,7 +82,7 @@ def collect(comm: MPI.Comm | None = None) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "accelerators": _accelerators(),
         "versions": _versions(),
-        "env": {k: os.environ.get(k) for k in (*ENV_VARS, *_OTHER_ENV) if k in os.environ},
+        "env": {k: os.environ.get(k) for k in (*ENV_VARS, *TEST_HOOKS, *_OTHER_ENV) if k in os.environ},
     }
 
 
@@ -178,6 +179,7 @@ def _text(reports: list[dict[str, Any]]) -> str:
 _EXAMPLES = """examples:
   mpiexec -n 2 python -m cai_mpi info    # every rank's view, then the verdict: direct or staged GPU transfers
   srun -n 8 python -m cai_mpi info --json > info.json
+  mpiexec -n 2 python -m cai_mpi info --simulated-gpu    # what a simulated GPU looks like (docs/tutorial.md)
 
 Run it first on a new machine, with the launcher and the environment your jobs use."""
 
@@ -188,7 +190,10 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m cai_mpi info", description=__doc__, epilog=_EXAMPLES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print one JSON document (all ranks) on rank 0")
+    simulated.add_flag(p)
     args = p.parse_args(argv)
+    if args.simulated_gpu:
+        simulated.install()
     comm = MPI.COMM_WORLD
     report = collect(comm)
     reports = comm.gather(report, root=0)

@@ -10,6 +10,7 @@ from types import TracebackType
 import mpi4py.run
 
 from ..api.abort import abort_on_error, abort_with_report, exit_status
+from . import simulated
 
 __all__ = ["main"]
 
@@ -17,6 +18,7 @@ _EPILOG = """examples:
   mpiexec -n 4 python -m cai_mpi run train.py --epochs 3
   mpiexec -n 2 python -m cai_mpi run -m mypackage.worker --verbose
   mpiexec -n 2 python -m cai_mpi run -c "import cai_mpi; print(cai_mpi.__version__)"
+  mpiexec -n 2 python -m cai_mpi run --simulated-gpu hello.py   # no GPU here: a simulated one (docs/tutorial.md)
 
 An uncaught exception (or sys.exit with a non-zero status) on any rank prints that rank, its host and the
 traceback to stderr, then calls MPI_Abort: the job ends at once with a non-zero status instead of leaving the
@@ -26,7 +28,7 @@ other ranks blocked. In your own code, cai_mpi.abort_on_error() does the same.""
 def _parser() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
         prog="python -m cai_mpi run",
-        usage="%(prog)s [-h] (script.py | -m module | -c command) [args ...]",
+        usage=f"%(prog)s [-h] [{simulated.FLAG}] (script.py | -m module | -c command) [args ...]",
         description="Run a Python program (a script, -m module or -c command) as python would, so that an "
         "uncaught exception on any rank ends the whole MPI job.",
         epilog=_EPILOG,
@@ -34,11 +36,17 @@ def _parser() -> argparse.ArgumentParser:
     )
 
 
-def _program(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    """The program's command line (``script.py args``, ``-m module args``, ``-c command args``).
+def _program(argv: list[str], parser: argparse.ArgumentParser) -> tuple[bool, list[str]]:
+    """Whether ``--simulated-gpu`` came first, and the program's command line (``script.py args``, ``-m module
+    args``, ``-c command args``).
 
     argparse cannot stop at the script and hand the rest over untouched, so the program's part is found here.
     """
+    simulate = bool(argv) and argv[0] == simulated.FLAG
+    return simulate, _command(argv[1:] if simulate else argv, parser)
+
+
+def _command(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     if not argv:
         parser.error("give a script, -m module or -c command to run")
     first = argv[0]
@@ -71,7 +79,9 @@ def main(argv: list[str]) -> int:
     Returns:
         0 when the program ends normally; the exception's exit status when MPI was not running to abort.
     """
-    program = _program(argv, _parser())
+    simulate, program = _program(argv, _parser())
+    if simulate:
+        simulated.install()
     abort_on_error()
     try:
         # mpi4py's runner sets sys.argv and __main__ as python itself would (runpy), and sys.path[0] to a

@@ -1,8 +1,10 @@
-"""Runtime selection: CUDA when a driver and a GPU are usable, else host; overridable for tests."""
+"""Runtime selection: CUDA when a driver and a GPU are usable, else host (``CAI_MPI_RUNTIME`` may insist on either).
+
+Tests and tools install another runtime, the test package's simulated GPU say, as an instance with
+``set_runtime``: the library itself knows no runtime but these two."""
 
 from __future__ import annotations
 
-import importlib
 import threading
 
 from ..config import config
@@ -30,9 +32,9 @@ _lock = threading.Lock()
 def _make(name: str | None) -> Runtime:
     if name == "host":
         return HostRuntime()
-    if name == "simulated":  # the test double of a GPU, injected by name: nothing here depends on it
-        testing = importlib.import_module("cai_mpi.testing")
-        return testing.SimulatedRuntime()  # type: ignore[no-any-return]
+    if name not in (None, "cuda"):
+        raise ValueError(f"runtime {name!r}: expected 'cuda', 'host' or a Runtime instance (a test double is "
+                         "installed as an instance)")
     from .cuda import CudaRuntime
     from .cudadriver import probe, visible_device_count
 
@@ -60,7 +62,7 @@ def get_runtime() -> Runtime:
 
 
 def set_runtime(runtime: Runtime | str | None) -> Runtime | None:
-    """Install a runtime (an instance, or 'cuda' / 'host' / 'simulated'); None re-selects lazily.
+    """Install a runtime (an instance, or 'cuda' / 'host'); None re-selects lazily.
 
     Returns the previous runtime so tests can restore it.
     """

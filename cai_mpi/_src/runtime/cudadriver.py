@@ -32,15 +32,18 @@ MEMTYPE_UNIFIED = 4
 
 _replacement_lock = threading.Lock()
 _replacements: dict[str, Any] = {}
+#: The test hook (config.TEST_HOOKS, docs/testing.md) naming a stand-in for the driver module, as module:factory.
+#: Read here, when the driver is first loaded, so it also reaches CAI_MPI_BIND_DEVICE's binding at import time.
+TEST_DRIVER_HOOK = "CAI_MPI_TEST_CUDA_DRIVER"
 
 
 def load_driver() -> Any:
     """The cuda-python driver module: ``cuda.bindings.driver``, or ``cuda.cuda`` for cuda-python <= 12.6.0.
 
-    ``CAI_MPI_CUDA_DRIVER=module:factory`` replaces it by ``factory()`` (the driver double in tests).
+    The test hook ``CAI_MPI_TEST_CUDA_DRIVER=module:factory`` replaces it by ``factory()`` (a driver double).
     Raises ImportError when cuda-python is not installed. Importing never needs a GPU driver.
     """
-    replacement = os.environ.get("CAI_MPI_CUDA_DRIVER", "").strip()
+    replacement = os.environ.get(TEST_DRIVER_HOOK, "").strip()
     if replacement:
         with _replacement_lock:  # one instance per process: pointers from one driver mean nothing to another
             if replacement not in _replacements:
@@ -61,9 +64,10 @@ _cupy_state: list[Any] = []  # [module or None] once tried
 def load_cupy() -> Any | None:
     """CuPy when importable (for its memory pools and copy kernels), else None; imported once.
 
-    None under ``CAI_MPI_CUDA_DRIVER``: CuPy calls the real driver, which knows nothing of a replacement's memory.
+    None under the test hook ``CAI_MPI_TEST_CUDA_DRIVER``: CuPy calls the real driver, which knows nothing of a
+    replacement's memory.
     """
-    if os.environ.get("CAI_MPI_CUDA_DRIVER", "").strip():
+    if os.environ.get(TEST_DRIVER_HOOK, "").strip():
         return None
     with _cupy_lock:
         if not _cupy_state:

@@ -75,10 +75,10 @@ class SimulatedKind(BufferKind):
     device = True
 
     def setup(self) -> None:
-        from ....testing import SimulatedStream
+        from ....testing import SimulatedRuntime, SimulatedStream
         from ...runtime import set_runtime
 
-        self._previous = set_runtime("simulated")
+        self._previous = set_runtime(SimulatedRuntime())
         self.stream = SimulatedStream("bench-producer")
 
     def teardown(self) -> None:

@@ -38,7 +38,7 @@ def _plot_backend() -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot
     except ImportError as exc:
-        return f"--plot needs matplotlib ({exc}): pip install 'cai_mpi[plot]', or leave out --plot"
+        return f"--plot needs matplotlib ({exc}): pip install 'cai_mpi[bench]', or leave out --plot"
     return None
 
 

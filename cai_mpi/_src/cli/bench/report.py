@@ -361,7 +361,7 @@ def plot(docs: Sequence[Doc], path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install 'cai_mpi[plot]'") from None
+        raise SystemExit("--plot needs matplotlib: pip install 'cai_mpi[bench]'") from None
     lat_docs = _docs(docs, ["latency", "pipeline"]) or list(docs)
     bw_docs = _docs(docs, ["bw", "bibw"]) or list(docs)
     from .modes import MODES

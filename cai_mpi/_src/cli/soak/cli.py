@@ -22,6 +22,7 @@ from ...runtime import get_runtime
 from ...transport.pieces import _pinned_pools
 from ...transport.pool import host_receive_pool
 from ...transport.privcomm import cuda_aware
+from .. import simulated
 from ..bench.cli import parse_size
 from ..bench.progress import Progress
 from .report import SCHEMA, Sample, memory_allowance, memory_failures, memory_summary, plot, render
@@ -32,7 +33,7 @@ __all__ = ["main"]
 _EXAMPLES = """examples:
   mpiexec -n 4 python -m cai_mpi soak                       # 10,000 messages, 2 threads per rank
   mpiexec -n 4 python -m cai_mpi soak --messages 100000 --json soak.json
-  CAI_MPI_RUNTIME=simulated mpiexec -n 3 python -m cai_mpi soak --max-bytes 4M   # GPU paths on a simulated GPU
+  mpiexec -n 3 python -m cai_mpi soak --simulated-gpu --max-bytes 4M   # GPU paths on a simulated GPU
 
 Each thread works on its own duplicate of COMM_WORLD; every rank runs the same seeded schedule of rounds
 (exchange, wildcard, channel, collective). Failures must be 0, and resident memory flat after the warm-up."""
@@ -53,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, default=0.2, help="fraction of the run before memory must be flat")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (rank 0)")
     p.add_argument("--plot", metavar="PNG", help="draw each rank's memory over the run (needs matplotlib)")
+    simulated.add_flag(p)
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always draw progress")
     bar.add_argument("--no-progress", dest="progress", action="store_false", help="never draw progress")
@@ -123,7 +125,7 @@ def main(argv: list[str]) -> int:
         print(f"--threads {threads} needs MPI.THREAD_MULTIPLE; this MPI gives level {MPI.Query_thread()}",
               file=sys.stderr)
         return 2
-    runtime = get_runtime().name
+    runtime = (simulated.install() if args.simulated_gpu else get_runtime()).name
     comms = [world.Dup() for _ in range(threads)]
     for comm in comms:
         cuda_aware(comm)  # a communicator's first use by cai_mpi is collective: done here, not in the threads

@@ -100,7 +100,7 @@ def plot(result: dict[str, Any], path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install 'cai_mpi[plot]'") from None
+        raise SystemExit("--plot needs matplotlib: pip install 'cai_mpi[bench]'") from None
     fig, ax = plt.subplots(figsize=(9, 4.2))
     for rank, series in enumerate(result["rss_series_mib"]):
         times = [t for t, _rss, _pooled in series]

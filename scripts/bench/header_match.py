@@ -1,6 +1,6 @@
 """Which atomic matching operation should take a cai_mpi header: Recv into a bounded buffer, or Mprobe+Mrecv?
 
-Run:  mpiexec -n 2 python benchmarks/header_match.py [--json FILE]
+Run:  mpiexec -n 2 python scripts/bench/header_match.py [--json FILE]
 Ping-pongs a 51-byte message (an 8-byte payload inline) both ways and prints the one-way time of each.
 """
 
@@ -61,7 +61,7 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
     if comm.Get_size() != 2:
-        raise SystemExit("run with exactly 2 ranks: mpiexec -n 2 python benchmarks/header_match.py")
+        raise SystemExit("run with exactly 2 ranks: mpiexec -n 2 python scripts/bench/header_match.py")
     results = {name: measure(fn) for name, fn in [("bounded Recv", bounded), ("Mprobe + Mrecv", mprobe)]}
     if rank == 0:
         lib = MPI.Get_library_version().splitlines()[0].strip().strip(chr(0))

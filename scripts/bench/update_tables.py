@@ -1,6 +1,6 @@
 """Regenerate the per-test result tables of docs/benchmarks.md from a suite run's JSON.
 
-    python benchmarks/update_tables.py RESULTS     # RESULTS holds openmpi/ and mpich/ from run_suite.sh
+    python scripts/bench/update_tables.py RESULTS     # RESULTS holds openmpi/ and mpich/ from run_suite.sh
 
 Run from the repository root with a Python that imports cai_mpi. Each Markdown table under the
 latency, bandwidth, bidirectional, pipeline and simulated-device headings is replaced by

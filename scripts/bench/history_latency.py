@@ -1,8 +1,8 @@
 """8-byte ping-pong through cai_mpi's public API only, so it runs against any revision of the library.
 
-Run:  mpiexec -n 2 python benchmarks/history_latency.py [--json FILE]
+Run:  mpiexec -n 2 python scripts/bench/history_latency.py [--json FILE]
       (with PYTHONPATH pointing at another checkout to measure that revision; see
-      benchmarks/history_latency.sh, which does it for the revisions in docs/benchmarks.md)
+      scripts/bench/history_latency.sh, which does it for the revisions in docs/benchmarks.md)
 
 Prints the one-way time of raw mpi4py Send/Recv, pickle send/recv, send_array/recv_array and
 recv_array(out=), each the median of interleaved samples, and the ratios to raw.
