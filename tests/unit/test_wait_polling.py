@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cai_mpi._src.progress import requests
+from cai_mpi._src.progress import backoff, driving
 from cai_mpi._src.progress.deadlines import Deadline
 
 
@@ -42,7 +42,7 @@ class CompletesAfter:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(requests, "time", types.SimpleNamespace(monotonic=fake.monotonic, sleep=fake.sleep))
+    monkeypatch.setattr(backoff, "time", types.SimpleNamespace(monotonic=fake.monotonic, sleep=fake.sleep))
     return fake
 
 
@@ -53,14 +53,14 @@ def due_in(clock: Clock, seconds: float) -> Any:
 
 
 def test_it_spins_for_a_millisecond_before_it_sleeps(clock: Clock) -> None:
-    assert requests.complete_by(CompletesAfter(200), due_in(clock, 10.0)) is True  # done while spinning
+    assert driving.complete_by(CompletesAfter(200), due_in(clock, 10.0)) is True  # done while spinning
     assert clock.pauses == []
 
 
 def test_the_pauses_double_up_to_a_millisecond_and_stop_at_the_deadline(clock: Clock) -> None:
     waitable = CompletesAfter(None)  # never completes
     start = clock.now
-    assert requests.complete_by(waitable, due_in(clock, 0.02)) is False
+    assert driving.complete_by(waitable, due_in(clock, 0.02)) is False
     assert clock.now >= start + 0.02
     pauses = clock.pauses
     expected = [1e-5]
@@ -73,5 +73,5 @@ def test_the_pauses_double_up_to_a_millisecond_and_stop_at_the_deadline(clock: C
 
 def test_it_returns_as_soon_as_the_operation_completes(clock: Clock) -> None:
     waitable = CompletesAfter(3000)  # past the spinning phase
-    assert requests.complete_by(waitable, due_in(clock, 10.0)) is True
+    assert driving.complete_by(waitable, due_in(clock, 10.0)) is True
     assert waitable.tests == 3001 and clock.pauses

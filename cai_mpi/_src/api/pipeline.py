@@ -12,8 +12,7 @@ them failed, receive whatever is still in flight, and free the duplicates, so no
 from __future__ import annotations
 
 import json
-import os
-import time
+import math
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ from mpi4py import MPI
 
 from ..arrays.array import Array
 from ..errors import PipelineError, TimeoutError
+from ..progress.backoff import Backoff
 from ..progress.deadlines import Deadline, deadline
 from ..progress.requests import PostedRequest, Request
 from ..transport.privcomm import private_comms
@@ -34,14 +34,18 @@ __all__ = ["Pipeline"]
 
 _ITEM, _END = 0, 1  # tags on the data duplicate
 _CREDIT, _NOTICE = 0, 1  # tags on the control duplicate
-_SPIN_SECONDS = 1e-3  # how long a wait polls before it starts sleeping
-_MAX_PAUSE = 1e-4  # the longest sleep between polls after that
 _NOTICE_BYTES = 64 << 10
 _TEXT_CHARS = 16 << 10  # of a failing stage's message, and of the end of its traceback, that a notice carries
 # What each stage tells the others on leaving: the failing stage (else the size), messages sent downstream
 # (items and the end of the stream), messages received from upstream, credits sent, whether a receive is
 # still posted upstream.
 _FAILED, _SENT, _RECEIVED, _CREDITS, _POSTED = range(5)
+
+
+def _backoff(due: Deadline | None) -> Backoff:
+    """A stage's waits between polls: a millisecond of yields (an item or a credit usually comes sooner than any
+    ``time.sleep``, even of 0, returns), then sleeps backing off to 100 microseconds, never past ``due``."""
+    return Backoff(spin=1e-3, step=1e-6, most=1e-4, until=math.inf if due is None else due.at)
 
 
 class Pipeline:
@@ -98,7 +102,7 @@ class Pipeline:
         self._data.Set_name(f"cai_mpi-pipeline-data({comm.Get_name()})")
         self._ctl.Set_name(f"cai_mpi-pipeline-control({comm.Get_name()})")
         private_comms(self._data)  # collective on first use: make it now, while every stage is here
-        self._sent = self._acked = self._received = self._credits_sent = self._notices_sent = 0
+        self._sent = self._acked = self._received = self._credits_sent = 0
         self._closed = self.last  # the last stage has no stream to close
         self._ended = self.first  # the first stage has no stream to receive
         self._sends: deque[Request[None]] = deque()
@@ -170,24 +174,17 @@ class Pipeline:
         """Until ``done()``, keep everything moving and watch for a failure anywhere; past the timeout (``what``
         did not come), TimeoutError, which reaches the other stages as this stage's failure.
 
-        For the first ``_SPIN_SECONDS`` it only yields the core between polls (an item or a credit usually
-        comes sooner than any ``time.sleep``, even of 0, returns); then it sleeps, backing off to
-        ``_MAX_PAUSE``.
+        Between polls, ``_backoff``.
         """
-        spin_until = time.perf_counter() + _SPIN_SECONDS
-        pause = 0.0
         due = deadline("Pipeline", self._timeout)
+        backoff = _backoff(due)
         while not done():
             self._check_notice()
             self._reap()
-            if due is not None and time.monotonic() > due.at:
+            if not backoff.pause():
+                assert due is not None
                 raise TimeoutError(f"Pipeline: stage {self.stage} waited {due.seconds:g} s for {what}", due.seconds,
                                    False)
-            if pause or time.perf_counter() > spin_until:
-                pause = min(pause * 2 + 1e-6, _MAX_PAUSE)
-                time.sleep(pause)
-            else:
-                os.sched_yield()
 
     def _reap(self) -> None:
         """Account returned credits; forget completed sends (testing them also drives every cai_mpi request)."""
@@ -237,7 +234,6 @@ class Pipeline:
         for rank in range(self._size):
             if rank != self.stage:
                 self._control.append(self._ctl.Isend(raw, rank, _NOTICE))
-                self._notices_sent += 1
 
     # -- leaving ---------------------------------------------------------------------------------------------
 
@@ -259,14 +255,13 @@ class Pipeline:
                          self._prefetch is not None], np.int64)
         everyone = np.empty((self._size, len(mine)), np.int64)
         agreed = self._ctl.Iallgather(mine, everyone)
-        pause = 0.0
         due = self._leaving_deadline()
+        backoff = _backoff(due)
         while not agreed.Test():  # meanwhile sends of this stage that still need driving (staging) go on
             self._reap()
-            if due is not None and time.monotonic() > due.at:
+            if not backoff.pause():
+                assert due is not None
                 raise self._gave_up(agreed, (mine, everyone), due) from error
-            time.sleep(pause)
-            pause = min(pause * 2 + 1e-6, _MAX_PAUSE)
         report = self._settle(everyone)
         self._data.Free()
         self._ctl.Free()
