@@ -3,9 +3,10 @@ that reach every stage.
 
 Stage ``r`` of ``comm`` receives from ``r - 1`` and sends to ``r + 1``. Items travel with
 ``isend_array``/``irecv_array`` on a private duplicate of ``comm``; a second duplicate carries the
-control messages: credits (how many items a stage has received, sent back upstream) and failure notices
-(sent by a failing stage to every other one). A sender never has more than ``depth`` items sent and not
-yet received downstream. Leaving the ``with`` block is collective: the stages agree on whether any of
+control messages: credits (how many items a stage has received, sent back upstream once per half window,
+``depth // 2`` items, so a stream of small items does not cost a control message per item) and failure
+notices (sent by a failing stage to every other one). A sender never has more than ``depth`` items sent and
+not yet received downstream. Leaving the ``with`` block is collective: the stages agree on whether any of
 them failed, receive whatever is still in flight, and free the duplicates, so nothing is left unmatched.
 """
 
@@ -26,6 +27,7 @@ from ..arrays.array import Array
 from ..errors import PipelineError, TimeoutError
 from ..progress.backoff import Backoff
 from ..progress.deadlines import Deadline, deadline
+from ..progress.driving import idle
 from ..progress.requests import PostedRequest, Request
 from ..transport.privcomm import private_comms
 from .p2p import irecv_array, isend_array, recv_array
@@ -102,7 +104,11 @@ class Pipeline:
         self._data.Set_name(f"cai_mpi-pipeline-data({comm.Get_name()})")
         self._ctl.Set_name(f"cai_mpi-pipeline-control({comm.Get_name()})")
         private_comms(self._data)  # collective on first use: make it now, while every stage is here
-        self._sent = self._acked = self._received = self._credits_sent = 0
+        self._sent = self._acked = self._received = self._credits_sent = self._credits_read = self._credited = 0
+        # Credits go back once per half window, not per item. The bound holds as before (a credit is a count of
+        # items received, and the sender stays within depth of the last one it read); a sender blocked at depth
+        # items always gets one, since every <= depth items received send it.
+        self._credit_every = max(1, self.depth // 2)
         self._closed = self.last  # the last stage has no stream to close
         self._ended = self.first  # the first stage has no stream to receive
         self._sends: deque[Request[None]] = deque()
@@ -128,12 +134,15 @@ class Pipeline:
             raise ValueError(f"Pipeline.send: stage {self.stage} is the last stage: there is no next stage")
         if self._closed:
             raise ValueError(f"Pipeline.send: stage {self.stage} already closed its stream")
-        self._wait(lambda: self._sent - self._acked < self.depth, "a credit from the next stage")
+        if self._sent - self._acked >= self.depth:
+            self._wait(lambda: self._sent - self._acked < self.depth, "a credit from the next stage")
         if meta is None and isinstance(obj, Array):
             meta = obj.meta
-        self._sends.append(isend_array(obj, self.stage + 1, _ITEM, self._data, meta=meta))
+        sends = self._sends
+        sends.append(isend_array(obj, self.stage + 1, _ITEM, self._data, meta=meta))
         self._sent += 1
-        self._reap()
+        if len(sends) > self.depth or not idle():  # forget completed sends; drive the cai_mpi requests that need it
+            self._reap()
 
     def recv(self) -> Array | None:
         """The next item from the previous stage, or None at the end of the stream."""
@@ -144,14 +153,18 @@ class Pipeline:
         if self._prefetch is None:
             self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)
         pending = self._prefetch
-        self._wait(lambda: pending.test()[0], "an item from the previous stage")
+        arrived, item = pending.test()
+        if not arrived:
+            self._wait(lambda: pending.test()[0], "an item from the previous stage")
+            item = pending.wait()
+        assert item is not None
         self._prefetch = None
-        item = pending.wait()
         self._received += 1
         if item.tag == _END:
             self._ended = True
             return None
-        self._credit_back()
+        if self._received - self._credited >= self._credit_every:
+            self._credit_back()
         self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)  # the next one, while you work
         self._meta = item.meta
         return item
@@ -190,15 +203,22 @@ class Pipeline:
         """Account returned credits; forget completed sends (testing them also drives every cai_mpi request)."""
         while self._credit_req is not None and self._credit_req.Test():
             self._acked = max(self._acked, int(self._credit[0]))
+            self._credits_read += 1
             self._credit_req = self._ctl.Irecv(self._credit, self.stage + 1, _CREDIT)
-        while self._sends and self._sends[0].test()[0]:
-            self._sends.popleft().wait()
-        self._control = [r for r in self._control if not r.Test()]
+        sends = self._sends
+        while sends and sends[0].test()[0]:  # (test raises what a failed send raises)
+            sends.popleft()
+        if self._control:
+            self._control = [r for r in self._control if not r.Test()]
 
     def _credit_back(self) -> None:
+        """Tell the previous stage how many items this one has received (one message per ``_credit_every``)."""
+        if len(self._control) >= 4:
+            self._control = [r for r in self._control if not r.Test()]
         count = np.array([self._received], np.int64)
         self._control.append(self._ctl.Isend(count, self.stage - 1, _CREDIT))
         self._credits_sent += 1
+        self._credited = self._received
         self._keep = count  # the buffer lives until the next credit replaces it (MPI holds its own reference)
 
     def _check_notice(self) -> None:
@@ -320,8 +340,8 @@ class Pipeline:
                 missing -= 1
             for _ in range(missing):
                 recv_array(me - 1, MPI.ANY_TAG, self._data, device="host")
-        if not self.last:  # credits: one message per item received downstream; self._acked of them read so far
-            missing = int(everyone[me + 1, _CREDITS]) - self._acked
+        if not self.last:  # credit messages sent from downstream; self._credits_read of them read so far
+            missing = int(everyone[me + 1, _CREDITS]) - self._credits_read
             assert self._credit_req is not None
             if missing > 0:
                 self._credit_req.Wait()
