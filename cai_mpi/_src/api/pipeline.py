@@ -112,7 +112,7 @@ class Pipeline:
         self._closed = self.last  # the last stage has no stream to close
         self._ended = self.first  # the first stage has no stream to receive
         self._sends: deque[Request[None]] = deque()
-        self._control: list[MPI.Request] = []  # credits and notices in flight
+        self._control: deque[MPI.Request] = deque()  # credits and notices in flight, oldest first
         self._prefetch: Request[Array] | None = None
         self._meta: dict[str, Any] | None = None  # of the item this stage works on, for failure reports
         self._credit = np.zeros(1, np.int64)
@@ -208,18 +208,23 @@ class Pipeline:
         sends = self._sends
         while sends and sends[0].test()[0]:  # (test raises what a failed send raises)
             sends.popleft()
-        if self._control:
-            self._control = [r for r in self._control if not r.Test()]
+        self._forget_sent_control()
 
     def _credit_back(self) -> None:
         """Tell the previous stage how many items this one has received (one message per ``_credit_every``)."""
-        if len(self._control) >= 4:
-            self._control = [r for r in self._control if not r.Test()]
+        self._forget_sent_control()
         count = np.array([self._received], np.int64)
         self._control.append(self._ctl.Isend(count, self.stage - 1, _CREDIT))
         self._credits_sent += 1
         self._credited = self._received
         self._keep = count  # the buffer lives until the next credit replaces it (MPI holds its own reference)
+
+    def _forget_sent_control(self) -> None:
+        """Drop the control messages sent, oldest first (they complete in order; testing only the oldest keeps
+        this constant time when the previous stage is slow to read its credits)."""
+        control = self._control
+        while control and control[0].Test():
+            control.popleft()
 
     def _check_notice(self) -> None:
         if self._notice_req.Test(self._notice_status):
@@ -315,8 +320,8 @@ class Pipeline:
             "background, and the communicator you gave it stays usable", due.seconds, False)
         PostedRequest([agreed], None, keep=buffers)._abandon(error)
         if self._control:
-            PostedRequest(self._control, None)._abandon(error)
-            self._control = []
+            PostedRequest(list(self._control), None)._abandon(error)
+            self._control = deque()
         for req in (self._credit_req, self._notice_req):
             if req is not None and req != MPI.REQUEST_NULL:
                 req.Cancel()
@@ -355,8 +360,8 @@ class Pipeline:
         reports = self._notices(sum(1 for r in range(self._size) if everyone[r, _FAILED] != self._size and r != me))
         while self._sends:  # everything sent has been (or is being) received downstream
             self._sends.popleft().wait()
-        MPI.Request.Waitall(self._control)
-        self._control = []
+        MPI.Request.Waitall(list(self._control))
+        self._control = deque()
         return min(reports, key=lambda r: r.rank) if reports else None
 
     def _notices(self, expected: int) -> list[PipelineError]:
