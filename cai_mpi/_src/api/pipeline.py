@@ -191,9 +191,11 @@ class Pipeline:
         """
         due = deadline("Pipeline", self._timeout)
         backoff = _backoff(due)
-        while not done():
+        while True:
+            self._reap()  # first: a credit read here ends the wait without another pause
+            if done():
+                return
             self._check_notice()
-            self._reap()
             if not backoff.pause():
                 assert due is not None
                 raise TimeoutError(f"Pipeline: stage {self.stage} waited {due.seconds:g} s for {what}", due.seconds,
