@@ -41,7 +41,7 @@ class RequestWait(Waitable):
 
     def test(self) -> bool:
         req = self.req
-        if not req._settled and not is_pending(req):
+        if not req._settled and req not in PENDING:
             # A request with only final steps left is polled by nobody else. One still in the
             # progress set is poked there: poking it from here too would walk a queue of W
             # requests once per member, W^2 tests per round.
@@ -213,10 +213,6 @@ class Request(Generic[T]):
     def _outcome(self) -> T:
         """The result of a request that is done, or the error it ended with; it counts as returned."""
         self._delivered = True
-        return self._ended_with()
-
-    def _ended_with(self) -> T:
-        """The result of a request that is done, or the error it ended with."""
         if self._expired is not None:
             raise self._expired
         if self._error is not None:
@@ -232,7 +228,12 @@ class Request(Generic[T]):
                     self._step(self._complete_pending)
                 else:
                     due = self._step_until(due)
-        return self._ended_with()
+        if self._expired is not None:
+            raise self._expired
+        if self._error is not None:
+            raise self._error
+        result: T = self._result  # what the steps returned
+        return result
 
     def _step_until(self, due: Deadline) -> Deadline:
         """One step, giving up at ``due``: then an unmatched receive is cancelled, anything else abandoned to
@@ -395,7 +396,10 @@ class PostedRequest(Request[T]):
                         if waiting.cancel():
                             self._expired = about.expired(due, cancelled=True)
                         self._reqs = self._keep = None  # cancelled, or a message completed it meanwhile
-        return self._ended_with()
+        if self._expired is not None:
+            raise self._expired
+        result: T = self._result  # known in advance
+        return result
 
     def _wait_quietly(self) -> None:
         with self._lock:
