@@ -6,8 +6,9 @@
 
 The old ``pipeline.py`` is loaded beside the current one (as ``cai_mpi._src.api.pipeline_before``, so both run on
 the same point-to-point layer), and every round times, one after the other: the raw chain (``Isend`` of a buffer
-of known size, ``Recv`` of the next item into one of two buffers, as ``bench pipeline``'s ``raw``), then each
-version at depth 2 and 8. On a shared machine a burst of load hits every variant of a round alike, which
+of known size, ``Recv`` of the next item into one of two buffers, as ``bench pipeline``'s ``raw``), the
+``isend_array``/``recv_array`` chain the Pipeline is built on (``cai-chain``, no back-pressure), then each version
+at depth 2 and 8. On a shared machine a burst of load hits every variant of a round alike, which
 alternating whole runs of two revisions cannot promise. Rank 0 prints each variant's median items/s over the
 rounds and its ratio to raw's.
 """
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+import cai_mpi
 from cai_mpi._src.api import pipeline as current
 
 
@@ -73,6 +75,32 @@ def main(argv: list[str]) -> None:
             comm.Send(ack, 0, 6)
         return time.perf_counter() - t0
 
+    def chain(n: int) -> float:
+        """The point-to-point chain the Pipeline is built on: isend_array, recv_array (no back-pressure)."""
+        comm.Barrier()
+        t0 = time.perf_counter()
+        prev: Any = None
+        if rank == 0:
+            for _ in range(n):
+                sent = cai_mpi.isend_array(x, 1, 5, comm)
+                if prev is not None:
+                    prev.wait()
+                prev = sent
+            prev.wait()
+            comm.Recv(ack, last, 6)
+            return time.perf_counter() - t0
+        for _ in range(n):
+            got = cai_mpi.recv_array(rank - 1, 5, comm)
+            if rank != last:
+                if prev is not None:
+                    prev.wait()
+                prev = cai_mpi.isend_array(got, rank + 1, 5, comm)
+        if prev is not None:
+            prev.wait()
+        if rank == last:
+            comm.Send(ack, 0, 6)
+        return time.perf_counter() - t0
+
     def pipe(module: ModuleType, depth: int) -> Callable[[int], float]:
         def run(n: int) -> float:
             p = module.Pipeline(comm, depth=depth)
@@ -93,8 +121,8 @@ def main(argv: list[str]) -> None:
             return time.perf_counter() - t0
         return run
 
-    variants = {"raw": raw, "before-d2": pipe(old, 2), "after-d2": pipe(current, 2), "before-d8": pipe(old, 8),
-                "after-d8": pipe(current, 8)}
+    variants = {"raw": raw, "cai-chain": chain, "before-d2": pipe(old, 2), "after-d2": pipe(current, 2),
+                "before-d8": pipe(old, 8), "after-d8": pipe(current, 8)}
     for run in variants.values():
         run(max(10, items // 10))  # warm-up
     samples: dict[str, list[float]] = {k: [] for k in variants}
