@@ -61,7 +61,7 @@ nitpick_ignore_regex = [("py:class", r"(numpy|np|mpi4py\.MPI|collections\.abc)\.
 nitpick_ignore = [
     ("py:class", f"cai_mpi._src.{name}")
     for name in (
-        "waits.Waitable", "requests.T", "deadlines.Awaited",
+        "progress.waits.Waitable", "progress.requests.T", "progress.deadlines.Awaited",
         "runtime.base.Runtime", "runtime.base.DeviceBuffer", "runtime.base.Stream", "runtime.base.Event",
         "runtime.base.Location",
     )
