@@ -8,7 +8,7 @@ import os
 import types
 from collections.abc import Mapping
 
-__all__ = ["ENV_VARS", "TEST_HOOKS", "Config", "config", "reload_config"]
+__all__ = ["ENV_VARS", "TEST_HOOKS", "Config", "config", "env_flag", "reload_config"]
 
 #: name -> one-line meaning (read-only); docs/environment.md holds the full table.
 ENV_VARS: Mapping[str, str] = types.MappingProxyType({
@@ -50,7 +50,12 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
-def _bool(env: Mapping[str, str], name: str, default: bool, expected: str = "1 or 0") -> bool:
+def env_flag(env: Mapping[str, str], name: str, default: bool, expected: str = "1 or 0") -> bool:
+    """The on/off setting ``name`` of ``env`` (1, true, yes, on or 0, false, no, off; unset or blank: ``default``).
+
+    Raises:
+        ValueError: any other value (the message says ``expected``).
+    """
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -100,14 +105,14 @@ class Config:
             raise ValueError(f"CAI_MPI_RUNTIME={runtime!r}: expected cuda or host{hint}")
         sync_device = env.get("CAI_MPI_SYNC", "").strip().lower() == "device"
         return cls(
-            sync=sync_device or _bool(env, "CAI_MPI_SYNC", True, "1, 0 or device"),
+            sync=sync_device or env_flag(env, "CAI_MPI_SYNC", True, "1, 0 or device"),
             sync_device=sync_device,
             runtime=runtime,
             chunk_bytes=min(_int(env, "CAI_MPI_CHUNK_BYTES", 4 << 20, minimum=1), 2**31 - 1),
             max_message_bytes=min(_int(env, "CAI_MPI_MAX_MESSAGE_BYTES", 1 << 30, minimum=1), 2**31 - 1),
             inline_bytes=min(_int(env, "CAI_MPI_INLINE_BYTES", 8192), 1 << 16),
             max_payload_bytes=_int(env, "CAI_MPI_MAX_PAYLOAD_BYTES", 1 << 40),
-            device_datatypes=_bool(env, "CAI_MPI_DEVICE_DATATYPES", False),
+            device_datatypes=env_flag(env, "CAI_MPI_DEVICE_DATATYPES", False),
             timeout=_seconds(env, "CAI_MPI_TIMEOUT"),
             pool_bytes=_int(env, "CAI_MPI_POOL_BYTES", 1 << 30),
             pinned_pool_bytes=_int(env, "CAI_MPI_PINNED_POOL_BYTES", 256 << 20),

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
-from cai_mpi._src.progress.requests import _active
+from cai_mpi._src.progress.driving import PENDING
 from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, use_runtime
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -34,7 +34,7 @@ _earlier: set[Any] = set()  # requests other tests left in progress (if any): no
 @pytest.fixture
 def comm() -> Iterator[MPI.Comm]:
     _earlier.clear()
-    _earlier.update(_active)
+    _earlier.update(PENDING)
     c = world.Dup()
     try:
         yield c
@@ -50,7 +50,7 @@ def quiet(comm: MPI.Comm) -> None:
     send = cai_mpi.isend_array(np.arange(3), right, 77, comm)
     assert np.asarray(cai_mpi.recv_array(left, 77, comm)).tolist() == [0, 1, 2]
     send.wait()
-    assert not _active - _earlier, "requests of this test are still in progress"
+    assert not PENDING - _earlier, "requests of this test are still in progress"
 
 
 @pytest.mark.parametrize("how", ["small", "large-strided", "simulated-device"])

@@ -13,7 +13,8 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.progress.deadlines import Awaited
-from cai_mpi._src.progress.requests import Request, _active, complete
+from cai_mpi._src.progress.driving import PENDING, is_pending, pending_count
+from cai_mpi._src.progress.requests import Request, complete
 from cai_mpi._src.progress.waits import Waitable
 
 
@@ -64,7 +65,7 @@ def test_an_unmatched_receive_is_withdrawn_and_cleaned_up() -> None:
     assert info.value.cancelled and header.cancelled and cleaned == ["inbox"]
     assert "irecv_array: the message from rank 1 with tag 5 on MPI_COMM_WORLD did not arrive within 0.05 s" in str(
         info.value)
-    assert req.done and req not in _active
+    assert req.done and not is_pending(req)
 
 
 def test_a_message_that_matched_while_being_cancelled_is_received() -> None:
@@ -86,13 +87,13 @@ def test_a_payload_past_its_time_is_finished_in_the_background_with_its_memory_k
     assert not info.value.cancelled and "arrived, but its payload did not complete" in str(info.value)
     del req
     gc.collect()
-    assert alive() is not None and any(r._keep is alive() for r in _active)  # MPI still owns it
+    assert alive() is not None and any(r._keep is alive() for r in PENDING)  # MPI still owns it
     payload.set()
     done = Flag()
     done.set()
     complete(done)  # any later wait drives the abandoned request to its end
     gc.collect()
-    assert alive() is None and not _active
+    assert alive() is None and pending_count() == 0
 
 
 def test_the_rest_of_a_matched_transfer_gets_its_own_timeout() -> None:

@@ -1,7 +1,8 @@
-"""How a wait with a timeout polls (``complete_by``): it spins, yielding, for its first millisecond, then sleeps
-with pauses that double from 10 microseconds up to a millisecond, and never past the deadline; it returns True
-as soon as the operation completes and False at the deadline. On a clock of its own (no real time passes, nothing
-is timed): survivors of the mutation run found the back-off untested, docs/testing.md."""
+"""How a wait with a timeout polls (``complete_by``, through ``progress.backoff``): it spins, yielding, for its
+first millisecond, then sleeps with pauses that double from 10 microseconds up to a millisecond, and never past the
+deadline; it returns True as soon as the operation completes and False at the deadline. A ``Pipeline`` wait backs
+off the same way, to a tenth of a millisecond. On a clock of its own (no real time passes, nothing is timed):
+survivors of the mutation run found the back-off untested, docs/testing.md."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from cai_mpi._src.progress import requests
+from cai_mpi._src.api.pipeline import _backoff
+from cai_mpi._src.progress import backoff, driving
 from cai_mpi._src.progress.deadlines import Deadline
 
 
@@ -42,7 +44,7 @@ class CompletesAfter:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(requests, "time", types.SimpleNamespace(monotonic=fake.monotonic, sleep=fake.sleep))
+    monkeypatch.setattr(backoff, "time", types.SimpleNamespace(monotonic=fake.monotonic, sleep=fake.sleep))
     return fake
 
 
@@ -53,14 +55,14 @@ def due_in(clock: Clock, seconds: float) -> Any:
 
 
 def test_it_spins_for_a_millisecond_before_it_sleeps(clock: Clock) -> None:
-    assert requests.complete_by(CompletesAfter(200), due_in(clock, 10.0)) is True  # done while spinning
+    assert driving.complete_by(CompletesAfter(200), due_in(clock, 10.0)) is True  # done while spinning
     assert clock.pauses == []
 
 
 def test_the_pauses_double_up_to_a_millisecond_and_stop_at_the_deadline(clock: Clock) -> None:
     waitable = CompletesAfter(None)  # never completes
     start = clock.now
-    assert requests.complete_by(waitable, due_in(clock, 0.02)) is False
+    assert driving.complete_by(waitable, due_in(clock, 0.02)) is False
     assert clock.now >= start + 0.02
     pauses = clock.pauses
     expected = [1e-5]
@@ -73,5 +75,25 @@ def test_the_pauses_double_up_to_a_millisecond_and_stop_at_the_deadline(clock: C
 
 def test_it_returns_as_soon_as_the_operation_completes(clock: Clock) -> None:
     waitable = CompletesAfter(3000)  # past the spinning phase
-    assert requests.complete_by(waitable, due_in(clock, 10.0)) is True
+    assert driving.complete_by(waitable, due_in(clock, 10.0)) is True
     assert waitable.tests == 3001 and clock.pauses
+
+
+def test_a_pipeline_wait_backs_off_to_a_tenth_of_a_millisecond_and_gives_up_at_its_deadline(clock: Clock) -> None:
+    backoff = _backoff(due_in(clock, 0.01))
+    start = clock.now
+    while backoff.pause():
+        pass
+    assert clock.now >= start + 0.01
+    expected = [1e-6]
+    while expected[-1] < 1e-4:
+        expected.append(min(expected[-1] * 2 + 1e-6, 1e-4))
+    assert clock.pauses[:len(expected)] == pytest.approx(expected)
+    assert all(p == pytest.approx(1e-4) for p in clock.pauses[len(expected):-1])
+    assert 0 < clock.pauses[-1] <= 1e-4 + 1e-12
+
+
+def test_without_a_deadline_a_pipeline_wait_never_gives_up(clock: Clock) -> None:
+    backoff = _backoff(None)
+    assert all(backoff.pause() for _ in range(5000))  # well past the spinning phase: sleeping, never done
+    assert clock.pauses and max(clock.pauses) == pytest.approx(1e-4)

@@ -3,17 +3,17 @@ that reach every stage.
 
 Stage ``r`` of ``comm`` receives from ``r - 1`` and sends to ``r + 1``. Items travel with
 ``isend_array``/``irecv_array`` on a private duplicate of ``comm``; a second duplicate carries the
-control messages: credits (how many items a stage has received, sent back upstream) and failure notices
-(sent by a failing stage to every other one). A sender never has more than ``depth`` items sent and not
-yet received downstream. Leaving the ``with`` block is collective: the stages agree on whether any of
+control messages: credits (how many items a stage has received, sent back upstream once per half window,
+``depth // 2`` items, so a stream of small items does not cost a control message per item) and failure
+notices (sent by a failing stage to every other one). A sender never has more than ``depth`` items sent and
+not yet received downstream. Leaving the ``with`` block is collective: the stages agree on whether any of
 them failed, receive whatever is still in flight, and free the duplicates, so nothing is left unmatched.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import time
+import math
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -25,7 +25,9 @@ from mpi4py import MPI
 
 from ..arrays.array import Array
 from ..errors import PipelineError, TimeoutError
+from ..progress.backoff import Backoff
 from ..progress.deadlines import Deadline, deadline
+from ..progress.driving import idle
 from ..progress.requests import PostedRequest, Request
 from ..transport.privcomm import private_comms
 from .p2p import irecv_array, isend_array, recv_array
@@ -34,14 +36,18 @@ __all__ = ["Pipeline"]
 
 _ITEM, _END = 0, 1  # tags on the data duplicate
 _CREDIT, _NOTICE = 0, 1  # tags on the control duplicate
-_SPIN_SECONDS = 1e-3  # how long a wait polls before it starts sleeping
-_MAX_PAUSE = 1e-4  # the longest sleep between polls after that
 _NOTICE_BYTES = 64 << 10
 _TEXT_CHARS = 16 << 10  # of a failing stage's message, and of the end of its traceback, that a notice carries
 # What each stage tells the others on leaving: the failing stage (else the size), messages sent downstream
 # (items and the end of the stream), messages received from upstream, credits sent, whether a receive is
 # still posted upstream.
 _FAILED, _SENT, _RECEIVED, _CREDITS, _POSTED = range(5)
+
+
+def _backoff(due: Deadline | None) -> Backoff:
+    """A stage's waits between polls: a millisecond of yields (an item or a credit usually comes sooner than any
+    ``time.sleep``, even of 0, returns), then sleeps backing off to 100 microseconds, never past ``due``."""
+    return Backoff(spin=1e-3, step=1e-6, most=1e-4, until=math.inf if due is None else due.at)
 
 
 class Pipeline:
@@ -98,11 +104,15 @@ class Pipeline:
         self._data.Set_name(f"cai_mpi-pipeline-data({comm.Get_name()})")
         self._ctl.Set_name(f"cai_mpi-pipeline-control({comm.Get_name()})")
         private_comms(self._data)  # collective on first use: make it now, while every stage is here
-        self._sent = self._acked = self._received = self._credits_sent = self._notices_sent = 0
+        self._sent = self._acked = self._received = self._credits_sent = self._credits_read = self._credited = 0
+        # Credits go back once per half window, not per item. The bound holds as before (a credit is a count of
+        # items received, and the sender stays within depth of the last one it read); a sender blocked at depth
+        # items always gets one, since every <= depth items received send it.
+        self._credit_every = max(1, self.depth // 2)
         self._closed = self.last  # the last stage has no stream to close
         self._ended = self.first  # the first stage has no stream to receive
         self._sends: deque[Request[None]] = deque()
-        self._control: list[MPI.Request] = []  # credits and notices in flight
+        self._control: deque[MPI.Request] = deque()  # credits and notices in flight, oldest first
         self._prefetch: Request[Array] | None = None
         self._meta: dict[str, Any] | None = None  # of the item this stage works on, for failure reports
         self._credit = np.zeros(1, np.int64)
@@ -124,12 +134,15 @@ class Pipeline:
             raise ValueError(f"Pipeline.send: stage {self.stage} is the last stage: there is no next stage")
         if self._closed:
             raise ValueError(f"Pipeline.send: stage {self.stage} already closed its stream")
-        self._wait(lambda: self._sent - self._acked < self.depth, "a credit from the next stage")
+        if self._sent - self._acked >= self.depth:
+            self._wait(lambda: self._sent - self._acked < self.depth, "a credit from the next stage")
         if meta is None and isinstance(obj, Array):
             meta = obj.meta
-        self._sends.append(isend_array(obj, self.stage + 1, _ITEM, self._data, meta=meta))
+        sends = self._sends
+        sends.append(isend_array(obj, self.stage + 1, _ITEM, self._data, meta=meta))
         self._sent += 1
-        self._reap()
+        if len(sends) > self.depth or not idle():  # forget completed sends; drive the cai_mpi requests that need it
+            self._reap()
 
     def recv(self) -> Array | None:
         """The next item from the previous stage, or None at the end of the stream."""
@@ -140,14 +153,18 @@ class Pipeline:
         if self._prefetch is None:
             self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)
         pending = self._prefetch
-        self._wait(lambda: pending.test()[0], "an item from the previous stage")
+        arrived, item = pending.test()
+        if not arrived:
+            self._wait(lambda: pending.test()[0], "an item from the previous stage")
+            item = pending.wait()
+        assert item is not None
         self._prefetch = None
-        item = pending.wait()
         self._received += 1
         if item.tag == _END:
             self._ended = True
             return None
-        self._credit_back()
+        if self._received - self._credited >= self._credit_every:
+            self._credit_back()
         self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)  # the next one, while you work
         self._meta = item.meta
         return item
@@ -170,39 +187,46 @@ class Pipeline:
         """Until ``done()``, keep everything moving and watch for a failure anywhere; past the timeout (``what``
         did not come), TimeoutError, which reaches the other stages as this stage's failure.
 
-        For the first ``_SPIN_SECONDS`` it only yields the core between polls (an item or a credit usually
-        comes sooner than any ``time.sleep``, even of 0, returns); then it sleeps, backing off to
-        ``_MAX_PAUSE``.
+        Between polls, ``_backoff``.
         """
-        spin_until = time.perf_counter() + _SPIN_SECONDS
-        pause = 0.0
         due = deadline("Pipeline", self._timeout)
-        while not done():
+        backoff = _backoff(due)
+        while True:
+            self._reap()  # first: a credit read here ends the wait without another pause
+            if done():
+                return
             self._check_notice()
-            self._reap()
-            if due is not None and time.monotonic() > due.at:
+            if not backoff.pause():
+                assert due is not None
                 raise TimeoutError(f"Pipeline: stage {self.stage} waited {due.seconds:g} s for {what}", due.seconds,
                                    False)
-            if pause or time.perf_counter() > spin_until:
-                pause = min(pause * 2 + 1e-6, _MAX_PAUSE)
-                time.sleep(pause)
-            else:
-                os.sched_yield()
 
     def _reap(self) -> None:
         """Account returned credits; forget completed sends (testing them also drives every cai_mpi request)."""
         while self._credit_req is not None and self._credit_req.Test():
             self._acked = max(self._acked, int(self._credit[0]))
+            self._credits_read += 1
             self._credit_req = self._ctl.Irecv(self._credit, self.stage + 1, _CREDIT)
-        while self._sends and self._sends[0].test()[0]:
-            self._sends.popleft().wait()
-        self._control = [r for r in self._control if not r.Test()]
+        sends = self._sends
+        while sends and sends[0].test()[0]:  # (test raises what a failed send raises)
+            sends.popleft()
+        self._forget_sent_control()
 
     def _credit_back(self) -> None:
+        """Tell the previous stage how many items this one has received (one message per ``_credit_every``)."""
+        self._forget_sent_control()
         count = np.array([self._received], np.int64)
         self._control.append(self._ctl.Isend(count, self.stage - 1, _CREDIT))
         self._credits_sent += 1
+        self._credited = self._received
         self._keep = count  # the buffer lives until the next credit replaces it (MPI holds its own reference)
+
+    def _forget_sent_control(self) -> None:
+        """Drop the control messages sent, oldest first (they complete in order; testing only the oldest keeps
+        this constant time when the previous stage is slow to read its credits)."""
+        control = self._control
+        while control and control[0].Test():
+            control.popleft()
 
     def _check_notice(self) -> None:
         if self._notice_req.Test(self._notice_status):
@@ -237,7 +261,6 @@ class Pipeline:
         for rank in range(self._size):
             if rank != self.stage:
                 self._control.append(self._ctl.Isend(raw, rank, _NOTICE))
-                self._notices_sent += 1
 
     # -- leaving ---------------------------------------------------------------------------------------------
 
@@ -259,14 +282,13 @@ class Pipeline:
                          self._prefetch is not None], np.int64)
         everyone = np.empty((self._size, len(mine)), np.int64)
         agreed = self._ctl.Iallgather(mine, everyone)
-        pause = 0.0
         due = self._leaving_deadline()
+        backoff = _backoff(due)
         while not agreed.Test():  # meanwhile sends of this stage that still need driving (staging) go on
             self._reap()
-            if due is not None and time.monotonic() > due.at:
+            if not backoff.pause():
+                assert due is not None
                 raise self._gave_up(agreed, (mine, everyone), due) from error
-            time.sleep(pause)
-            pause = min(pause * 2 + 1e-6, _MAX_PAUSE)
         report = self._settle(everyone)
         self._data.Free()
         self._ctl.Free()
@@ -300,8 +322,8 @@ class Pipeline:
             "background, and the communicator you gave it stays usable", due.seconds, False)
         PostedRequest([agreed], None, keep=buffers)._abandon(error)
         if self._control:
-            PostedRequest(self._control, None)._abandon(error)
-            self._control = []
+            PostedRequest(list(self._control), None)._abandon(error)
+            self._control = deque()
         for req in (self._credit_req, self._notice_req):
             if req is not None and req != MPI.REQUEST_NULL:
                 req.Cancel()
@@ -325,8 +347,8 @@ class Pipeline:
                 missing -= 1
             for _ in range(missing):
                 recv_array(me - 1, MPI.ANY_TAG, self._data, device="host")
-        if not self.last:  # credits: one message per item received downstream; self._acked of them read so far
-            missing = int(everyone[me + 1, _CREDITS]) - self._acked
+        if not self.last:  # credit messages sent from downstream; self._credits_read of them read so far
+            missing = int(everyone[me + 1, _CREDITS]) - self._credits_read
             assert self._credit_req is not None
             if missing > 0:
                 self._credit_req.Wait()
@@ -340,8 +362,8 @@ class Pipeline:
         reports = self._notices(sum(1 for r in range(self._size) if everyone[r, _FAILED] != self._size and r != me))
         while self._sends:  # everything sent has been (or is being) received downstream
             self._sends.popleft().wait()
-        MPI.Request.Waitall(self._control)
-        self._control = []
+        MPI.Request.Waitall(list(self._control))
+        self._control = deque()
         return min(reports, key=lambda r: r.rank) if reports else None
 
     def _notices(self, expected: int) -> list[PipelineError]:

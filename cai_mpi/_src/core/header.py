@@ -48,13 +48,11 @@ PROTOCOL_VERSION = 2
 
 # The fixed prefix, little-endian: payload tag, magic, version, flags, ndim, reserved, dtype field length,
 # reserved, meta length, reserved, payload byte count, chunk bytes. The shape (u64 each), the dtype field,
-# the meta JSON and an inline payload follow, in that order.
+# the meta JSON and an inline payload follow, in that order. Offsets: payload tag 0, magic 4 (MAGIC_AT), version 8,
+# flags 9.
 _PREFIX = struct.Struct("<i4sBBBBHHIIQQ")
 PREFIX_BYTES = _PREFIX.size  # 40
-PAYLOAD_TAG_AT = 0  # i32: the payload's tag on the payload communicator (0, and ignored, for inline headers)
 MAGIC_AT = 4
-VERSION_AT = 8
-FLAGS_AT = 9
 SHAPE_AT = PREFIX_BYTES
 _TAG = struct.Struct("<i")
 

@@ -1,25 +1,29 @@
-"""Requests and progress: the Request that drives a transfer's steps (each waits on a ``waits.Waitable``), the
-rule that any cai_mpi wait drives every pending request of the process, and what keeps a pending request's
-memory alive until MPI is done with it (dropped, timed out, or at interpreter exit)."""
+"""Requests: the Request that drives a transfer's steps (each waits on a ``waits.Waitable``), and what keeps a
+pending request's memory alive until MPI is done with it (dropped, timed out, or at interpreter exit). The rule
+that any wait drives every pending request of the process is ``driving``'s."""
 
 from __future__ import annotations
 
 import atexit
 import ctypes
-import os
 import threading
-import time
 from collections.abc import Callable, Generator
 from typing import Any, ClassVar, Generic, TypeVar
 
 from mpi4py import MPI
 
 from .deadlines import Awaited, Deadline, deadline
+from .driving import PENDING, complete, complete_by, drive_others, idle, is_pending, pending_count
 from .waits import MPIWait, Waitable
 
 __all__ = [
-    "PostedRequest", "Request", "RequestWait", "Steps", "complete", "complete_by", "drive", "idle", "keep_past_exit",
+    "PostedRequest", "Request", "RequestWait", "Steps", "complete", "complete_by", "drive", "drive_others", "idle",
+    "is_pending", "keep_past_exit", "pending_count",
 ]
+
+# The old private names, until api/p2p, api/channel and api/completion use driving's public ones.
+_active = PENDING
+_progress_others = drive_others
 
 T = TypeVar("T")
 
@@ -37,7 +41,7 @@ class RequestWait(Waitable):
 
     def test(self) -> bool:
         req = self.req
-        if not req._settled and req not in _active:
+        if not req._settled and req not in PENDING:
             # A request with only final steps left is polled by nobody else. One still in the
             # progress set is poked there: poking it from here too would walk a queue of W
             # requests once per member, W^2 tests per round.
@@ -47,16 +51,6 @@ class RequestWait(Waitable):
 
 _DONE = object()
 _DROPPED = RuntimeError("the request was dropped before it completed")
-
-# Requests that still need the library to act (post the payload receive once the header is in, stage the
-# next chunk...). Any cai_mpi wait drives all of them, so "irecv_array then send_array" on two ranks, or a
-# staged isend_array followed by a blocking recv_array, cannot deadlock. A request whose remaining step is
-# final (all its MPI operations posted) leaves the set: MPI completes it without us, and a window of sends
-# must not make every other wait poll each of them. A request abandoned by a timeout stays until MPI is done with
-# its memory, whatever its step: nobody else would complete it, and it holds that memory.
-_active: set[Request[Any]] = set()
-
-
 
 # Interpreter exit: mpi4py finalizes MPI from Py_AtExit, after Python's teardown has freed what it could, in an order
 # nobody controls. MPI may read or write a pending request's memory until MPI_Finalize, so from cai_mpi's atexit hook
@@ -72,15 +66,10 @@ def keep_past_exit(req: Request[Any]) -> None:
 @atexit.register
 def _keep_pending_past_exit() -> None:
     Request._exiting = True  # requests freed from now on are pending ones dropped by teardown: see Request._abandon
-    Request._outliving_teardown.extend(list(_active))
+    Request._outliving_teardown.extend(list(PENDING))
 
 
 Steps = Generator["Waitable", None, T]
-
-
-def idle() -> bool:
-    """True when no request needs driving: a blocking MPI call cannot starve another cai_mpi transfer."""
-    return not _active
 
 
 def drive(steps: Generator[Waitable, None, T]) -> T:
@@ -96,51 +85,8 @@ def drive(steps: Generator[Waitable, None, T]) -> T:
                 continue
             waitable = next(steps)
     except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-def others_pending(me: object = None) -> bool:
-    return bool(_active) and (len(_active) > 1 or me not in _active)
-
-
-def _progress_others(me: object) -> None:
-    for req in list(_active):
-        if req is not me:
-            req._poke()
-
-
-def complete(waitable: Waitable, me: object = None) -> None:
-    """Block until ``waitable`` completes, driving every other pending cai_mpi request meanwhile."""
-    if not others_pending(me):
-        waitable.wait()
-        return
-    while True:
-        _progress_others(me)
-        if waitable.test():
-            return
-        if not others_pending(me):
-            waitable.wait()
-            return
-        os.sched_yield()  # let other threads run (it releases the GIL without time.sleep's timer slack)
-
-
-def complete_by(waitable: Waitable, due: Deadline, me: object = None) -> bool:
-    """Like ``complete``, but give up at ``due``: True if ``waitable`` completed, False if time ran out first.
-    Polls with a yield for a millisecond, then sleeps, backing off to a millisecond."""
-    spin_until = time.monotonic() + 1e-3
-    pause = 0.0
-    while True:
-        _progress_others(me)
-        if waitable.test():
-            return True
-        now = time.monotonic()
-        if now >= due.at:
-            return False
-        if now < spin_until:
-            os.sched_yield()
-        else:
-            pause = min(pause * 2 + 1e-5, 1e-3, due.at - now)
-            time.sleep(pause)
+        result: T = stop.value  # what the steps returned
+        return result
 
 
 class Request(Generic[T]):
@@ -185,7 +131,7 @@ class Request(Generic[T]):
         self._advance()
         pending = self._pending
         if pending is not None and not pending.final:
-            _active.add(self)
+            PENDING.add(self)
 
     def _advance(self, failure: BaseException | None = None) -> None:
         """Run the steps to their next wait; ``failure``: the pending wait failed, raise it inside the steps so
@@ -194,7 +140,7 @@ class Request(Generic[T]):
         try:
             self._pending = pending = next(self._gen) if failure is None else self._gen.throw(failure)
             if pending.final and self._expired is None:
-                _active.discard(self)
+                PENDING.discard(self)
         except StopIteration as stop:
             self._finish(stop.value, None)
         except BaseException as exc:
@@ -223,7 +169,7 @@ class Request(Generic[T]):
         self._gen = None
         self._pending = None
         self._keep = None
-        _active.discard(self)
+        PENDING.discard(self)
 
     def _poke(self) -> None:
         """Advance without blocking; errors are kept for this request's own wait()."""
@@ -271,7 +217,8 @@ class Request(Generic[T]):
             raise self._expired
         if self._error is not None:
             raise self._error
-        return self._result  # type: ignore[no-any-return]
+        result: T = self._result  # what the steps returned
+        return result
 
     def _wait_until(self, due: Deadline | None) -> T:
         with self._lock:
@@ -285,7 +232,8 @@ class Request(Generic[T]):
             raise self._expired
         if self._error is not None:
             raise self._error
-        return self._result  # type: ignore[no-any-return]
+        result: T = self._result  # what the steps returned
+        return result
 
     def _step_until(self, due: Deadline) -> Deadline:
         """One step, giving up at ``due``: then an unmatched receive is cancelled, anything else abandoned to
@@ -297,7 +245,7 @@ class Request(Generic[T]):
         about = self._about or Awaited("Request.wait", False, -1, -1, MPI.COMM_NULL)
         if pending.cancellable:
             try:
-                withdrawn = pending.cancel()  # type: ignore[attr-defined]
+                withdrawn = pending.cancel()
             except BaseException as exc:
                 self._advance(exc)
                 return due
@@ -318,7 +266,7 @@ class Request(Generic[T]):
         if self._exiting:
             self._outliving_teardown.append(self)
         else:
-            _active.add(self)
+            PENDING.add(self)
 
     def __del__(self) -> None:
         """Dropped before it completed: MPI must not be left with memory that is about to be freed (mpi4py frees an
@@ -329,7 +277,7 @@ class Request(Generic[T]):
         pending = self._pending
         if pending is not None and pending.cancellable and self._gen is not None:
             try:
-                if pending.cancel():  # type: ignore[attr-defined]
+                if pending.cancel():
                     self._gen.close()
                     return
             except Exception:
@@ -349,7 +297,7 @@ class Request(Generic[T]):
     def test(self) -> tuple[bool, T | None]:
         """Make progress without blocking: ``(True, result)`` once completed (what ``wait()`` returns, or raises),
         else ``(False, None)``, as mpi4py's lowercase ``Request.test``."""
-        _progress_others(self)
+        drive_others(self)
         with self._lock:
             while self._gen is not None and self._expired is None:
                 assert self._pending is not None
@@ -416,12 +364,12 @@ class PostedRequest(Request[T]):
         """Block until the MPI requests complete (the caller holds the lock)."""
         reqs = self._reqs
         if reqs is not None:
-            if _active:
+            if PENDING:
                 complete(MPIWait(reqs), self)
             else:
                 MPI.Request.Waitall(reqs)
             self._reqs = self._keep = None
-            _active.discard(self)  # (it is there only if a timeout abandoned it)
+            PENDING.discard(self)  # (it is there only if a timeout abandoned it)
 
     def _test(self) -> bool:
         """Complete the MPI requests if they can be without blocking (the caller holds the lock)."""
@@ -429,7 +377,7 @@ class PostedRequest(Request[T]):
         if reqs is not None and MPI.Request.Testall(reqs):
             self._reqs = self._keep = None
             if self._expired is not None:
-                _active.discard(self)  # finished in the background after a timeout
+                PENDING.discard(self)  # finished in the background after a timeout
         return self._reqs is None
 
     def _wait_until(self, due: Deadline | None) -> T:
@@ -450,7 +398,8 @@ class PostedRequest(Request[T]):
                         self._reqs = self._keep = None  # cancelled, or a message completed it meanwhile
         if self._expired is not None:
             raise self._expired
-        return self._result  # type: ignore[no-any-return]
+        result: T = self._result  # known in advance
+        return result
 
     def _wait_quietly(self) -> None:
         with self._lock:
@@ -464,7 +413,7 @@ class PostedRequest(Request[T]):
                 self._lock.release()
 
     def test(self) -> tuple[bool, T | None]:
-        _progress_others(self)
+        drive_others(self)
         with self._lock:
             if not (self._test() or self._expired is not None):
                 return False, None

@@ -13,7 +13,7 @@ __all__ = ["EventWait", "MPIWait", "Waitable"]
 class Waitable:
     __slots__ = ()
     #: True when this is a transfer's last step and nothing is left for cai_mpi to do but let MPI finish
-    #: (the request then needs no driving by other waits: see ``requests._active``).
+    #: (the request then needs no driving by other waits: see ``driving.PENDING``).
     final = False
     #: True for a receive that has matched nothing yet, which a timeout may withdraw (``cancel``).
     cancellable = False
@@ -22,6 +22,10 @@ class Waitable:
         raise NotImplementedError
 
     def test(self) -> bool:
+        raise NotImplementedError
+
+    def cancel(self) -> bool:
+        """Withdraw a ``cancellable`` wait: True if withdrawn, False if it completed first."""
         raise NotImplementedError
 
 

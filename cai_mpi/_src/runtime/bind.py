@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from ..config import _bool
+from ..config import env_flag
 from ..errors import RuntimeUnavailableError
 from .device import choose_device
 
@@ -29,7 +29,7 @@ def bind_device_early(env: Mapping[str, str] | None = None) -> int | None:
         ValueError: a malformed ``CAI_MPI_BIND_DEVICE``, ``CAI_MPI_DEVICE`` or ``CAI_MPI_LOCAL_RANK``.
     """
     env = os.environ if env is None else env
-    if not _bool(env, "CAI_MPI_BIND_DEVICE", False):
+    if not env_flag(env, "CAI_MPI_BIND_DEVICE", False):
         return None
     from .cudadriver import Driver, load_driver, probe, visible_device_count
 

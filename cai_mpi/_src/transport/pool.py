@@ -4,23 +4,31 @@ Host receive buffers and pinned staging buffers are both expensive to get fresh 
 page-locking costs milliseconds) and both come and go in a few sizes. ``BlockPool`` keeps idle
 blocks by power-of-two size class, at most ``budget`` idle bytes in all; a block coming back to a
 full pool first evicts idle blocks of the classes used least recently, and is released itself only
-if that is not enough. ``HostReceivePool`` lends its blocks as numpy arrays that go back to the
-pool when the last view of them dies.
+if that is not enough. Its two uses live here too: ``host_receive_pool()`` lends its blocks as numpy
+arrays that go back to the pool when the last view of them dies; ``pinned_pool(runtime)`` holds the
+pinned staging blocks of a device runtime, which ``give_back`` returns only once the MPI operations
+and device copies using them have completed.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import numpy as np
+from mpi4py import MPI
 
 from ..config import config
+from ..errors import CudaError
+from ..runtime.base import Event, PinnedBuffer, Runtime
 
-__all__ = ["BlockPool", "HostReceivePool", "host_receive_pool", "size_class"]
+__all__ = [
+    "BlockPool", "HostReceivePool", "give_back", "host_receive_pool", "idle_pooled_bytes", "pinned_pool", "size_class",
+]
 
 B = TypeVar("B")
 
@@ -106,13 +114,14 @@ def _lease_type(cls: int) -> type[ctypes.Array[ctypes.c_ubyte]]:
     """A ctypes array type over one block of size class ``cls`` that gives the block back when it dies.
 
     numpy keeps the exporter of a buffer as the base of every array made from it (views included), so
-    the lease lives exactly as long as the last array over the block.
+    the lease lives exactly as long as the last array over the block. (A ``weakref.finalize`` per lease
+    instead costs 4-5 us per receive.)
     """
     lease_type = _lease_types.get(cls)
     if lease_type is None:
 
         def __del__(self: Any) -> None:
-            self._pool._return(self._block, cls)
+            self._pool.blocks.give(self._block, cls)
 
         lease_type = type(f"_Lease{cls}", (ctypes.c_ubyte * cls,), {"__del__": __del__})
         _lease_types[cls] = lease_type
@@ -142,14 +151,11 @@ class HostReceivePool:
             return np.empty(shape, dtype, order="F" if fortran else "C")
         block, cls = self.blocks.take(nbytes)
         lease = _lease_type(cls).from_address(block.ctypes.data)
-        lease._pool, lease._block = self, block  # type: ignore[attr-defined]
-        flat: np.ndarray[Any, Any] = np.frombuffer(lease, dtype, nbytes // dtype.itemsize)  # type: ignore[call-overload]
+        lease._pool, lease._block = self, block  # type: ignore[attr-defined]  # (a ctypes type made at run time)
+        flat: np.ndarray[Any, Any] = np.frombuffer(memoryview(lease), dtype, nbytes // dtype.itemsize)
         if len(shape) == 1:
             return flat
         return flat.reshape(shape, order="F") if fortran else flat.reshape(shape)
-
-    def _return(self, block: np.ndarray[Any, Any], cls: int) -> None:
-        self.blocks.give(block, cls)
 
     @property
     def idle_bytes(self) -> int:
@@ -172,3 +178,75 @@ _host_pool = HostReceivePool()
 
 def host_receive_pool() -> HostReceivePool:
     return _host_pool
+
+
+# -- pinned staging buffers, one pool per device runtime --------------------------------------------------------
+
+_pinned_pools: weakref.WeakKeyDictionary[Runtime, BlockPool[PinnedBuffer]] = weakref.WeakKeyDictionary()
+
+
+def pinned_pool(runtime: Runtime) -> BlockPool[PinnedBuffer]:
+    """The pool of pinned staging blocks of ``runtime`` (at most CAI_MPI_PINNED_POOL_BYTES idle)."""
+    if _quarantine:
+        _release_finished()
+    pool = _pinned_pools.get(runtime)
+    if pool is None:
+        pool = _pinned_pools[runtime] = BlockPool(runtime.alloc_pinned, PinnedBuffer.free,
+                                                  budget=lambda: config().pinned_pool_bytes)
+    return pool
+
+
+def idle_pooled_bytes() -> int:
+    """Bytes kept idle for reuse by the host receive pool and every pinned staging pool (each within its budget)."""
+    return _host_pool.idle_bytes + sum(p.idle_bytes for p in list(_pinned_pools.values()))
+
+
+class _Quarantined:
+    """A staging block a failed or abandoned transfer may still have in use (an Isend or Irecv posted, a copy
+    enqueued): MPI or the GPU would read or write it after the pool lent it out again, so it waits here until
+    all of that has completed (possibly never, if the peer never matches: then it is never reused)."""
+
+    __slots__ = ("block", "cls", "events", "pool", "reqs")
+
+    def __init__(self, pool: BlockPool[PinnedBuffer], block: PinnedBuffer, cls: int, reqs: list[MPI.Request],
+                 events: list[Event]) -> None:
+        self.pool, self.block, self.cls, self.reqs, self.events = pool, block, cls, reqs, events
+
+    def finished(self) -> bool:
+        return _finished(self.reqs, self.events)
+
+
+_quarantine: list[_Quarantined] = []
+_quarantine_lock = threading.Lock()
+
+
+def _finished(reqs: list[MPI.Request], events: list[Event]) -> bool:
+    return all(_idle(e) for e in events) and bool(MPI.Request.Testall(reqs))
+
+
+def _idle(event: Event) -> bool:
+    try:
+        return event.query()
+    except CudaError:  # a sticky error: the context runs nothing more, so its copies never touch the block again
+        return True
+
+
+def give_back(pool: BlockPool[PinnedBuffer], block: PinnedBuffer, cls: int, reqs: list[MPI.Request | None],
+              events: list[Event | None]) -> None:
+    """Return a staging block to ``pool`` once the MPI operations and device copies that use it have completed."""
+    pending_reqs = [r for r in reqs if r is not None]
+    pending_events = [e for e in events if e is not None]
+    if _finished(pending_reqs, pending_events):
+        pool.give(block, cls)
+        return
+    with _quarantine_lock:
+        _quarantine.append(_Quarantined(pool, block, cls, pending_reqs, pending_events))
+
+
+def _release_finished() -> None:
+    with _quarantine_lock:
+        done = [q for q in _quarantine if q.finished()]
+        for q in done:
+            _quarantine.remove(q)
+    for q in done:
+        q.pool.give(q.block, q.cls)

@@ -163,4 +163,6 @@ def _pipeline_only(ctx: Context) -> str | None:
 PIPELINE_MODES: dict[str, ModeSpec] = {
     "cai-pipeline": ModeSpec("cai-pipeline", "cai_mpi.Pipeline(depth=2): send with back-pressure, recv the next item",
                              PipelineMode, _pipeline_only),
+    "cai-pipeline-8": ModeSpec("cai-pipeline-8", "cai-pipeline with depth=8 (credits go back once per 4 items)",
+                               lambda c, n: PipelineMode(c, n, depth=8), _pipeline_only),
 }

@@ -17,10 +17,9 @@ from collections import Counter
 
 from mpi4py import MPI
 
-from ...progress.requests import _active
+from ...progress.driving import pending_count
 from ...runtime import get_runtime
-from ...transport.pieces import _pinned_pools
-from ...transport.pool import host_receive_pool
+from ...transport.pool import idle_pooled_bytes
 from ...transport.privcomm import cuda_aware
 from .. import simulated
 from ..bench.cli import parse_size
@@ -87,8 +86,7 @@ class MemorySampler(threading.Thread):
 
 def pooled_mib() -> float:
     """Idle blocks kept for reuse by the host receive pool and the pinned staging pools (bounded by budgets)."""
-    idle = host_receive_pool().blocks.idle_bytes + sum(p.idle_bytes for p in list(_pinned_pools.values()))
-    return idle / 2**20
+    return idle_pooled_bytes() / 2**20
 
 
 def resident_mib() -> float:
@@ -203,8 +201,8 @@ def _leaks() -> list[str]:
     from ...progress.requests import Request
 
     found = []
-    if _active:
-        found.append(f"{len(_active)} request(s) still pending")
+    if pending_count():
+        found.append(f"{pending_count()} request(s) still pending")
     live = sum(isinstance(o, Request) for o in gc.get_objects())
     if live:
         found.append(f"{live} Request object(s) still alive")
