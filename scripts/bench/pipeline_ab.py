@@ -1,8 +1,8 @@
 """Two versions of ``Pipeline`` side by side in the same processes, with a raw mpi4py chain as the floor.
 
-    mpiexec -n 2 python benchmarks/pipeline_ab.py OLD_PIPELINE_PY SIZE ITEMS ROUNDS [OUT.json]
+    mpiexec -n 2 python scripts/bench/pipeline_ab.py OLD_PIPELINE_PY SIZE ITEMS ROUNDS [OUT.json]
     git show 973ebaa:cai_mpi/_src/api/pipeline.py > /tmp/pipeline_before.py
-    mpiexec -n 2 python benchmarks/pipeline_ab.py /tmp/pipeline_before.py 8 2000 9
+    mpiexec -n 2 python scripts/bench/pipeline_ab.py /tmp/pipeline_before.py 8 2000 9
 
 The old ``pipeline.py`` is loaded beside the current one (as ``cai_mpi._src.api.pipeline_before``, so both run on
 the same point-to-point layer), and every round times, one after the other: the raw chain (``Isend`` of a buffer
