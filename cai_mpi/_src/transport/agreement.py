@@ -1,5 +1,11 @@
-"""What the ranks of a collective tell each other before the payloads move: each contribution's description
-(a cai_mpi header without payload tag), or why a rank has nothing to contribute.
+"""What the ranks of a collective tell each other before (or instead of) moving payloads: each contribution's
+description (a cai_mpi header without payload tag), or why a rank has nothing to contribute.
+
+The exchange is one collective of fixed-size slots (``SLOT_BYTES`` per rank: an ``Allgather``, or the root's
+``Bcast``). A slot holds a short prefix, the header, and, when the whole contribution fits, the payload too
+(host data only): when every rank's fits, that one collective was the whole operation. The prefix says so
+(``fused``), so every rank reads the same answer from the same bytes and takes the same path without another
+message; otherwise the headers longer than a slot send their rest, then MPI's collective moves the payloads.
 
 Every rank takes part in every step whatever went wrong locally, so a bad argument on one rank becomes an
 error on every rank instead of a hang: the rank that failed raises its own exception, the others raise
@@ -8,19 +14,34 @@ error on every rank instead of a hang: the rank that failed raises its own excep
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+from mpi4py import MPI
 
 from ..arrays.operands import DeviceSource
 from ..core.header import MessageInfo, decode, encode_header
 from ..errors import CollectiveMismatchError
+from ..progress.deadlines import Deadline, collective_expired
+from ..progress.requests import PostedRequest, complete_by
+from ..progress.waits import MPIWait
 
-__all__ = ["Contribution", "describe_source", "pack", "raise_failures", "read", "unpack"]
+__all__ = [
+    "SLOT_BYTES", "Contribution", "Exchange", "broadcast", "describe_source", "exchange", "joined", "pack",
+    "raise_failures", "read", "unpack",
+]
 
 _ERROR = b"\x00ERR"  # starts a failure's text; the headers exchanged here have payload tag 0: four NULs
 _UNLIMITED = 1 << 62
+#: Bytes per rank of the exchange: a contribution whose prefix, header and payload fit travels whole in it.
+#: The same on every rank (a constant, not a setting); docs/benchmarks.md has the measurement that chose it.
+SLOT_BYTES = 1024
+_HEAD = struct.Struct("<iiq")  # the length of the header (or failure text), flags, the payload's bytes
+_FUSED = 1  # the slot holds all of this rank's contribution: its header and its payload
+_ALIGN = 16  # a payload in a slot starts at a multiple of this (any dtype's alignment; slots are 64-aligned)
+ROOM = SLOT_BYTES - _HEAD.size  # header bytes a slot carries
 
 
 class Contribution:
@@ -47,11 +68,16 @@ class Contribution:
         return cls(_ERROR + f"{type(exc).__name__}: {exc}".encode(errors="replace"), None, exc)
 
 
+def _fortran(src: np.ndarray[Any, Any]) -> bool:
+    """Does host array ``src`` travel in F order (F-contiguous and not C-contiguous; C order otherwise)?"""
+    return src.ndim > 1 and not src.flags.c_contiguous and src.flags.f_contiguous
+
+
 def describe_source(src: np.ndarray[Any, Any] | DeviceSource, meta: bytes = b"") -> bytes:
     """The header that describes ``src`` (its dtype, shape and wire order, plus ``meta``)."""
     if isinstance(src, np.ndarray):
         dtype, shape = src.dtype, src.shape
-        fortran = src.ndim > 1 and not src.flags.c_contiguous and src.flags.f_contiguous
+        fortran = _fortran(src)
     else:
         desc = src.desc
         dtype, shape = desc.dtype, desc.shape
@@ -70,9 +96,9 @@ def read(blob: bytes) -> MessageInfo | str:
 def raise_failures(fn: str, described: Sequence[MessageInfo | str | None], mine: Contribution, rank: int) -> None:
     """After an exchange: if any rank could not contribute, raise on this one (its own exception on the rank
     that failed, CollectiveMismatchError naming the failed ranks on the others)."""
-    failed = {r: d for r, d in enumerate(described) if isinstance(d, str)}
     if mine.error is not None:
         raise mine.error
+    failed = {r: d for r, d in enumerate(described) if isinstance(d, str)}
     if failed:
         detail = "; ".join(f"rank {r}: {text}" for r, text in sorted(failed.items()))
         raise CollectiveMismatchError(f"{fn}: {len(failed)} rank(s) could not take part ({detail})")
@@ -92,3 +118,121 @@ def unpack(data: bytes | bytearray, counts: Sequence[int]) -> list[bytes]:
         off += n
     return out
 
+
+def joined(fn: str, comm: MPI.Intracomm, due: Deadline | None, collective: str, *args: Any) -> None:
+    """A collective's first step, where every rank must arrive: ``comm.<collective>(*args)``; with a deadline its
+    nonblocking form, which is abandoned (its buffers kept alive) with TimeoutError if some rank has not come."""
+    if due is None:
+        getattr(comm, collective)(*args)
+        return
+    req = getattr(comm, "I" + collective[0].lower() + collective[1:])(*args)
+    if not complete_by(MPIWait([req]), due):
+        error = collective_expired(fn, comm, due)
+        PostedRequest([req], None, keep=args)._abandon(error)
+        raise error
+
+
+# -- slots ----------------------------------------------------------------------------------------------------
+
+
+def _payload_at(nblob: int) -> int:
+    """Where a payload starts in a slot whose header is ``nblob`` bytes long."""
+    return -(-(_HEAD.size + nblob) // _ALIGN) * _ALIGN
+
+
+def _wire_bytes(src: np.ndarray[Any, Any], c_order: bool) -> np.ndarray[Any, Any]:
+    """The bytes of host array ``src`` in wire order (``describe_source``'s, or C order), as a flat uint8 array."""
+    if not c_order and _fortran(src):
+        src = src.T
+    if not src.flags.c_contiguous:
+        src = np.ascontiguousarray(src)
+    return src.reshape(-1).view(np.uint8)
+
+
+def _fill(slots: np.ndarray[Any, Any], at: int, mine: Contribution, nbytes: int,
+          payload: np.ndarray[Any, Any] | None, c_order: bool) -> None:
+    """Write ``mine`` into the slot at byte ``at``: its prefix, its header's start and, when the whole fits and a
+    host ``payload`` is given, the payload's bytes."""
+    blob = mine.blob
+    nblob = len(blob)
+    start = _payload_at(nblob)
+    fused = (mine.error is not None and nblob <= ROOM) or (payload is not None and start + nbytes <= SLOT_BYTES)
+    _HEAD.pack_into(slots.data, at, nblob, _FUSED if fused else 0, nbytes)
+    head = at + _HEAD.size
+    slots[head : head + min(nblob, ROOM)] = np.frombuffer(blob, np.uint8, min(nblob, ROOM))
+    if fused and payload is not None and nbytes:
+        slots[at + start : at + start + nbytes] = _wire_bytes(payload, c_order)
+
+
+class Exchange:
+    """What one exchange told every rank: each rank's description (``described``: a MessageInfo, or a failure's
+    text), its payload size, and whether every contribution travelled whole (``fused``): then ``payload(r)``
+    is rank r's payload bytes, in the slots this exchange received."""
+
+    __slots__ = ("_starts", "described", "fused", "sizes", "slots")
+
+    def __init__(self, slots: np.ndarray[Any, Any], described: list[MessageInfo | str], sizes: list[int],
+                 starts: list[int], fused: bool) -> None:
+        self.slots, self.described, self.sizes, self._starts, self.fused = slots, described, sizes, starts, fused
+
+    def payload(self, rank: int) -> np.ndarray[Any, Any]:
+        at = self._starts[rank]
+        return self.slots[at : at + self.sizes[rank]]
+
+    def infos(self) -> list[MessageInfo]:
+        """The descriptions, once ``raise_failures`` has found no failure among them."""
+        return cast("list[MessageInfo]", self.described)
+
+
+def _read_slots(slots: np.ndarray[Any, Any], count: int) -> tuple[list[bytes], list[int], list[int], list[int], bool]:
+    """Each slot's header start, header length, payload size and payload offset; and whether all are fused."""
+    blobs, lengths, sizes, starts, fused = [], [], [], [], True
+    for r in range(count):
+        at = r * SLOT_BYTES
+        nblob, flags, nbytes = _HEAD.unpack_from(slots.data, at)
+        blobs.append(slots[at + _HEAD.size : at + _HEAD.size + min(nblob, ROOM)].tobytes())
+        lengths.append(nblob)
+        sizes.append(nbytes)
+        starts.append(at + _payload_at(nblob))
+        fused = fused and bool(flags & _FUSED)
+    return blobs, lengths, sizes, starts, fused
+
+
+def exchange(
+    fn: str, comm: MPI.Intracomm, mine: Contribution, nbytes: int, due: Deadline | None, *,
+    payload: np.ndarray[Any, Any] | None = None, c_order: bool = False,
+) -> Exchange:
+    """Every rank's contribution, everywhere: one ``Allgather`` of slots (``payload``: this rank's host data of
+    ``nbytes`` bytes, carried when it fits, in ``describe_source``'s order or, with ``c_order``, in C order), and
+    an ``Allgatherv`` of the headers longer than a slot, if any."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    slots = np.empty(SLOT_BYTES * size, np.uint8)
+    _fill(slots, rank * SLOT_BYTES, mine, nbytes, payload, c_order)
+    joined(fn, comm, due, "Allgather", MPI.IN_PLACE, [slots, SLOT_BYTES, MPI.BYTE])
+    blobs, lengths, sizes, starts, fused = _read_slots(slots, size)
+    if any(n > ROOM for n in lengths):  # long headers (meta, structured dtypes) or failure texts
+        counts = [max(n - ROOM, 0) for n in lengths]
+        rest = bytearray(max(sum(counts), 1))
+        displs = [sum(counts[:i]) for i in range(size)]
+        comm.Allgatherv(mine.blob[ROOM:], [rest, (counts, displs), MPI.BYTE])
+        blobs = [b + tail for b, tail in zip(blobs, unpack(rest, counts), strict=True)]
+    return Exchange(slots, [read(b) for b in blobs], sizes, starts, fused)
+
+
+def broadcast(
+    fn: str, comm: MPI.Intracomm, root: int, mine: Contribution, nbytes: int, due: Deadline | None, *,
+    payload: np.ndarray[Any, Any] | None = None,
+) -> Exchange:
+    """The root's contribution, everywhere: one ``Bcast`` of the root's slot (with its host ``payload`` when it
+    fits), and a second of the rest of a header longer than a slot, if it is."""
+    slot = np.empty(SLOT_BYTES, np.uint8)
+    is_root = comm.Get_rank() == root
+    if is_root:
+        _fill(slot, 0, mine, nbytes, payload, False)
+    joined(fn, comm, due, "Bcast", [slot, SLOT_BYTES, MPI.BYTE], root)
+    (blob,), (nblob,), sizes, starts, fused = _read_slots(slot, 1)
+    if nblob > ROOM:
+        rest = bytearray(mine.blob[ROOM:]) if is_root else bytearray(nblob - ROOM)
+        comm.Bcast(rest, root)
+        blob += bytes(rest)
+    return Exchange(slot, [read(blob)], sizes, starts, fused)

@@ -102,8 +102,8 @@ def gatherv(
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     if not small:
-        pieces = [None] * size
-        pieces[root] = send  # type: ignore[call-overload]
+        pieces: list[tuple[int, int] | None] = [None] * size
+        pieces[root] = send
         landing = [None] * size if recv is None else [(recv[0] + d, c) for c, d in zip(recv[1], recv[2], strict=True)]
         alltoallw(comm, pieces, landing)
         return
