@@ -95,9 +95,7 @@ def _put(landing: Landing, payload: np.ndarray[Any, Any], rt: Runtime, ordinal: 
 
 def _view(ex: Exchange, rank: int, info: MessageInfo) -> np.ndarray[Any, Any]:
     """Rank ``rank``'s payload as an array over the exchange's own buffer (no copy)."""
-    shape = info.shape[::-1] if info.fortran else info.shape
-    arr = ex.payload(rank).view(info.dtype).reshape(shape)
-    return arr.T if info.fortran else arr
+    return np.ndarray(info.shape, info.dtype, ex.slots, ex.start(rank), order="F" if info.fortran else "C")
 
 
 def _from_slots(ex: Exchange, infos: Sequence[MessageInfo], pc: PrivateComms, rt: Runtime) -> list[Array]:

@@ -133,7 +133,7 @@ def combine(op: ReduceOp, parts: Sequence[np.ndarray[Any, Any]], size: int) -> n
     a new C-ordered array of that dtype and shape; ``op.local(dtype)`` must hold."""
     assert op.ufunc is not None
     ufunc = op.ufunc[0]
-    acc = np.array(parts[0], order="C")  # a copy (a 0-d array stays an array: numpy wraps integers silently)
+    acc = parts[0].copy()  # (C order; a 0-d array stays an array: numpy wraps integers silently)
     for part in parts[1:]:
         ufunc(acc, part, out=acc, casting="unsafe")  # (the logical ops compute bool: 0 or 1 in the dtype, as MPI)
     if op.mean:

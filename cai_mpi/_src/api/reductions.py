@@ -60,12 +60,22 @@ def _native(fn: str, src: np.ndarray[Any, Any] | DeviceSource) -> np.ndarray[Any
 
 def _plan(fn: str, obj: Any, op: Any, out: Any, gets_result: bool, sync: Any, rt: Runtime) -> tuple[bytes, _Plan]:
     """This rank's header (C order, as reductions move their elements) and plan; raises on a bad argument."""
-    how = parse_op(fn, op)
     src = _native(fn, send_source(fn, obj, check_sync(fn, sync), rt))
     shape, dtype = (src.shape, src.dtype) if isinstance(src, np.ndarray) else (src.desc.shape, src.desc.dtype)
-    datatype = reduce_datatype(fn, dtype, how)
-    if dtype.kind == "b":
-        how = how.for_bool(fn)
+    key = (op if isinstance(op, str) else op.py2f() if isinstance(op, MPI.Op) else None, dtype, shape)
+    known = _known.get(key)
+    if known is None:
+        how = parse_op(fn, op)
+        datatype = reduce_datatype(fn, dtype, how)
+        if dtype.kind == "b":
+            how = how.for_bool(fn)
+        info = MessageInfo(dtype, shape, False, math.prod(shape) * dtype.itemsize, 0, None, False, False, 0)
+        known = (encode_header(dtype, shape, fortran=False, payload_tag=0), info, how, datatype)
+        if key[0] is not None:
+            if len(_known) >= 256:
+                _known.clear()
+            _known[key] = known
+    blob, info, how, datatype = known
     target = None
     if out is not None and gets_result:
         target = recv_target(fn, out, rt)
@@ -73,9 +83,12 @@ def _plan(fn: str, obj: Any, op: Any, out: Any, gets_result: bool, sync: Any, rt
         if why is not None:
             raise ValueError(f"{fn}: out= ({describe_target(target)}) cannot hold the result "
                              f"(shape={shape} dtype={dtype.str}): {why}")
-    nbytes = math.prod(shape) * dtype.itemsize
-    info = MessageInfo(dtype, shape, False, nbytes, 0, None, False, False, 0)
-    return encode_header(dtype, shape, fortran=False, payload_tag=0), _Plan(src, info, how, datatype, target)
+    return blob, _Plan(src, info, how, datatype, target)
+
+
+# (op, dtype, shape) -> (header, MessageInfo, ReduceOp, MPI datatype): what checking the arguments found, for the
+# next call with the same (a step of a solver or a training loop reduces the same arrays every time).
+_known: dict[tuple[Any, ...], tuple[bytes, MessageInfo, ReduceOp, MPI.Datatype]] = {}
 
 
 def _reduce(
@@ -84,8 +97,11 @@ def _reduce(
     pc, comm_, _root, rt, cfg, due = setup(fn, comm, root, timeout)
     me = comm_.Get_rank()
     gets_result = root is None or me == root
-    mine = Contribution.attempt(lambda: _plan(fn, obj, op, out, gets_result, sync, rt))
-    plan: _Plan | None = mine.source
+    try:
+        blob, plan = _plan(fn, obj, op, out, gets_result, sync, rt)
+        mine = Contribution(blob, plan)
+    except Exception as exc:
+        mine, plan = Contribution.failed(exc), None
     # Small host data travels in the exchange and is reduced here; the exchange says whether every rank's did.
     local = plan is not None and plan.op.local(plan.info.dtype)
     ex = exchange(fn, comm_, mine, 0 if plan is None else plan.info.payload_nbytes, due,
@@ -132,7 +148,8 @@ def _alike(fn: str, ex: Exchange, mine: Contribution) -> None:
 def _reduced_here(plan: _Plan, ex: Exchange, size: int, rt: Runtime) -> Array:
     """The reduction of the values every rank's slot carried, computed in numpy, where the result goes."""
     info = plan.info
-    parts = [ex.payload(r).view(info.dtype).reshape(info.shape) for r in range(size)]
+    dtype, shape = info.dtype, info.shape
+    parts = [np.ndarray(shape, dtype, ex.slots, ex.start(r)) for r in range(size)]
     result = combine(plan.op, parts, size)
     target = plan.target
     if target is None:

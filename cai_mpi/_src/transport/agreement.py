@@ -87,10 +87,22 @@ def describe_source(src: np.ndarray[Any, Any] | DeviceSource, meta: bytes = b"")
 
 def read(blob: bytes) -> MessageInfo | str:
     """A contribution's description: the decoded header, or the text of the failure it reports."""
+    known = _seen.get(blob)
+    if known is not None:
+        return known
     if blob.startswith(_ERROR):
         return blob[len(_ERROR):].decode(errors="replace")
-    info, _tag = decode(blob, len(blob), _UNLIMITED)  # (the cached decoder: collectives repeat their headers)
+    info, _tag = decode(blob, len(blob), _UNLIMITED)
+    if info.meta is None and len(blob) <= ROOM:  # (a meta dict is the receiver's to change: never shared)
+        if len(_seen) >= 256:
+            _seen.clear()
+        _seen[blob] = info
     return info
+
+
+# Headers seen before, whole (collective headers have payload tag 0, so the bytes are the key): one call after
+# another describes the same arrays, and this lookup is cheaper than decoding (even the decoder's cached path).
+_seen: dict[bytes, MessageInfo] = {}
 
 
 def raise_failures(fn: str, described: Sequence[MessageInfo | str | None], mine: Contribution, rank: int) -> None:
@@ -140,28 +152,19 @@ def _payload_at(nblob: int) -> int:
     return -(-(_HEAD.size + nblob) // _ALIGN) * _ALIGN
 
 
-def _wire_bytes(src: np.ndarray[Any, Any], c_order: bool) -> np.ndarray[Any, Any]:
-    """The bytes of host array ``src`` in wire order (``describe_source``'s, or C order), as a flat uint8 array."""
-    if not c_order and _fortran(src):
-        src = src.T
-    if not src.flags.c_contiguous:
-        src = np.ascontiguousarray(src)
-    return src.reshape(-1).view(np.uint8)
-
-
-def _fill(slots: np.ndarray[Any, Any], at: int, mine: Contribution, nbytes: int,
-          payload: np.ndarray[Any, Any] | None, c_order: bool) -> None:
+def _fill(slots: memoryview, at: int, mine: Contribution, nbytes: int, payload: np.ndarray[Any, Any] | None,
+          c_order: bool) -> None:
     """Write ``mine`` into the slot at byte ``at``: its prefix, its header's start and, when the whole fits and a
-    host ``payload`` is given, the payload's bytes."""
+    host ``payload`` is given, the payload's bytes in wire order (``describe_source``'s, or C order)."""
     blob = mine.blob
     nblob = len(blob)
     start = _payload_at(nblob)
     fused = (mine.error is not None and nblob <= ROOM) or (payload is not None and start + nbytes <= SLOT_BYTES)
-    _HEAD.pack_into(slots.data, at, nblob, _FUSED if fused else 0, nbytes)
+    _HEAD.pack_into(slots, at, nblob, _FUSED if fused else 0, nbytes)
     head = at + _HEAD.size
-    slots[head : head + min(nblob, ROOM)] = np.frombuffer(blob, np.uint8, min(nblob, ROOM))
+    slots[head : head + min(nblob, ROOM)] = blob if nblob <= ROOM else blob[:ROOM]
     if fused and payload is not None and nbytes:
-        slots[at + start : at + start + nbytes] = _wire_bytes(payload, c_order)
+        slots[at + start : at + start + nbytes] = payload.tobytes("F" if not c_order and _fortran(payload) else "C")
 
 
 class Exchange:
@@ -176,26 +179,38 @@ class Exchange:
         self.slots, self.described, self.sizes, self._starts, self.fused = slots, described, sizes, starts, fused
 
     def payload(self, rank: int) -> np.ndarray[Any, Any]:
+        """Rank ``rank``'s payload bytes."""
         at = self._starts[rank]
         return self.slots[at : at + self.sizes[rank]]
+
+    def start(self, rank: int) -> int:
+        """Where rank ``rank``'s payload starts in ``slots``."""
+        return self._starts[rank]
 
     def infos(self) -> list[MessageInfo]:
         """The descriptions, once ``raise_failures`` has found no failure among them."""
         return cast("list[MessageInfo]", self.described)
 
 
-def _read_slots(slots: np.ndarray[Any, Any], count: int) -> tuple[list[bytes], list[int], list[int], list[int], bool]:
-    """Each slot's header start, header length, payload size and payload offset; and whether all are fused."""
-    blobs, lengths, sizes, starts, fused = [], [], [], [], True
-    for r in range(count):
-        at = r * SLOT_BYTES
-        nblob, flags, nbytes = _HEAD.unpack_from(slots.data, at)
-        blobs.append(slots[at + _HEAD.size : at + _HEAD.size + min(nblob, ROOM)].tobytes())
-        lengths.append(nblob)
+def _read_slots(slots: memoryview, count: int) -> tuple[
+    list[MessageInfo | str], dict[int, bytes], list[int], list[int], bool
+]:
+    """Each slot's description (the start of it, by rank, where a header is longer than a slot), payload size and
+    payload offset; and whether every slot holds its whole contribution."""
+    described: list[MessageInfo | str] = []
+    longer: dict[int, bytes] = {}
+    sizes, starts, fused = [], [], True
+    unpack_from, head = _HEAD.unpack_from, _HEAD.size
+    for at in range(0, count * SLOT_BYTES, SLOT_BYTES):
+        nblob, flags, nbytes = unpack_from(slots, at)
+        blob = bytes(slots[at + head : at + head + min(nblob, ROOM)])
+        if nblob > ROOM:
+            longer[len(described)] = blob
+        described.append(read(blob) if nblob <= ROOM else "")
         sizes.append(nbytes)
         starts.append(at + _payload_at(nblob))
-        fused = fused and bool(flags & _FUSED)
-    return blobs, lengths, sizes, starts, fused
+        fused = fused and flags == _FUSED
+    return described, longer, sizes, starts, fused
 
 
 def exchange(
@@ -205,18 +220,24 @@ def exchange(
     """Every rank's contribution, everywhere: one ``Allgather`` of slots (``payload``: this rank's host data of
     ``nbytes`` bytes, carried when it fits, in ``describe_source``'s order or, with ``c_order``, in C order), and
     an ``Allgatherv`` of the headers longer than a slot, if any."""
-    size, rank = comm.Get_size(), comm.Get_rank()
+    size = comm.Get_size()
     slots = np.empty(SLOT_BYTES * size, np.uint8)
-    _fill(slots, rank * SLOT_BYTES, mine, nbytes, payload, c_order)
-    joined(fn, comm, due, "Allgather", MPI.IN_PLACE, [slots, SLOT_BYTES, MPI.BYTE])
-    blobs, lengths, sizes, starts, fused = _read_slots(slots, size)
-    if any(n > ROOM for n in lengths):  # long headers (meta, structured dtypes) or failure texts
+    _fill(slots.data, comm.Get_rank() * SLOT_BYTES, mine, nbytes, payload, c_order)
+    if due is None:
+        comm.Allgather(MPI.IN_PLACE, [slots, SLOT_BYTES, MPI.BYTE])
+    else:
+        joined(fn, comm, due, "Allgather", MPI.IN_PLACE, [slots, SLOT_BYTES, MPI.BYTE])
+    described, longer, sizes, starts, fused = _read_slots(slots.data, size)
+    if longer:  # long headers (meta, structured dtypes) or failure texts: their rest
+        lengths = [_HEAD.unpack_from(slots.data, r * SLOT_BYTES)[0] for r in range(size)]
         counts = [max(n - ROOM, 0) for n in lengths]
         rest = bytearray(max(sum(counts), 1))
         displs = [sum(counts[:i]) for i in range(size)]
         comm.Allgatherv(mine.blob[ROOM:], [rest, (counts, displs), MPI.BYTE])
-        blobs = [b + tail for b, tail in zip(blobs, unpack(rest, counts), strict=True)]
-    return Exchange(slots, [read(b) for b in blobs], sizes, starts, fused)
+        for r, tail in enumerate(unpack(rest, counts)):
+            if r in longer:
+                described[r] = read(longer[r] + tail)
+    return Exchange(slots, described, sizes, starts, fused)
 
 
 def broadcast(
@@ -228,11 +249,15 @@ def broadcast(
     slot = np.empty(SLOT_BYTES, np.uint8)
     is_root = comm.Get_rank() == root
     if is_root:
-        _fill(slot, 0, mine, nbytes, payload, False)
-    joined(fn, comm, due, "Bcast", [slot, SLOT_BYTES, MPI.BYTE], root)
-    (blob,), (nblob,), sizes, starts, fused = _read_slots(slot, 1)
-    if nblob > ROOM:
+        _fill(slot.data, 0, mine, nbytes, payload, False)
+    if due is None:
+        comm.Bcast([slot, SLOT_BYTES, MPI.BYTE], root)
+    else:
+        joined(fn, comm, due, "Bcast", [slot, SLOT_BYTES, MPI.BYTE], root)
+    described, longer, sizes, starts, fused = _read_slots(slot.data, 1)
+    if longer:
+        nblob = _HEAD.unpack_from(slot.data, 0)[0]
         rest = bytearray(mine.blob[ROOM:]) if is_root else bytearray(nblob - ROOM)
         comm.Bcast(rest, root)
-        blob += bytes(rest)
-    return Exchange(slot, [read(blob)], sizes, starts, fused)
+        described = [read(longer[0] + bytes(rest))]
+    return Exchange(slot, described, sizes, starts, fused)
