@@ -30,7 +30,7 @@ from ..progress.waits import MPIWait
 
 __all__ = [
     "SLOT_BYTES", "Contribution", "Exchange", "broadcast", "describe_source", "exchange", "joined", "pack",
-    "raise_failures", "read", "unpack",
+    "payload_room", "raise_failures", "read", "unpack",
 ]
 
 _ERROR = b"\x00ERR"  # starts a failure's text; the headers exchanged here have payload tag 0: four NULs
@@ -150,6 +150,12 @@ def joined(fn: str, comm: MPI.Intracomm, due: Deadline | None, collective: str, 
 def _payload_at(nblob: int) -> int:
     """Where a payload starts in a slot whose header is ``nblob`` bytes long."""
     return -(-(_HEAD.size + nblob) // _ALIGN) * _ALIGN
+
+
+def payload_room(header_nbytes: int) -> int:
+    """The most payload bytes a slot carries with a header of ``header_nbytes`` (a larger payload, or a longer
+    header, takes the path of MPI's own collective)."""
+    return SLOT_BYTES - _payload_at(header_nbytes)
 
 
 def _fill(slots: memoryview, at: int, mine: Contribution, nbytes: int, payload: np.ndarray[Any, Any] | None,
