@@ -36,7 +36,7 @@ from ..transport.agreement import (
     unpack,
 )
 from ..transport.bigcount import INT_MAX, allgatherv, alltoallw, bcast, gatherv
-from ..transport.contiguous import Gathered, Landing, outgoing
+from ..transport.contiguous import ALIGN, Gathered, Landing, outgoing
 from ..transport.privcomm import PrivateComms
 from .collective_call import NO_TAG, setup
 from .validation import check_meta, check_sync, receive_device
@@ -197,6 +197,12 @@ def _small(sizes: Any, infos: Sequence[MessageInfo]) -> bool:
     return total <= INT_MAX and all(int(n) <= INT_MAX for n in sizes)
 
 
+def _regular(sizes: Sequence[int]) -> bool:
+    """Are the pieces all one size, each right after the one before in a ``Gathered`` buffer? Then MPI's
+    ``Gather``/``Allgather`` take them (as fast as MPI gathers arrays of known shape) instead of the v-forms."""
+    return sizes[0] > 0 and sizes[0] % ALIGN == 0 and all(n == sizes[0] for n in sizes)
+
+
 def gather_array(
     obj: Any, root: int = 0, comm: MPI.Comm | None = None, *, sync: bool | None = None, timeout: float | None = None
 ) -> list[Array] | None:
@@ -231,7 +237,7 @@ def gather_array(
     place = Gathered(infos, rt.current_device(), rt, direct=pc.aware.aware) if me == root else None
     piece = outgoing(mine.source, rt, direct=pc.aware.aware)
     recv = None if place is None else (place.address, [int(n) for n in sizes], place.displacements)
-    gatherv(comm_, (piece.address, piece.nbytes), recv, root, small=_small(sizes, infos))
+    gatherv(comm_, (piece.address, piece.nbytes), recv, root, small=_small(sizes, infos), regular=_regular(sizes))
     piece.release()
     return None if place is None else place.finish(rt, NO_TAG)
 
@@ -267,7 +273,7 @@ def allgather_array(
     place = Gathered(infos, rt.current_device(), rt, direct=pc.aware.aware)
     piece = outgoing(mine.source, rt, direct=pc.aware.aware)
     allgatherv(comm_, (piece.address, piece.nbytes), (place.address, [int(n) for n in sizes], place.displacements),
-               small=_small(sizes, infos))
+               small=_small(sizes, infos), regular=_regular(sizes))
     piece.release()
     return place.finish(rt, NO_TAG)
 
