@@ -334,12 +334,13 @@ def test_collective_and_pipeline_targets_from_figures() -> None:
 
     docs = [doc("allreduce", {"raw": {8: 2.0, 1 << 20: 100.0, 4 << 20: 400.0},
                               "cai": {8: 5.0, 1 << 20: 105.0, 4 << 20: 500.0}}),
-            doc("bcast", {"raw": {8: 2.0}, "cai": {8: 7.0}}),
+            doc("bcast", {"raw": {8: 2.0}, "cai": {8: 9.0}}),
+            doc("allgather", {"raw": {8: 2.0}, "cai": {8: 7.0}}, ranks=4),  # one-shot targets are judged at 2 ranks
             doc("pipeline", {"raw": {1 << 20: 100.0}, "cai-pipeline": {1 << 20: 108.0}}, ranks=4),
             doc("pipeline", {"raw": {1 << 20: 100.0}, "cai-pipeline": {1 << 20: 300.0}}, ranks=3)]
     verdicts = {v.key: v for v in check_targets(docs)}
     assert verdicts["allreduce8-cai-raw"].status == "PASS" and verdicts["allreduce8-cai-raw"].value == 2.5
-    assert verdicts["bcast8-cai-raw"].status == "FAIL" and verdicts["bcast8-cai-raw"].value == 3.5
+    assert verdicts["bcast8-cai-raw"].status == "FAIL" and verdicts["bcast8-cai-raw"].value == 4.5
     assert verdicts["allreduce1m-cai-raw"].status == "FAIL"  # worst: 400 / 500 = 0.8 at 4 MiB
     assert verdicts["allreduce1m-cai-raw"].value == pytest.approx(0.8)
     assert verdicts["allgather8-cai-raw"].status == "n/a"
