@@ -141,12 +141,11 @@ def bcast_array(
     me = comm_.Get_rank()
     mine = Contribution(b"")
     if me == root:
-
-        def describe() -> tuple[bytes, Any]:
+        try:
             src = send_source(fn, obj, check_sync(fn, sync), rt)
-            return describe_source(src, check_meta(fn, meta)), src
-
-        mine = Contribution.attempt(describe)
+            mine = Contribution(describe_source(src, check_meta(fn, meta)), src)
+        except Exception as exc:
+            mine = Contribution.failed(exc)
     src = mine.source
     ex = broadcast(fn, comm_, root, mine, _nbytes(mine), due, payload=src if isinstance(src, np.ndarray) else None)
     described = ex.described[0]

@@ -159,9 +159,10 @@ def payload_room(header_nbytes: int) -> int:
 
 
 def _fill(slots: memoryview, at: int, mine: Contribution, nbytes: int, payload: np.ndarray[Any, Any] | None,
-          c_order: bool) -> None:
+          c_order: bool) -> bool:
     """Write ``mine`` into the slot at byte ``at``: its prefix, its header's start and, when the whole fits and a
-    host ``payload`` is given, the payload's bytes in wire order (``describe_source``'s, or C order)."""
+    host ``payload`` is given, the payload's bytes in wire order (``describe_source``'s, or C order). Returns
+    whether the whole did fit."""
     blob = mine.blob
     nblob = len(blob)
     start = _payload_at(nblob)
@@ -171,6 +172,7 @@ def _fill(slots: memoryview, at: int, mine: Contribution, nbytes: int, payload: 
     slots[head : head + min(nblob, ROOM)] = blob if nblob <= ROOM else blob[:ROOM]
     if fused and payload is not None and nbytes:
         slots[at + start : at + start + nbytes] = payload.tobytes("F" if not c_order and _fortran(payload) else "C")
+    return fused
 
 
 class Exchange:
@@ -253,17 +255,22 @@ def broadcast(
     """The root's contribution, everywhere: one ``Bcast`` of the root's slot (with its host ``payload`` when it
     fits), and a second of the rest of a header longer than a slot, if it is."""
     slot = np.empty(SLOT_BYTES, np.uint8)
-    is_root = comm.Get_rank() == root
-    if is_root:
-        _fill(slot.data, 0, mine, nbytes, payload, False)
+    if comm.Get_rank() == root:  # (the root knows what it sends: it reads nothing back)
+        fused = _fill(slot.data, 0, mine, nbytes, payload, False)
+        if due is None:
+            comm.Bcast([slot, SLOT_BYTES, MPI.BYTE], root)
+        else:
+            joined(fn, comm, due, "Bcast", [slot, SLOT_BYTES, MPI.BYTE], root)
+        if len(mine.blob) > ROOM:
+            comm.Bcast(bytearray(mine.blob[ROOM:]), root)
+        return Exchange(slot, [read(mine.blob)], [nbytes], [_payload_at(len(mine.blob))], fused)
     if due is None:
         comm.Bcast([slot, SLOT_BYTES, MPI.BYTE], root)
     else:
         joined(fn, comm, due, "Bcast", [slot, SLOT_BYTES, MPI.BYTE], root)
     described, longer, sizes, starts, fused = _read_slots(slot.data, 1)
     if longer:
-        nblob = _HEAD.unpack_from(slot.data, 0)[0]
-        rest = bytearray(mine.blob[ROOM:]) if is_root else bytearray(nblob - ROOM)
+        rest = bytearray(_HEAD.unpack_from(slot.data, 0)[0] - ROOM)
         comm.Bcast(rest, root)
         described = [read(longer[0] + bytes(rest))]
     return Exchange(slot, described, sizes, starts, fused)
