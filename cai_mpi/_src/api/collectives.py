@@ -21,6 +21,7 @@ from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, Target, describe_target, mismatch, recv_target, send_source
 from ..core.header import MessageInfo
 from ..errors import CollectiveMismatchError, RecvMismatchError
+from ..progress.deadlines import Deadline
 from ..runtime.base import Runtime
 from ..transport import internal_stream
 from ..transport.agreement import (
@@ -182,7 +183,7 @@ def _nbytes(c: Contribution) -> int:
     return 0 if src is None else (src.nbytes if isinstance(src, np.ndarray) else src.desc.nbytes)
 
 
-def _agree_all(fn: str, comm_: MPI.Intracomm, mine: Contribution, due: Any) -> Exchange:
+def _agree_all(fn: str, comm_: MPI.Intracomm, mine: Contribution, due: Deadline | None) -> Exchange:
     """Every rank's description (and small host payload), everywhere; failures raised on every rank."""
     src = mine.source
     ex = exchange(fn, comm_, mine, _nbytes(mine), due, payload=src if isinstance(src, np.ndarray) else None)
