@@ -1,11 +1,12 @@
 """bcast_array from every root, for every length of the header the root broadcasts first.
 
-The root broadcasts one fixed block (``collectives._BLOCK``: the header's length, then its start); a header
-longer than the block sends its rest in a second broadcast, which must come from the root too. A bug there
-passed the whole suite once, because only root 0 had a long header. Here every rank is the root in turn, with
-headers of each class: inline (a small payload inside the header), one block (exactly full included), and
-spilled (one byte over, a 3 KB meta, a structured dtype, a root's long error). scatter_array and gather_array
-from every root with headers longer than an agreement slot close the file. Passes at any size >= 2.
+The root broadcasts one fixed slot (``agreement.SLOT_BYTES``: a prefix, the header's start, and a small payload
+when the whole fits); a header longer than the slot's room sends its rest in a second broadcast, which must come
+from the root too. A bug there passed the whole suite once, because only root 0 had a long header. Here every
+rank is the root in turn, with headers of each class: small payloads (inside the slot when they fit), one slot
+(exactly full included), and spilled (one byte over, a 3 KB meta, a structured dtype, a root's long error).
+scatter_array and gather_array from every root with headers longer than an agreement slot close the file.
+Passes at any size >= 2.
 """
 
 from __future__ import annotations
@@ -18,18 +19,18 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.api import collectives
-from cai_mpi._src.core.header import encode_meta, inline_message
+from cai_mpi._src.core.header import encode_meta
+from cai_mpi._src.transport import agreement
 from cai_mpi._src.transport.agreement import describe_source
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
-ROOM = collectives._BLOCK - collectives._LEN.size  # header bytes the first broadcast carries
-SMALL = (5,)  # 40 bytes: travels inline
+ROOM = agreement.ROOM  # header bytes the first broadcast carries
+SMALL = (5,)  # 40 bytes: travels in the slot
 LARGE = (100, 7)  # 5600 bytes: over the inline limit of a broadcast, a payload of its own
-FIELDS = np.dtype([(f"field{i}", "<f4") for i in range(40)])  # a structured dtype: a header of ~1 KiB
+FIELDS = np.dtype([(f"field{i}", "<f4") for i in range(80)])  # a structured dtype: a header of ~1.7 KiB
 
 
 def make(dtype: Any, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
@@ -41,10 +42,7 @@ def make(dtype: Any, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
 
 def header_length(arr: np.ndarray[Any, Any], meta: dict[str, Any] | None) -> int:
     """How long the header the root broadcasts for ``arr`` and ``meta`` is (as bcast_array makes it)."""
-    meta_bytes = encode_meta(meta)
-    if arr.nbytes <= collectives._BLOCK // 2:
-        return len(inline_message(arr, meta_bytes))
-    return len(describe_source(arr, meta_bytes))
+    return len(describe_source(arr, encode_meta(meta)))
 
 
 def padded(arr: np.ndarray[Any, Any], length: int) -> dict[str, Any]:
@@ -98,7 +96,7 @@ class Unsendable:
     """An object whose type name makes the root's error longer than the first broadcast block."""
 
 
-Unsendable.__name__ = "Unsendable" + "X" * (2 * collectives._BLOCK)
+Unsendable.__name__ = "Unsendable" + "X" * (2 * agreement.SLOT_BYTES)
 
 
 def test_a_root_error_longer_than_the_block_reaches_every_rank() -> None:

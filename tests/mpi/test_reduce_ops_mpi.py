@@ -2,7 +2,8 @@
 ops and min/max, against numpy, exactly; passes at any world size >= 2.
 
 The expected mean is computed the way the library computes it: MPI's sum (mpi4py, same datatype), then divided by
-the communicator size in the input dtype, so rounding order cannot differ.
+the communicator size in the input dtype. The values are dyadic fractions whose sums are exact in every dtype, so
+the order of the additions (MPI's, or the rank order of the small path that reduces in numpy) cannot change a bit.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ FLOATING = ["f4", "f8", "c8", "c16"]
 
 
 def values(dtype: str, r: int) -> np.ndarray[Any, Any]:
-    base = np.array([[0.1, -2.7, 3.3], [1e-3, 7.25, -0.6]]) * (r + 1) + r / 3
+    base = np.array([[0.125, -2.75, 3.375], [1 / 1024, 7.25, -0.625]]) * (r + 1) + r / 4
     if np.dtype(dtype).kind == "c":
-        base = base + 1j * (base[::-1] - r / 7)
+        base = base + 1j * (base[::-1] - r / 8)
     return base.astype(dtype)
 
 

@@ -1,15 +1,16 @@
 """Shape-free collectives that move data: bcast, gather, allgather, scatter, alltoall.
 
-Each is one agreement step (every rank learns what the others contribute, or that one cannot: see
-``agreement``) and one of MPI's collectives on cai_mpi's private duplicate of ``comm``, moving every
-contribution as one contiguous piece (``transport.contiguous``). Per-rank shapes and dtypes may differ
+Each starts with an exchange in which every rank learns what the others contribute, or that one cannot
+(``transport.agreement``). For bcast, gather and allgather that exchange is one collective of fixed-size
+slots that also carries every contribution small enough to fit (host data): when all do, the call is that
+one collective. Otherwise MPI's own collective follows on cai_mpi's private duplicate of ``comm``, moving
+every contribution as one contiguous piece (``transport.contiguous``). Per-rank shapes and dtypes may differ
 where the operation allows it; receivers never need them in advance.
 """
 
 from __future__ import annotations
 
 import ctypes
-import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,56 +19,30 @@ from mpi4py import MPI
 
 from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, Target, describe_target, mismatch, recv_target, send_source
-from ..config import Config, config
-from ..core.header import MessageInfo, inline_message
+from ..core.header import MessageInfo
 from ..errors import CollectiveMismatchError, RecvMismatchError
-from ..progress.deadlines import Deadline, collective_expired, deadline
-from ..progress.requests import PostedRequest, complete_by
-from ..progress.waits import MPIWait
-from ..runtime import get_runtime
+from ..progress.deadlines import Deadline
 from ..runtime.base import Runtime
 from ..transport import internal_stream
-from ..transport.agreement import Contribution, describe_source, pack, raise_failures, read, unpack
+from ..transport.agreement import (
+    Contribution,
+    Exchange,
+    broadcast,
+    describe_source,
+    exchange,
+    joined,
+    pack,
+    raise_failures,
+    read,
+    unpack,
+)
 from ..transport.bigcount import INT_MAX, allgatherv, alltoallw, bcast, gatherv
-from ..transport.contiguous import Gathered, Landing, outgoing
+from ..transport.contiguous import ALIGN, Gathered, Landing, outgoing
 from ..transport.privcomm import PrivateComms
-from .validation import PROC_NULL, check_comm, check_meta, check_rank, check_sync, receive_device
+from .collective_call import NO_TAG, setup
+from .validation import check_meta, check_sync, receive_device
 
 __all__ = ["allgather_array", "alltoall_array", "bcast_array", "gather_array", "scatter_array"]
-
-_NO_TAG = -1  # collectives have no tag: the Arrays they return say so
-_BLOCK = 512  # bytes: what bcast_array broadcasts first (a header, with a small payload inline)
-_SLOT = 256  # bytes per rank of the agreement Allgather: the length of a rank's header and its start
-_LEN = struct.Struct("<q")
-
-
-def joined(fn: str, comm: MPI.Intracomm, due: Deadline | None, collective: str, *args: Any) -> None:
-    """A collective's first step, where every rank must arrive: ``comm.<collective>(*args)``; with a deadline its
-    nonblocking form, which is abandoned (its buffers kept alive) with TimeoutError if some rank has not come."""
-    if due is None:
-        getattr(comm, collective)(*args)
-        return
-    req = getattr(comm, "I" + collective[0].lower() + collective[1:])(*args)
-    if not complete_by(MPIWait([req]), due):
-        error = collective_expired(fn, comm, due)
-        PostedRequest([req], None, keep=args)._abandon(error)
-        raise error
-
-
-def setup(fn: str, comm: Any, root: Any = None, timeout: Any = None) -> tuple[
-    PrivateComms, MPI.Intracomm, int, Runtime, Config, Deadline | None
-]:
-    """Validate the arguments every collective shares: ``(private comms, the communicator to use, root, ...,
-    the deadline for every rank to join)``."""
-    due = deadline(fn, timeout)
-    pc = check_comm(fn, comm)
-    if pc.header.Is_inter():
-        raise TypeError(f"{fn}: collectives need an intracommunicator, got an MPI.Intercomm")
-    if root is not None:
-        root = check_rank(fn, "root", root, pc, wildcard=False)
-        if root == PROC_NULL:
-            raise ValueError(f"{fn}: root must be a rank of the communicator, not PROC_NULL")
-    return pc, pc.header, -1 if root is None else root, get_runtime(), config(), due  # type: ignore[return-value]
 
 
 def _receiver(fn: str, out: Any, device: Any, rt: Runtime) -> tuple[Target | None, int | None, Exception | None]:
@@ -95,15 +70,46 @@ def _land(
     if trouble is not None:
         scratch = np.empty(max(info.payload_nbytes, 1), np.uint8)
         return Landing(scratch.ctypes.data, info.payload_nbytes, lambda: Array.from_host(scratch)), trouble
-    return Landing.plan(info, target, ordinal, source, _NO_TAG, rt, direct=pc.aware.aware), None
+    return Landing.plan(info, target, ordinal, source, NO_TAG, rt, direct=pc.aware.aware), None
 
 
 def _own_array(src: np.ndarray[Any, Any] | DeviceSource, owner: Any, rank: int, meta: dict[str, Any] | None) -> Array:
     """An Array viewing a rank's own data (no copy)."""
     if isinstance(src, np.ndarray):
-        return Array._over_host(src, rank, _NO_TAG, meta, owner)
-    return Array(src.desc.replace(stream=None), device=src.ordinal, owner=src.owner, source=rank, tag=_NO_TAG,
+        return Array._over_host(src, rank, NO_TAG, meta, owner)
+    return Array(src.desc.replace(stream=None), device=src.ordinal, owner=src.owner, source=rank, tag=NO_TAG,
                  meta=meta)
+
+
+def _put(landing: Landing, payload: np.ndarray[Any, Any], rt: Runtime, ordinal: int | None) -> None:
+    """Write a payload carried in the exchange (``payload``: its bytes) where ``landing`` wants it."""
+    n = payload.nbytes
+    if not n:
+        return
+    if landing.device and ordinal is not None:
+        stream = internal_stream(rt, ordinal)
+        rt.copy_async(landing.address, payload.ctypes.data, n, stream)
+        rt.record_event(stream).synchronize()
+    else:
+        ctypes.memmove(landing.address, payload.ctypes.data, n)
+
+
+def _view(ex: Exchange, rank: int, info: MessageInfo) -> np.ndarray[Any, Any]:
+    """Rank ``rank``'s payload as an array over the exchange's own buffer (no copy)."""
+    return np.ndarray(info.shape, info.dtype, ex.slots, ex.start(rank), order="F" if info.fortran else "C")
+
+
+def _from_slots(ex: Exchange, infos: Sequence[MessageInfo], pc: PrivateComms, rt: Runtime) -> list[Array]:
+    """Every rank's Array from a fused exchange: views of its buffer in host memory, copies on this rank's GPU."""
+    ordinal = rt.current_device()
+    if ordinal is None:
+        return [Array._over_host(_view(ex, r, info), r, NO_TAG, info.meta) for r, info in enumerate(infos)]
+    out = []
+    for r, info in enumerate(infos):
+        landing = Landing.plan(info, None, ordinal, r, NO_TAG, rt, direct=pc.aware.aware)
+        _put(landing, ex.payload(r), rt, ordinal)
+        out.append(landing.finish())
+    return out
 
 
 def bcast_array(
@@ -134,63 +140,38 @@ def bcast_array(
     fn = "bcast_array"
     pc, comm_, root, rt, cfg, due = setup(fn, comm, root, timeout)
     me = comm_.Get_rank()
-    block = bytearray(_BLOCK)
     mine = Contribution(b"")
     if me == root:
-
-        def describe() -> tuple[bytes, Any]:
+        try:
             src = send_source(fn, obj, check_sync(fn, sync), rt)
-            meta_bytes = check_meta(fn, meta)
-            if isinstance(src, np.ndarray) and src.nbytes <= min(cfg.inline_bytes, _BLOCK // 2):
-                return inline_message(src, meta_bytes), src  # the whole broadcast is this one block
-            return describe_source(src, meta_bytes), src
-
-        mine = Contribution.attempt(describe)
-        _LEN.pack_into(block, 0, len(mine.blob))
-        head = mine.blob[: _BLOCK - _LEN.size]
-        block[_LEN.size : _LEN.size + len(head)] = head
-    joined(fn, comm_, due, "Bcast", block, root)
-    nblob = _LEN.unpack_from(block)[0]
-    blob = bytes(block[_LEN.size : _LEN.size + min(nblob, _BLOCK - _LEN.size)])
-    if nblob > _BLOCK - _LEN.size:  # a long header (meta, a structured dtype): the rest follows
-        rest = bytearray(mine.blob[_BLOCK - _LEN.size :]) if me == root else bytearray(nblob - len(blob))
-        comm_.Bcast(rest, root)
-        blob += bytes(rest)
-    described = read(blob)
+            mine = Contribution(describe_source(src, check_meta(fn, meta)), src)
+        except Exception as exc:
+            mine = Contribution.failed(exc)
+    src = mine.source
+    ex = broadcast(fn, comm_, root, mine, _nbytes(mine), due, payload=src if isinstance(src, np.ndarray) else None)
+    described = ex.described[0]
     if isinstance(described, str):
         if mine.error is not None:
             raise mine.error
         raise CollectiveMismatchError(f"{fn}: the root, rank {root}, could not send: {described}")
     info = described
     if me == root:
-        if not info.inline:
-            piece = outgoing(mine.source, rt, direct=pc.aware.aware)
+        if not ex.fused:
+            piece = outgoing(src, rt, direct=pc.aware.aware)
             bcast(comm_, piece.address, piece.nbytes, root, cfg.max_message_bytes)
             piece.release()
-        return _own_array(mine.source, obj, root, info.meta)
+        return _own_array(src, obj, root, info.meta)
     target, ordinal, trouble = _receiver(fn, out, None, rt)
+    if ex.fused and target is None and ordinal is None and trouble is None:
+        return Array._over_host(_view(ex, 0, info), root, NO_TAG, info.meta)  # over the broadcast slot
     landing, trouble = _land(fn, info, target, ordinal, trouble, root, pc, rt)
-    if info.inline:
-        _put(landing, blob, info, rt, ordinal if target is None else getattr(target, "ordinal", None))
+    if ex.fused:
+        _put(landing, ex.payload(0), rt, ordinal if target is None else getattr(target, "ordinal", None))
     else:
         bcast(comm_, landing.address, landing.nbytes, root, cfg.max_message_bytes)
     if trouble is not None:
         raise trouble
     return landing.finish()
-
-
-def _put(landing: Landing, blob: bytes, info: MessageInfo, rt: Runtime, ordinal: int | None) -> None:
-    """Write an inline payload (the end of ``blob``) where ``landing`` wants it."""
-    n = info.payload_nbytes
-    if not n:
-        return
-    payload = np.frombuffer(blob, np.uint8, n, info.header_nbytes).copy()
-    if landing.device and ordinal is not None:
-        stream = internal_stream(rt, ordinal)
-        rt.copy_async(landing.address, payload.ctypes.data, n, stream)
-        rt.record_event(stream).synchronize()
-    else:
-        ctypes.memmove(landing.address, payload.ctypes.data, n)
 
 
 def _contribute(fn: str, obj: Any, sync: Any, rt: Runtime) -> Contribution:
@@ -202,38 +183,24 @@ def _nbytes(c: Contribution) -> int:
     return 0 if src is None else (src.nbytes if isinstance(src, np.ndarray) else src.desc.nbytes)
 
 
-def _agree_all(fn: str, comm_: MPI.Intracomm, mine: Contribution, due: Deadline | None) -> tuple[
-    list[MessageInfo], np.ndarray[Any, Any]
-]:
-    """Every rank's description, everywhere (failures raised on every rank): ``(infos, payload sizes)``."""
-    size = comm_.Get_size()
-    # One Allgather of fixed slots (header length, payload size, the header's start) usually says it all;
-    # only headers longer than a slot (meta, structured dtypes) send their rest in a second step.
-    room = _SLOT - 16
-    slot = bytearray(_SLOT)
-    _LEN.pack_into(slot, 0, len(mine.blob))
-    _LEN.pack_into(slot, 8, _nbytes(mine))
-    slot[16 : 16 + min(len(mine.blob), room)] = mine.blob[:room]
-    slots = bytearray(_SLOT * size)
-    joined(fn, comm_, due, "Allgather", slot, slots)
-    lengths = [_LEN.unpack_from(slots, _SLOT * r)[0] for r in range(size)]
-    sizes = np.array([_LEN.unpack_from(slots, _SLOT * r + 8)[0] for r in range(size)], np.int64)
-    blobs = [bytes(slots[_SLOT * r + 16 : _SLOT * r + 16 + min(n, room)]) for r, n in enumerate(lengths)]
-    if any(n > room for n in lengths):
-        counts = [max(n - room, 0) for n in lengths]
-        rest = bytearray(max(sum(counts), 1))
-        displs = [sum(counts[:i]) for i in range(size)]
-        comm_.Allgatherv(mine.blob[room:], [rest, (counts, displs), MPI.BYTE])
-        blobs = [b + tail for b, tail in zip(blobs, unpack(rest, counts), strict=True)]
-    described = [read(b) for b in blobs]
-    raise_failures(fn, described, mine, comm_.Get_rank())
-    return described, sizes  # type: ignore[return-value]
+def _agree_all(fn: str, comm_: MPI.Intracomm, mine: Contribution, due: Deadline | None) -> Exchange:
+    """Every rank's description (and small host payload), everywhere; failures raised on every rank."""
+    src = mine.source
+    ex = exchange(fn, comm_, mine, _nbytes(mine), due, payload=src if isinstance(src, np.ndarray) else None)
+    raise_failures(fn, ex.described, mine, comm_.Get_rank())
+    return ex
 
 
 def _small(sizes: Any, infos: Sequence[MessageInfo]) -> bool:
     """Do all counts and displacements of a v-collective over these pieces fit C ints?"""
     total = sum(-(-int(n) // 64) * 64 for n in sizes)
     return total <= INT_MAX and all(int(n) <= INT_MAX for n in sizes)
+
+
+def _regular(sizes: Sequence[int]) -> bool:
+    """Are the pieces all one size, each right after the one before in a ``Gathered`` buffer? Then MPI's
+    ``Gather``/``Allgather`` take them (as fast as MPI gathers arrays of known shape) instead of the v-forms."""
+    return sizes[0] > 0 and sizes[0] % ALIGN == 0 and all(n == sizes[0] for n in sizes)
 
 
 def gather_array(
@@ -262,14 +229,17 @@ def gather_array(
     fn = "gather_array"
     pc, comm_, root, rt, _cfg, due = setup(fn, comm, root, timeout)
     mine = _contribute(fn, obj, sync, rt)
-    infos, sizes = _agree_all(fn, comm_, mine, due)
+    ex = _agree_all(fn, comm_, mine, due)
+    infos, sizes = ex.infos(), ex.sizes
     me = comm_.Get_rank()
+    if ex.fused:
+        return _from_slots(ex, infos, pc, rt) if me == root else None
     place = Gathered(infos, rt.current_device(), rt, direct=pc.aware.aware) if me == root else None
     piece = outgoing(mine.source, rt, direct=pc.aware.aware)
     recv = None if place is None else (place.address, [int(n) for n in sizes], place.displacements)
-    gatherv(comm_, (piece.address, piece.nbytes), recv, root, small=_small(sizes, infos))
+    gatherv(comm_, (piece.address, piece.nbytes), recv, root, small=_small(sizes, infos), regular=_regular(sizes))
     piece.release()
-    return None if place is None else place.finish(rt, _NO_TAG)
+    return None if place is None else place.finish(rt, NO_TAG)
 
 
 def allgather_array(
@@ -296,13 +266,16 @@ def allgather_array(
     fn = "allgather_array"
     pc, comm_, _root, rt, _cfg, due = setup(fn, comm, None, timeout)
     mine = _contribute(fn, obj, sync, rt)
-    infos, sizes = _agree_all(fn, comm_, mine, due)
+    ex = _agree_all(fn, comm_, mine, due)
+    infos, sizes = ex.infos(), ex.sizes
+    if ex.fused:
+        return _from_slots(ex, infos, pc, rt)
     place = Gathered(infos, rt.current_device(), rt, direct=pc.aware.aware)
     piece = outgoing(mine.source, rt, direct=pc.aware.aware)
     allgatherv(comm_, (piece.address, piece.nbytes), (place.address, [int(n) for n in sizes], place.displacements),
-               small=_small(sizes, infos))
+               small=_small(sizes, infos), regular=_regular(sizes))
     piece.release()
-    return place.finish(rt, _NO_TAG)
+    return place.finish(rt, NO_TAG)
 
 
 def _per_rank(fn: str, objs: Any, size: int, sync: Any, rt: Runtime) -> list[Contribution]:
@@ -406,8 +379,8 @@ def alltoall_array(
     comm_.Alltoallv([data, (counts, displs), MPI.BYTE], [incoming, (rcounts, rdispls), MPI.BYTE])
     described = [read(b) for b in unpack(incoming, rcounts)]
     raise_failures(fn, described, parts[me], me)
-    infos: list[MessageInfo] = described  # type: ignore[assignment]
-    landings = [Landing.plan(info, None, rt.current_device(), r, _NO_TAG, rt, direct=pc.aware.aware)
+    infos = [d for d in described if isinstance(d, MessageInfo)]  # (all of them: no rank failed)
+    landings = [Landing.plan(info, None, rt.current_device(), r, NO_TAG, rt, direct=pc.aware.aware)
                 for r, info in enumerate(infos)]
     pieces = [outgoing(c.source, rt, direct=pc.aware.aware) for c in parts]
     alltoallw(comm_, [(p.address, p.nbytes) for p in pieces], [(land.address, land.nbytes) for land in landings])

@@ -1,122 +1,48 @@
 """Shape-free reductions: reduce_array and allreduce_array, on MPI's Reduce/Allreduce with typed datatypes.
 
-The ranks first agree that they reduce alike (same shape, exactly, and same dtype) with one small
-Allreduce of a fingerprint; only when they do not do they exchange their descriptions, to say on every
-rank who had what. The result keeps the input dtype, as MPI does (no numpy-style promotion), in native
-byte order: MPI computes on native values, so host input of the other byte order is converted first
-(ranks may mix byte orders). Device data is reduced by a CUDA-aware MPI where it lies, otherwise on the
+The ranks first exchange their descriptions (``transport.agreement``: one Allgather of fixed-size slots), so
+every rank knows that they reduce alike (same shape, exactly, and same dtype) or who had what. When every
+rank's data is small host data that numpy reduces as MPI would, the slots carry the values too and each rank
+reduces them itself (``reduce_ops.combine``): the whole call is that one collective. Otherwise MPI's
+Reduce/Allreduce follows, on typed datatypes. The result keeps the input dtype, as MPI does (no numpy-style
+promotion), in native byte order: MPI computes on native values, so host input of the other byte order is
+converted first (ranks may mix byte orders). Device data is reduced by a CUDA-aware MPI where it lies, otherwise on the
 host and copied back.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
+import math
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from ..arrays.array import Array
-from ..arrays.operands import DeviceSource, RecvTarget, describe_target, mismatch, recv_target, send_source
+from ..arrays.operands import DeviceSource, RecvTarget, Target, describe_target, mismatch, recv_target, send_source
 from ..core.header import MessageInfo, encode_header
 from ..errors import CollectiveMismatchError
-from ..transport.agreement import Contribution, raise_failures, read, unpack
+from ..runtime.base import Runtime
+from ..transport.agreement import Contribution, Exchange, exchange, raise_failures
 from ..transport.bigcount import reduce
 from ..transport.contiguous import Landing, outgoing
-from .collectives import joined, setup
+from .collective_call import setup
+from .reduce_ops import ReduceOp, combine, divide, parse_op, reduce_datatype
 from .validation import check_sync
 
 __all__ = ["allreduce_array", "reduce_array"]
 
-_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
-_MEAN = ("mean", "avg")
-_ORDERED = (MPI.MIN, MPI.MAX)
-# every predefined op, by the name users write (mpi4py's Op has no name of its own)
-_NAMES = [(getattr(MPI, name), f"MPI.{name}") for name in
-          ("SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "MINLOC", "MAXLOC",
-           "REPLACE", "NO_OP") if hasattr(MPI, name)]
-# bool arrays reduce with the logical ops; min and max of bools are logical and/or
-_LOGICAL = (MPI.LAND, MPI.LOR, MPI.LXOR)
-_BOOL_OPS = "MPI.LAND, MPI.LOR, MPI.LXOR, 'min' or MPI.MIN (logical and), 'max' or MPI.MAX (logical or)"
-_OP_CHOICES = "'sum', 'prod', 'min', 'max', 'mean' (alias 'avg'), or an mpi4py MPI.Op such as MPI.SUM or MPI.LOR"
 
+class _Plan:
+    """This rank's part of a reduction, once its arguments are checked: the source (native byte order), what it
+    is (``info``), the op and MPI datatype, and the ``out=`` target."""
 
-class _Op:
-    """The op a reduction was asked for: MPI's op, whether the result is then divided by the size (mean),
-    and the name to put in errors."""
+    __slots__ = ("datatype", "info", "op", "source", "target")
 
-    __slots__ = ("mean", "mpi", "name")
-
-    def __init__(self, mpi: MPI.Op, name: str, mean: bool = False) -> None:
-        self.mpi, self.name, self.mean = mpi, name, mean
-
-
-def op_name(op: MPI.Op) -> str:
-    """``MPI.SUM`` for MPI.SUM, not ``<mpi4py.MPI.Op object at ...>``."""
-    for known, name in _NAMES:
-        if op == known:
-            return name
-    return "a user-defined MPI.Op"
-
-
-def _op(fn: str, op: Any) -> _Op:
-    if isinstance(op, MPI.Op):
-        return _Op(op, op_name(op))
-    if isinstance(op, str) and op.lower() in _OPS:
-        return _Op(_OPS[op.lower()], repr(op))
-    if isinstance(op, str) and op.lower() in _MEAN:
-        return _Op(MPI.SUM, repr(op), mean=True)
-    raise ValueError(f"{fn}: op must be {_OP_CHOICES}; got {op!r}")
-
-
-def _bool_op(fn: str, op: _Op) -> MPI.Op:
-    """The MPI op that reduces bool arrays for ``op``: min and max are logical and/or (MPI defines MIN and
-    MAX for integer and floating types only), the logical ops themselves; anything else is refused."""
-    if op.mean:
-        raise TypeError(f"{fn}: op={op.name} (the sum divided by the number of ranks) applies to floating or "
-                        f"complex arrays, not to bool: convert to a floating dtype first")
-    if op.mpi == MPI.MIN:
-        return MPI.LAND
-    if op.mpi == MPI.MAX:
-        return MPI.LOR
-    if any(op.mpi == logical for logical in _LOGICAL):
-        return op.mpi
-    raise TypeError(f"{fn}: {op.name} does not apply to a bool array: use {_BOOL_OPS}; "
-                    "or convert to an integer dtype to count")
-
-
-def _datatype(fn: str, dtype: np.dtype[Any], op: _Op) -> MPI.Datatype:
-    """The MPI datatype that reduces ``dtype`` elements, or a clear refusal."""
-    if dtype.names is not None or dtype.subdtype is not None:
-        raise TypeError(f"{fn}: cannot reduce a structured dtype ({dtype}): reduce its fields separately")
-    if dtype.kind == "b":
-        return MPI.C_BOOL
-    if op.mean and dtype.kind not in "fc":
-        raise TypeError(f"{fn}: op={op.name} (the sum divided by the number of ranks) applies to floating or "
-                        f"complex arrays, not to {dtype}: convert to a floating dtype first, or reduce with "
-                        "'sum' and divide")
-    if not dtype.isnative:  # (host input was converted by _native; this guards every other way in)
-        raise TypeError(f"{fn}: dtype {dtype.str} is not in native byte order, and MPI reduces native values: "
-                        "convert with x.astype(x.dtype.newbyteorder('='))")
-    if dtype.kind == "c" and any(op.mpi == ordered for ordered in _ORDERED):
-        raise TypeError(f"{fn}: complex values have no order: {op.name} does not apply to {dtype}; "
-                        "use 'sum', 'prod' or 'mean'")
-    try:
-        datatype = MPI.Datatype.fromcode(dtype.char)  # predefined (reductions take no derived datatype)
-    except (ValueError, KeyError, TypeError):
-        datatype = None
-    if datatype is None or datatype == MPI.DATATYPE_NULL or datatype.Get_size() != dtype.itemsize:
-        raise TypeError(f"{fn}: MPI has no reduction datatype for {dtype} ({dtype.str})")
-    return datatype
-
-
-def _divide(address: int, count: int, dtype: np.dtype[Any], size: int) -> None:
-    """op="mean": the sum at ``address`` (host memory) divided by the number of ranks, in place, in ``dtype``."""
-    if count == 0:
-        return
-    total = np.frombuffer(memoryview((ctypes.c_char * (count * dtype.itemsize)).from_address(address)).cast("B"), dtype)
-    np.true_divide(total, dtype.type(size), out=total)
+    def __init__(self, source: np.ndarray[Any, Any] | DeviceSource, info: MessageInfo, op: ReduceOp,
+                 datatype: MPI.Datatype, target: Target | None) -> None:
+        self.source, self.info, self.op, self.datatype, self.target = source, info, op, datatype, target
 
 
 def _native(fn: str, src: np.ndarray[Any, Any] | DeviceSource) -> np.ndarray[Any, Any] | DeviceSource:
@@ -125,15 +51,44 @@ def _native(fn: str, src: np.ndarray[Any, Any] | DeviceSource) -> np.ndarray[Any
     is the device library's job."""
     dtype = src.dtype if isinstance(src, np.ndarray) else src.desc.dtype
     if dtype.isnative or dtype.names is not None or dtype.subdtype is not None:
-        return src  # (structured dtypes are refused by _datatype, whatever their byte order)
+        return src  # (structured dtypes are refused by reduce_datatype, whatever their byte order)
     if isinstance(src, np.ndarray):
         return src.astype(dtype.newbyteorder("="), order="C")
     raise TypeError(f"{fn}: a device array of dtype {dtype.str} is not in native byte order, and MPI reduces "
                     f"native values: convert it on the device first (to {dtype.newbyteorder('=').str})")
 
 
-def _fingerprint(info: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(info, digest_size=8).digest(), "little", signed=True)
+def _plan(fn: str, obj: Any, op: Any, out: Any, gets_result: bool, sync: Any, rt: Runtime) -> tuple[bytes, _Plan]:
+    """This rank's header (C order, as reductions move their elements) and plan; raises on a bad argument."""
+    src = _native(fn, send_source(fn, obj, check_sync(fn, sync), rt))
+    shape, dtype = (src.shape, src.dtype) if isinstance(src, np.ndarray) else (src.desc.shape, src.desc.dtype)
+    key = (op if isinstance(op, str) else op.py2f() if isinstance(op, MPI.Op) else None, dtype, shape)
+    known = _known.get(key)
+    if known is None:
+        how = parse_op(fn, op)
+        datatype = reduce_datatype(fn, dtype, how)
+        if dtype.kind == "b":
+            how = how.for_bool(fn)
+        info = MessageInfo(dtype, shape, False, math.prod(shape) * dtype.itemsize, 0, None, False, False, 0)
+        known = (encode_header(dtype, shape, fortran=False, payload_tag=0), info, how, datatype)
+        if key[0] is not None:
+            if len(_known) >= 256:
+                _known.clear()
+            _known[key] = known
+    blob, info, how, datatype = known
+    target = None
+    if out is not None and gets_result:
+        target = recv_target(fn, out, rt)
+        why = mismatch(target, shape, dtype)
+        if why is not None:
+            raise ValueError(f"{fn}: out= ({describe_target(target)}) cannot hold the result "
+                             f"(shape={shape} dtype={dtype.str}): {why}")
+    return blob, _Plan(src, info, how, datatype, target)
+
+
+# (op, dtype, shape) -> (header, MessageInfo, ReduceOp, MPI datatype): what checking the arguments found, for the
+# next call with the same (a step of a solver or a training loop reduces the same arrays every time).
+_known: dict[tuple[Any, ...], tuple[bytes, MessageInfo, ReduceOp, MPI.Datatype]] = {}
 
 
 def _reduce(
@@ -142,70 +97,73 @@ def _reduce(
     pc, comm_, _root, rt, cfg, due = setup(fn, comm, root, timeout)
     me = comm_.Get_rank()
     gets_result = root is None or me == root
-    target: Any = None
-
-    def describe() -> tuple[bytes, Any]:
-        nonlocal target
-        mpi_op = _op(fn, op)
-        src = _native(fn, send_source(fn, obj, check_sync(fn, sync), rt))
-        desc_shape, dtype = (src.shape, src.dtype) if isinstance(src, np.ndarray) else (src.desc.shape, src.desc.dtype)
-        datatype = _datatype(fn, dtype, mpi_op)
-        if dtype.kind == "b":
-            mpi_op = _Op(_bool_op(fn, mpi_op), mpi_op.name)
-        if out is not None and gets_result:
-            target = recv_target(fn, out, rt)
-            why = mismatch(target, desc_shape, dtype)
-            if why is not None:
-                raise ValueError(f"{fn}: out= ({describe_target(target)}) cannot hold the result "
-                                 f"(shape={desc_shape} dtype={dtype.str}): {why}")
-        blob = encode_header(dtype, desc_shape, fortran=False, payload_tag=0)
-        return blob, (src, mpi_op, datatype)
-
-    mine = Contribution.attempt(describe)
-    print_ = _fingerprint(mine.blob)
-    failed = mine.error is not None
-    votes = np.array([print_, -print_, -int(failed)], np.int64)
-    joined(fn, comm_, due, "Allreduce", MPI.IN_PLACE, votes, MPI.MIN)
-    if votes[0] != -votes[1] or votes[2] != 0:
-        _disagree(fn, comm_, mine)
-    src, mpi_op, datatype = mine.source
-    info = read(mine.blob)
-    assert isinstance(info, MessageInfo)
+    try:
+        blob, plan = _plan(fn, obj, op, out, gets_result, sync, rt)
+        mine = Contribution(blob, plan)
+    except Exception as exc:
+        mine, plan = Contribution.failed(exc), None
+    # Small host data travels in the exchange and is reduced here; the exchange says whether every rank's did.
+    local = plan is not None and plan.op.local(plan.info.dtype)
+    ex = exchange(fn, comm_, mine, 0 if plan is None else plan.info.payload_nbytes, due,
+                  payload=plan.source if local and plan is not None and isinstance(plan.source, np.ndarray) else None,
+                  c_order=True)
+    raise_failures(fn, ex.described, mine, me)
+    _alike(fn, ex, mine)
+    assert plan is not None
+    if ex.fused:
+        return _reduced_here(plan, ex, comm_.Get_size(), rt) if gets_result else None
+    src, info = plan.source, plan.info
+    target = plan.target
     on_device = target.desc is not None if isinstance(target, RecvTarget) else (
         target is None and isinstance(src, DeviceSource))
     # MPI reduces where both buffers lie: on the device only through a CUDA-aware MPI, and only when
     # input and result are both device memory; otherwise on the host, staged both ways.
     # The mean divides the sum on the host, so a device result of op="mean" is staged through the host.
     direct = (pc.aware.aware and isinstance(src, DeviceSource) and (on_device or not gets_result)
-              and not (mpi_op.mean and gets_result))
+              and not (plan.op.mean and gets_result))
     piece = outgoing(src, rt, direct=direct, c_order=True)
     landing = None
     if gets_result:
         ordinal = src.ordinal if target is None and isinstance(src, DeviceSource) else None
         landing = Landing.plan(info, target, ordinal, -1, -1, rt, direct=direct)
-    count = info.payload_nbytes // max(datatype.Get_size(), 1)
-    reduce(comm_, piece.address, piece.address if landing is None else landing.address, count, datatype,
-           mpi_op.mpi, root, cfg.max_message_bytes)
+    count = info.payload_nbytes // max(plan.datatype.Get_size(), 1)
+    reduce(comm_, piece.address, piece.address if landing is None else landing.address, count, plan.datatype,
+           plan.op.mpi, root, cfg.max_message_bytes)
     piece.release()
-    if landing is not None and mpi_op.mean:
+    if landing is not None and plan.op.mean:
         assert not landing.device
-        _divide(landing.address, count, info.dtype, comm_.Get_size())
+        divide(landing.address, count, info.dtype, comm_.Get_size())
     return None if landing is None else landing.finish()
 
 
-def _disagree(fn: str, comm_: MPI.Intracomm, mine: Contribution) -> None:
-    """The ranks do not reduce alike: tell every rank who had what, and raise."""
-    size = comm_.Get_size()
-    counts = np.empty(size, np.int64)
-    comm_.Allgather(np.array([len(mine.blob)], np.int64), counts)
-    data = bytearray(max(int(counts.sum()), 1))
-    displs = [int(counts[:i].sum()) for i in range(size)]
-    comm_.Allgatherv(mine.blob, [data, ([int(c) for c in counts], displs), MPI.BYTE])
-    described = [read(b) for b in unpack(data, [int(c) for c in counts])]
-    raise_failures(fn, described, mine, comm_.Get_rank())
-    had = "; ".join(f"rank {r}: shape={d.shape} dtype={d.dtype.str}" for r, d in enumerate(described)
-                    if isinstance(d, MessageInfo))
+def _alike(fn: str, ex: Exchange, mine: Contribution) -> None:
+    """Every rank reduces the same shape and dtype, or CollectiveMismatchError on every rank saying who had what."""
+    infos = ex.infos()
+    if all(i.dtype == infos[0].dtype and i.shape == infos[0].shape for i in infos):
+        return
+    had = "; ".join(f"rank {r}: shape={d.shape} dtype={d.dtype.str}" for r, d in enumerate(infos))
     raise CollectiveMismatchError(f"{fn}: the ranks must reduce arrays of one shape and dtype, but {had}")
+
+
+def _reduced_here(plan: _Plan, ex: Exchange, size: int, rt: Runtime) -> Array:
+    """The reduction of the values every rank's slot carried, computed in numpy, where the result goes."""
+    info = plan.info
+    dtype, shape = info.dtype, info.shape
+    parts = [np.ndarray(shape, dtype, ex.slots, ex.start(r)) for r in range(size)]
+    result = combine(plan.op, parts, size)
+    target = plan.target
+    if target is None:
+        return Array._over_host(result, -1, -1, None)
+    if isinstance(target, np.ndarray):
+        np.copyto(target, result, casting="no")
+        return Array._over_host(target, -1, -1, None, target)
+    if target.host is not None:
+        np.copyto(target.host, result, casting="no")
+        return Array._over_host(target.host, -1, -1, None, target.owner)
+    landing = Landing.plan(info, target, None, -1, -1, rt, direct=False)  # a device out=: through the host
+    if info.payload_nbytes:
+        ctypes.memmove(landing.address, result.ctypes.data, info.payload_nbytes)
+    return landing.finish()
 
 
 def reduce_array(

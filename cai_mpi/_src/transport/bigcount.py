@@ -92,20 +92,30 @@ def alltoallw(
             t.Free()
 
 
+def _each(address: int, nbytes: int, size: int) -> list[Any]:
+    """A receive spec of ``size`` pieces of ``nbytes`` back to back at ``address`` (the count is per rank)."""
+    return [MPI.buffer.fromaddress(address, nbytes * size), nbytes, BYTE]
+
+
 def gatherv(
     comm: MPI.Intracomm, send: tuple[int, int], recv: tuple[int, Sequence[int], Sequence[int]] | None, root: int,
-    *, small: bool,
+    *, small: bool, regular: bool = False,
 ) -> None:
     """Gather every rank's ``send`` piece at ``root`` into ``recv``: ``(address, counts, displacements)``.
 
-    ``small``: every count and displacement of every rank fits a C int (all ranks must pass the same).
+    ``small``: every count and displacement of every rank fits a C int; ``regular``: besides, every piece has the
+    same size and follows the one before (``Gather``, not ``Gatherv``). All ranks must pass the same.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     if not small:
-        pieces = [None] * size
-        pieces[root] = send  # type: ignore[call-overload]
+        pieces: list[tuple[int, int] | None] = [None] * size
+        pieces[root] = send
         landing = [None] * size if recv is None else [(recv[0] + d, c) for c, d in zip(recv[1], recv[2], strict=True)]
         alltoallw(comm, pieces, landing)
+        return
+    if regular:  # every piece the same size, back to back: MPI's Gather (no v)
+        out = None if rank != root or recv is None else _each(recv[0], send[1], size)
+        comm.Gather(raw(send[0], send[1], readonly=True), out, root)
         return
     out = None if rank != root or recv is None else [MPI.buffer.fromaddress(recv[0], max(recv[2][-1] + recv[1][-1], 1)),
                                                        (list(recv[1]), list(recv[2])), BYTE]
@@ -113,13 +123,17 @@ def gatherv(
 
 
 def allgatherv(
-    comm: MPI.Intracomm, send: tuple[int, int], recv: tuple[int, Sequence[int], Sequence[int]], *, small: bool
+    comm: MPI.Intracomm, send: tuple[int, int], recv: tuple[int, Sequence[int], Sequence[int]], *, small: bool,
+    regular: bool = False,
 ) -> None:
-    """Every rank's ``send`` piece, everywhere, into ``recv``: ``(address, counts, displacements)``; ``small`` as
-    for ``gatherv``."""
+    """Every rank's ``send`` piece, everywhere, into ``recv``: ``(address, counts, displacements)``; ``small`` and
+    ``regular`` as for ``gatherv``."""
     if not small:
         size = comm.Get_size()
         alltoallw(comm, [send] * size, [(recv[0] + d, c) for c, d in zip(recv[1], recv[2], strict=True)])
+        return
+    if regular:
+        comm.Allgather(raw(send[0], send[1], readonly=True), _each(recv[0], send[1], comm.Get_size()))
         return
     end = max(recv[2][-1] + recv[1][-1], 1)
     comm.Allgatherv(raw(send[0], send[1], readonly=True),

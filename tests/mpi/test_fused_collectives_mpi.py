@@ -1,0 +1,371 @@
+"""The one-shot collectives' two paths (issue 26): when every rank's contribution is small host data, the
+agreement exchange carries it (header and payload in one fixed-size slot per rank) and the call is that one MPI
+collective, reductions computed in numpy as MPI computes them; otherwise MPI's own collective moves the payloads
+after the exchange. Every rank must take the same path, decided from the slots alone.
+
+Each case counts the payload collectives the call made (none on the small path, one on the large), compares every
+rank's result with numpy exactly, and covers the boundary: slot-1, slot and slot+1 bytes used, and ranks on
+either side of it in one call. Passes at any size >= 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cai_mpi
+from cai_mpi._src.api import collectives, reductions
+from cai_mpi._src.core.header import encode_header
+from cai_mpi._src.transport.agreement import SLOT_BYTES, describe_source, payload_room
+from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, use_runtime
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+DTYPES = ["?", "u1", "<i1", "<i2", "<u4", "<i8", "<f4", "<f8", "<c8", "<c16", ">i4", ">f8"]
+LAYOUTS = ["C", "F", "strided", "0d", "empty"]
+SMALL, LARGE = (3, 4), (30, 20)  # 12 and 600 elements: in a slot, and over it, for every dtype above but "?"/u1
+
+
+@pytest.fixture
+def payload_collectives(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The payload collectives of the large path, as each call makes them (the small path makes none)."""
+    made: list[str] = []
+
+    def spy(module: Any, name: str) -> None:
+        real = getattr(module, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            made.append(name)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+    for name in ("bcast", "gatherv", "allgatherv"):
+        spy(collectives, name)
+    spy(reductions, "reduce")
+    yield made
+
+
+def values(dtype: Any, shape: tuple[int, ...], seed: int, *, integral: bool = False) -> np.ndarray[Any, Any]:
+    """Contents every rank can rebuild from the seed; ``integral``: small integers (exact sums in any order)."""
+    dt = np.dtype(dtype)
+    rng = np.random.default_rng(seed)
+    count = int(np.prod(shape))
+    if integral or dt.kind == "b":
+        got = rng.integers(-4 if dt.kind in "ifc" else 0, 5, size=count)
+        if dt.kind == "c":
+            return (got + 1j * rng.integers(-4, 5, size=count)).astype(dt).reshape(shape)
+        return got.astype(dt).reshape(shape)
+    raw = rng.integers(0, 256, size=count * dt.itemsize, dtype=np.uint8)
+    return raw.view(dt).reshape(shape)
+
+
+def laid_out(arr: np.ndarray[Any, Any], kind: str) -> np.ndarray[Any, Any]:
+    """The same values in another layout ("0d" and "empty" make other arrays of the dtype)."""
+    if kind == "F":
+        return np.asfortranarray(arr)
+    if kind == "strided":
+        big = np.zeros((arr.shape[0], 2 * arr.shape[1]), arr.dtype)
+        big[:, ::2] = arr
+        return big[:, ::2]
+    if kind == "0d":
+        return arr.reshape(-1)[:1].reshape(())
+    if kind == "empty":
+        return arr[:0]
+    return arr
+
+
+def same(got: Any, expected: np.ndarray[Any, Any], *, signed_zeros: bool = True) -> None:
+    """Equal exactly: the same bytes (or, without ``signed_zeros``, the same values: MPI may multiply complex
+    numbers in another order, which can turn a zero's sign)."""
+    g = np.asarray(got)
+    assert g.shape == expected.shape and g.dtype == expected.dtype, (g.shape, g.dtype, expected.shape, expected.dtype)
+    if signed_zeros:
+        assert np.ascontiguousarray(g).tobytes() == np.ascontiguousarray(expected).tobytes(), (g, expected)
+    else:
+        assert np.array_equal(g, expected), (g, expected)
+
+
+def fits(arr: np.ndarray[Any, Any]) -> bool:
+    """Does ``arr`` travel in its slot (as the data collectives describe it)?"""
+    return arr.nbytes <= payload_room(len(describe_source(arr)))
+
+
+def reduction_fits(arr: np.ndarray[Any, Any]) -> bool:
+    dt = arr.dtype.newbyteorder("=")
+    return arr.nbytes <= payload_room(len(encode_header(dt, arr.shape, fortran=False, payload_tag=0)))
+
+
+# -- bcast, gather, allgather: every dtype and layout, both paths -------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [SMALL, LARGE], ids=["small", "large"])
+def test_data_collectives_against_numpy(payload_collectives: list[str], shape: tuple[int, ...], dtype: str,
+                                        kind: str) -> None:
+    mine = laid_out(values(dtype, shape, rank), kind)
+    every = [laid_out(values(dtype, shape, r), kind) for r in range(size)]
+    small = all(fits(a) for a in every)
+    for root in range(size):
+        got = cai_mpi.bcast_array(mine if rank == root else None, root=root)
+        same(got, every[root])
+        assert got.source == root
+        out = np.full(every[root].shape, 1, dtype)
+        got = cai_mpi.bcast_array(mine if rank == root else None, root=root, out=None if rank == root else out)
+        same(got, every[root])
+        if rank != root:
+            same(out, every[root])
+            assert np.shares_memory(np.asarray(got), out) or out.size == 0
+        gathered = cai_mpi.gather_array(mine, root=root)
+        if rank == root:
+            assert gathered is not None and [a.source for a in gathered] == list(range(size))
+            for a, e in zip(gathered, every, strict=True):
+                same(a, e)
+        else:
+            assert gathered is None
+    gathered = cai_mpi.allgather_array(mine)
+    assert [a.source for a in gathered] == list(range(size))
+    for a, e in zip(gathered, every, strict=True):
+        same(a, e)
+    assert payload_collectives == ([] if small else ["bcast", "bcast", "gatherv"] * size + ["allgatherv"])
+
+
+def padded_bytes(used: int, seed: int) -> np.ndarray[Any, Any]:
+    """A uint8 vector that fills ``used`` bytes of a slot (prefix, header, alignment and payload)."""
+    header = len(describe_source(np.zeros(1, np.uint8)))  # (the same for every length: shape fields are fixed)
+    n = used - (SLOT_BYTES - payload_room(header))
+    return values("u1", (n,), seed)
+
+
+@pytest.mark.parametrize("used", [SLOT_BYTES - 1, SLOT_BYTES, SLOT_BYTES + 1], ids=["slot-1", "slot", "slot+1"])
+def test_at_the_slot_boundary(payload_collectives: list[str], used: int) -> None:
+    every = [padded_bytes(used, r) for r in range(size)]
+    assert all(fits(a) for a in every) == (used <= SLOT_BYTES)
+    for root in range(size):
+        same(cai_mpi.bcast_array(every[rank] if rank == root else None, root=root), every[root])
+        gathered = cai_mpi.gather_array(every[rank], root=root)
+        if rank == root:
+            assert gathered is not None
+            for a, e in zip(gathered, every, strict=True):
+                same(a, e)
+    for a, e in zip(cai_mpi.allgather_array(every[rank]), every, strict=True):
+        same(a, e)
+    expected = [] if used <= SLOT_BYTES else ["bcast", "gatherv"] * size + ["allgatherv"]
+    assert payload_collectives == expected
+
+
+@pytest.mark.parametrize("big", range(4), ids=lambda r: f"rank{r}-over")
+def test_one_rank_over_the_slot_takes_every_rank_to_the_large_path(payload_collectives: list[str], big: int) -> None:
+    every = [padded_bytes(SLOT_BYTES + (r == big), r) for r in range(size)]
+    for root in range(size):
+        gathered = cai_mpi.gather_array(every[rank], root=root)
+        if rank == root:
+            assert gathered is not None
+            for a, e in zip(gathered, every, strict=True):
+                same(a, e)
+    for a, e in zip(cai_mpi.allgather_array(every[rank]), every, strict=True):
+        same(a, e)
+    assert payload_collectives == ([] if big >= size else ["gatherv"] * size + ["allgatherv"])
+
+
+def test_a_header_longer_than_a_slot_beside_small_ones(payload_collectives: list[str]) -> None:
+    wide = np.dtype([(f"f{i}", "<i2") for i in range(150)])  # a header of ~2 KiB, and a payload of 300 bytes
+    mine = values(wide, (1,), rank) if rank == 1 else values("<f8", (2,), rank)
+    every = [values(wide, (1,), r) if r == 1 else values("<f8", (2,), r) for r in range(size)]
+    for a, e in zip(cai_mpi.allgather_array(mine), every, strict=True):
+        same(a, e)
+    assert payload_collectives == ["allgatherv"]
+
+
+# -- reductions --------------------------------------------------------------------------------------------------
+
+
+def expected_reduction(op: Any, parts: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    """What MPI computes, in numpy: elementwise over the ranks, in the input dtype (integers wrap)."""
+    dtype = parts[0].dtype.newbyteorder("=")
+    parts = [p.astype(dtype) for p in parts]
+    if op in ("mean", "avg"):
+        return np.true_divide(sum(parts[1:], parts[0]), dtype.type(size)).astype(dtype)
+    if op in ("min", MPI.MIN) and dtype.kind == "b":
+        op = MPI.LAND
+    if op in ("max", MPI.MAX) and dtype.kind == "b":
+        op = MPI.LOR
+    ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}.get(op) if isinstance(
+        op, str) else next(f for o, f in [(MPI.SUM, np.add), (MPI.PROD, np.multiply), (MPI.MIN, np.minimum),
+                                          (MPI.MAX, np.maximum), (MPI.LAND, np.logical_and),
+                                          (MPI.LOR, np.logical_or), (MPI.LXOR, np.logical_xor),
+                                          (MPI.BAND, np.bitwise_and), (MPI.BOR, np.bitwise_or),
+                                          (MPI.BXOR, np.bitwise_xor)] if o == op)
+    assert ufunc is not None
+    acc = parts[0].copy()
+    for p in parts[1:]:
+        acc = ufunc(acc, p).astype(dtype)
+    return acc
+
+
+ARITHMETIC = ["<i1", "<u2", "<i4", "<i8", "<f4", "<f8", "<c8", "<c16", ">i4", ">f8"]
+
+
+@pytest.mark.parametrize("kind", LAYOUTS)
+@pytest.mark.parametrize("dtype", ARITHMETIC)
+@pytest.mark.parametrize("shape", [SMALL, LARGE], ids=["small", "large"])
+def test_reductions_against_numpy(payload_collectives: list[str], shape: tuple[int, ...], dtype: str,
+                                  kind: str) -> None:
+    mine = laid_out(values(dtype, shape, rank, integral=True), kind)
+    every = [laid_out(values(dtype, shape, r, integral=True), kind) for r in range(size)]
+    ops: list[Any] = ["sum", "prod", MPI.SUM]
+    if np.dtype(dtype).kind != "c":
+        ops += ["min", "max", MPI.MAX]
+    if np.dtype(dtype).kind in "iu":
+        ops += [MPI.BAND, MPI.BXOR, MPI.LAND, MPI.LXOR]
+    else:
+        ops += ["mean"]
+    for op in ops:
+        want = expected_reduction(op, every)
+        zeros = op != "prod" or np.dtype(dtype).kind != "c"
+        same(cai_mpi.allreduce_array(mine, op), want, signed_zeros=zeros)
+        out = np.full(want.shape, 7, want.dtype, order="F")
+        got = cai_mpi.allreduce_array(mine, op, out=out)
+        same(got, want, signed_zeros=zeros)
+        same(out, want, signed_zeros=zeros)
+        assert np.shares_memory(np.asarray(got), out) or out.size == 0
+        for root in range(size):
+            got_at_root = cai_mpi.reduce_array(mine, op, root=root)
+            if rank == root:
+                same(got_at_root, want, signed_zeros=zeros)
+            else:
+                assert got_at_root is None
+    per_call = 2 + size
+    small = reduction_fits(mine)
+    assert payload_collectives == ([] if small else ["reduce"] * per_call * len(ops))
+
+
+@pytest.mark.parametrize("op", ["min", "max", MPI.LAND, MPI.LOR, MPI.LXOR, MPI.MIN, MPI.MAX], ids=str)
+@pytest.mark.parametrize("shape", [SMALL, LARGE], ids=["small", "large"])
+def test_bool_reductions_on_both_paths(shape: tuple[int, ...], op: Any) -> None:
+    every = [values("?", shape, r) for r in range(size)]
+    same(cai_mpi.allreduce_array(every[rank], op), expected_reduction(op, every))
+
+
+def test_integers_wrap_as_in_mpi(payload_collectives: list[str]) -> None:
+    mine = np.array([100, -100, 127], np.int8) * np.int8(1) + np.int8(rank)
+    every = [np.array([100, -100, 127], np.int8) + np.int8(r) for r in range(size)]
+    want = (np.sum([e.astype(np.int64) for e in every], axis=0) % 256).astype(np.uint8).view(np.int8)
+    same(cai_mpi.allreduce_array(mine, "sum"), want)
+    zero_d = np.array(2**62, np.int64)
+    same(cai_mpi.allreduce_array(zero_d, "sum"), np.array(2**62 * size, np.int64) if size < 2 else
+         np.array((2**62 * size + 2**63) % 2**64 - 2**63, np.int64))
+    assert payload_collectives == []
+
+
+def test_nan_propagates_through_min_and_max_of_small_data() -> None:
+    mine = np.array([1.0, np.nan if rank == size - 1 else 2.0, -3.0 - rank])
+    every = [np.array([1.0, np.nan if r == size - 1 else 2.0, -3.0 - r]) for r in range(size)]
+    for op in ("min", "max"):
+        got = np.asarray(cai_mpi.allreduce_array(mine, op))
+        want = expected_reduction(op, every)
+        assert np.isnan(got[1]) and np.isnan(want[1])
+        assert got[0] == want[0] and got[2] == want[2]
+
+
+def test_an_op_numpy_cannot_stand_in_for_is_left_to_mpi(payload_collectives: list[str]) -> None:
+    def twice_sum(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+        a = np.frombuffer(inbuf, np.float64)
+        b = np.frombuffer(inoutbuf, np.float64)
+        b += a
+
+    op = MPI.Op.Create(twice_sum, commute=True)
+    try:
+        got = cai_mpi.allreduce_array(np.arange(3.0) + rank, op)
+    finally:
+        op.Free()
+    same(got, sum(np.arange(3.0) + r for r in range(size)))
+    assert payload_collectives == ["reduce"]
+
+
+@pytest.mark.parametrize("used", [SLOT_BYTES - 1, SLOT_BYTES, SLOT_BYTES + 1], ids=["slot-1", "slot", "slot+1"])
+def test_reductions_at_the_slot_boundary(payload_collectives: list[str], used: int) -> None:
+    header = len(encode_header(np.dtype(np.uint8), (1,), fortran=False, payload_tag=0))
+    n = used - (SLOT_BYTES - payload_room(header))
+    # Sums that do not overflow: Open MPI 5.0's vectorized uint8 SUM saturates at 255 instead of wrapping (64
+    # elements and more), so the large path would differ from MPI's standard there; the small path wraps (below).
+    every = [values("u1", (n,), r) // np.uint8(size) for r in range(size)]
+    want = expected_reduction("sum", every)
+    same(cai_mpi.allreduce_array(every[rank], "sum"), want)
+    got = cai_mpi.reduce_array(every[rank], MPI.BXOR, root=size - 1)
+    if rank == size - 1:
+        same(got, expected_reduction(MPI.BXOR, every))
+    assert payload_collectives == ([] if used <= SLOT_BYTES else ["reduce", "reduce"])
+
+
+# -- errors on one rank: an error on every rank, on both paths ----------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [SMALL, LARGE], ids=["small", "large"])
+def test_a_bad_argument_on_one_rank_is_an_error_on_every_rank(shape: tuple[int, ...]) -> None:
+    bad = size - 1
+    calls: list[Callable[[Any], Any]] = [
+        cai_mpi.allgather_array, lambda x: cai_mpi.gather_array(x, root=0), lambda x: cai_mpi.allreduce_array(x),
+        lambda x: cai_mpi.reduce_array(x, root=0),
+    ]
+    for call in calls:
+        mine = object() if rank == bad else values("<f8", shape, rank)
+        if rank == bad:
+            with pytest.raises(TypeError):
+                call(mine)
+        else:
+            with pytest.raises(cai_mpi.CollectiveMismatchError, match=f"rank {bad}"):
+                call(mine)
+    x = values("<i4", shape, rank)
+    if rank == bad:
+        with pytest.raises(TypeError, match="mean"):
+            cai_mpi.allreduce_array(x, "mean")
+    else:
+        with pytest.raises(cai_mpi.CollectiveMismatchError, match=f"rank {bad}"):
+            cai_mpi.allreduce_array(x, "sum")
+    same(cai_mpi.allreduce_array(np.ones(2) * rank), np.ones(2) * sum(range(size)))  # and still in step
+
+
+@pytest.mark.parametrize("other", [(3, 5), LARGE], ids=["small", "large"])
+def test_shapes_that_differ_are_an_error_on_every_rank(payload_collectives: list[str], other: tuple[int, ...]) -> None:
+    shape = other if rank == size - 1 else SMALL
+    with pytest.raises(cai_mpi.CollectiveMismatchError, match=r"rank 0: shape=\(3, 4\).*shape=\("):
+        cai_mpi.allreduce_array(np.zeros(shape))
+    with pytest.raises(cai_mpi.CollectiveMismatchError, match="one shape and dtype"):
+        cai_mpi.reduce_array(np.zeros(shape), root=size - 1)
+    assert payload_collectives == []
+
+
+# -- device data keeps its path -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def simulated_gpu() -> Iterator[SimulatedRuntime]:
+    with use_runtime(SimulatedRuntime()) as rt:
+        assert isinstance(rt, SimulatedRuntime)
+        yield rt
+
+
+@pytest.mark.usefixtures("simulated_gpu")
+def test_small_device_data_takes_the_large_path_and_small_host_data_lands_on_the_gpu(
+    payload_collectives: list[str]
+) -> None:
+    got = cai_mpi.allgather_array(FakeCudaArray(np.arange(3.0) + rank, device=True))
+    for r, a in enumerate(got):
+        assert a.device == 0
+        same(a.numpy(), np.arange(3.0) + r)
+    assert payload_collectives == ["allgatherv"]
+    got = cai_mpi.allgather_array(np.arange(3.0) + rank)  # host data, small: in the slots, then onto this GPU
+    for r, a in enumerate(got):
+        assert a.device == 0
+        same(a.numpy(), np.arange(3.0) + r)
+    total = cai_mpi.allreduce_array(np.arange(3.0) + rank, out=FakeCudaArray(np.zeros(3), device=True))
+    same(np.asarray(total.numpy()), sum(np.arange(3.0) + r for r in range(size)))
+    assert payload_collectives == ["allgatherv"]
