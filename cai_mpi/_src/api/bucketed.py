@@ -20,13 +20,12 @@ from mpi4py import MPI
 from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, send_source
 from ..progress.deadlines import collective_expired, deadline
-from ..progress.requests import PostedRequest, complete, complete_by, idle, keep_past_exit
-from ..progress.waits import MPIWait
+from ..progress.requests import complete, complete_by, idle, keep_past_exit
 from ..runtime.base import Runtime
 from ..transport import internal_stream, outgoing
 from ..transport.bigcount import reduce
 from .collectives import setup
-from .persistent import agree, open_collectives
+from .persistent import Started, agree, background, open_collectives
 from .reductions import bool_op, datatype_for, parse_op
 from .validation import check_sync
 
@@ -299,13 +298,13 @@ class BucketedAllreduce:
         due = deadline("allreduce_init.wait", timeout)
         if due is None:
             if idle():
-                MPI.Request.Waitall(self._reqs)
+                Started(self._reqs).wait()
             else:
-                complete(MPIWait(list(self._reqs)))
-        elif not complete_by(MPIWait(list(self._reqs)), due):
+                complete(Started(self._reqs))
+        elif not complete_by(Started(self._reqs), due):
             error = collective_expired("allreduce_init", self._comm, due)
             self._expired = error
-            PostedRequest(list(self._reqs), None, keep=self)._abandon(error)
+            background(list(self._reqs), self, error)
             raise error
         self._started = False
         plan = self._plan
@@ -321,7 +320,7 @@ class BucketedAllreduce:
 
     def _at_exit(self) -> None:
         if self._started:
-            keep_past_exit(PostedRequest(list(self._reqs), None, keep=self))
+            keep_past_exit(background(list(self._reqs), self, RuntimeError("in flight at exit")))
         else:
             self._free()
 
@@ -359,8 +358,7 @@ class BucketedAllreduce:
         if not hasattr(self, "_started"):
             return
         if self._started and not MPI.Is_finalized():
-            PostedRequest(list(self._reqs), None, keep=(self._reqs, self._send, self._recv))._abandon(
-                RuntimeError("dropped while in flight"))
+            background(list(self._reqs), (self._reqs, self._send, self._recv), RuntimeError("dropped while in flight"))
             return
         self._free()
 

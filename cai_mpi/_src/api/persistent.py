@@ -14,7 +14,7 @@ import atexit
 import ctypes
 import hashlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -27,14 +27,14 @@ from ..config import config
 from ..core.header import MessageInfo
 from ..errors import CollectiveMismatchError
 from ..progress.deadlines import collective_expired, deadline
-from ..progress.requests import PostedRequest, complete, complete_by, idle, keep_past_exit
-from ..progress.waits import MPIWait
+from ..progress.requests import Request, complete, complete_by, idle, keep_past_exit
+from ..progress.waits import Waitable
 from ..transport import Landing, internal_stream, outgoing
 from .collectives import joined, setup
 from .reductions import bool_op, datatype_for, parse_op
 from .validation import check_sync
 
-__all__ = ["PersistentCollective", "agree", "open_collectives", "single_allreduce_init"]
+__all__ = ["PersistentCollective", "Started", "agree", "background", "open_collectives", "single_allreduce_init"]
 
 _NO_TAG = -1
 
@@ -80,6 +80,35 @@ def _address(a: np.ndarray[Any, Any]) -> int:
 
 def _where(src: np.ndarray[Any, Any] | DeviceSource) -> tuple[int, tuple[int, ...]]:
     return (src.desc.ptr, src.desc.shape) if isinstance(src, DeviceSource) else (_address(src), src.shape)
+
+
+class Started(Waitable):
+    """Completion of started collectives, one request at a time: MPICH's ``MPI_Testall`` fails (MPI_ERR_IN_STATUS
+    with a status error of 0) on a completed persistent collective request, where ``MPI_Test`` works."""
+
+    __slots__ = ("reqs",)
+
+    def __init__(self, reqs: Sequence[MPI.Request]) -> None:
+        self.reqs = reqs
+
+    def wait(self) -> None:
+        for req in self.reqs:
+            req.Wait()
+
+    def test(self) -> bool:
+        return all(req.Test() for req in self.reqs)
+
+
+def _until(waitable: Waitable) -> Any:
+    yield waitable
+
+
+def background(reqs: list[MPI.Request], keep: Any, error: BaseException) -> Request[None]:
+    """Started collectives nobody will wait for (dropped, timed out, at exit): MPI still owns their memory, so a
+    Request keeps it (and them) until they complete, driven by every later cai_mpi wait."""
+    req: Request[None] = Request(_until(Started(reqs)), keep=keep)
+    req._abandon(error)
+    return req
 
 
 def open_collectives() -> weakref.WeakSet[Any]:
@@ -221,7 +250,7 @@ class PersistentCollective:
         if self._kind == "allgather":
             whole = np.empty((size, *shape), dtype)
             self._recv = _address(whole)
-            self._result = [Array.from_host(whole[r], owner=whole, source=r, tag=_NO_TAG) for r in range(size)]
+            self._result = [Array.from_host(whole[r, ...], owner=whole, source=r, tag=_NO_TAG) for r in range(size)]
             return
         if host is None:  # no out= (allreduce, reduce): allocated once
             host = np.empty(shape, dtype)
@@ -372,11 +401,11 @@ class PersistentCollective:
             if idle():
                 req.Wait()
             else:
-                complete(MPIWait([req]))
-        elif not complete_by(MPIWait([req]), due):
+                complete(Started([req]))
+        elif not complete_by(Started([req]), due):
             error = collective_expired(self._fn, self._comm, due)
             self._expired = error
-            PostedRequest([req], None, keep=(self, self._finish))._abandon(error)
+            background([req], (self, self._finish), error)
             raise error
         self._started = False
         return self._done()
@@ -410,7 +439,7 @@ class PersistentCollective:
 
     def _at_exit(self) -> None:
         if self._started:
-            keep_past_exit(PostedRequest([self._now], None, keep=self))  # (MPI still owns its memory)
+            keep_past_exit(background([self._now], self, RuntimeError("in flight at exit")))
         else:
             self._free()
 
@@ -451,9 +480,9 @@ class PersistentCollective:
             return
         if self._started and self._now is not None and not MPI.Is_finalized():
             # dropped while in flight: MPI still owns the buffers; finish it in the background, then free it
-            PostedRequest([self._now], None, keep=(self._now, self._finish, self._obj, self._out,
-                                                   getattr(self, "_send_buffer", None), self._result))._abandon(
-                RuntimeError("dropped while in flight"))
+            background([self._now], (self._now, self._finish, self._obj, self._out,
+                                     getattr(self, "_send_buffer", None), self._result),
+                       RuntimeError("dropped while in flight"))
             return
         self._free()
 
