@@ -61,7 +61,7 @@ nitpick_ignore_regex = [("py:class", r"(numpy|np|mpi4py\.MPI|collections\.abc)\.
 nitpick_ignore = [
     ("py:class", f"cai_mpi._src.{name}")
     for name in (
-        "waits.Waitable", "requests.T", "deadlines.Awaited",
+        "progress.waits.Waitable", "progress.requests.T", "progress.deadlines.Awaited",
         "runtime.base.Runtime", "runtime.base.DeviceBuffer", "runtime.base.Stream", "runtime.base.Event",
         "runtime.base.Location",
     )
@@ -79,6 +79,9 @@ _SECTIONS = {  # defining module -> section title, in page order; unknown module
     "cai_mpi._src.api.channel": "Persistent channels",
     "cai_mpi._src.api.collectives": "Collectives",
     "cai_mpi._src.api.reductions": "Collectives",
+    "cai_mpi._src.api.persistent_init": "Persistent collectives",
+    "cai_mpi._src.api.persistent": "Persistent collectives",
+    "cai_mpi._src.api.bucketed": "Persistent collectives",
     "cai_mpi._src.api.pipeline": "Pipelines",
     "cai_mpi._src.arrays.array": "Arrays and descriptors",
     "cai_mpi._src.core.descriptor": "Arrays and descriptors",

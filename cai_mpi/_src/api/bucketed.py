@@ -183,10 +183,12 @@ def allreduce_arrays(
     Args:
         objs: a list or a dict of arrays (anything ``send_array`` takes, mixed dtypes and shapes); every rank
             passes the same keys, shapes and dtypes, in the same order.
-        op: as in ``allreduce_array`` ("sum", "prod", "min", "max", "mean"/"avg", an ``MPI.Op``; bool arrays
-            with the logical ops), applied to every array.
+        op: "sum", "prod", "min", "max", "mean" (alias "avg": the sum divided by the communicator size, in
+            the input's dtype; floating and complex arrays only), or an mpi4py ``MPI.Op``. Bool arrays reduce with
+            ``MPI.LAND``, ``MPI.LOR``, ``MPI.LXOR``, and "min"/"max" (logical and/or). Applied to every array.
         comm: None for COMM_WORLD; any intracommunicator.
-        sync: the stream policy, as in ``send_array``.
+        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the synchronization of this rank's
+            producer streams.
         timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
 
     Returns:

@@ -28,11 +28,14 @@ def allreduce_init(
     Args:
         obj: this rank's array (anything ``send_array`` takes; same shape and dtype on every rank), or a list or
             a dict of arrays: the bucketed form, one persistent Allreduce per dtype (see ``allreduce_arrays``).
-        op: as in ``allreduce_array``.
+        op: "sum", "prod", "min", "max", "mean" (alias "avg": the sum divided by the communicator size, in
+            the input's dtype; floating and complex arrays only), or an mpi4py ``MPI.Op``. Bool arrays reduce with
+            ``MPI.LAND``, ``MPI.LOR``, ``MPI.LXOR``, and "min"/"max" (logical and/or).
         comm: None for COMM_WORLD; any intracommunicator.
         out: where every result lands (same shape and dtype, native byte order; one array only; ``out=obj``
             reduces in place); without it, a buffer allocated once here.
-        sync: the stream policy, as in ``send_array``, applied at every ``start()``.
+        sync: None follows ``CAI_MPI_SYNC`` (default on): the producer stream of a device input is
+            synchronized before every ``start()``; False skips it.
 
     Returns:
         A ``PersistentCollective`` (a ``BucketedAllreduce`` for a list or dict) whose ``wait()`` returns an
@@ -67,7 +70,8 @@ def bcast_init(obj: Any, root: int = 0, comm: MPI.Comm | None = None, *,
             on every rank.
         root: the broadcasting rank.
         comm: None for COMM_WORLD; any intracommunicator.
-        sync: the stream policy, as in ``send_array``, applied at every ``start()``.
+        sync: None follows ``CAI_MPI_SYNC`` (default on): the producer stream of a device input is
+            synchronized before every ``start()``; False skips it.
 
     Returns:
         A ``PersistentCollective`` whose ``wait()`` returns an Array over this rank's own buffer (the same
@@ -90,7 +94,8 @@ def allgather_init(obj: Any, comm: MPI.Comm | None = None, *, sync: bool | None 
     Args:
         obj: this rank's contribution (anything ``send_array`` takes); same shape and dtype on every rank.
         comm: None for COMM_WORLD; any intracommunicator.
-        sync: the stream policy, as in ``send_array``, applied at every ``start()``.
+        sync: None follows ``CAI_MPI_SYNC`` (default on): the producer stream of a device input is
+            synchronized before every ``start()``; False skips it.
 
     Returns:
         A ``PersistentCollective`` whose ``wait()`` returns a list of one Array per rank (``source`` is the rank),
@@ -113,13 +118,15 @@ def reduce_init(obj: Any, op: Any = "sum", root: int = 0, comm: MPI.Comm | None 
     Args:
         obj: this rank's array; same shape and dtype on every rank. Its current contents are read at each
             ``start()``.
-        op: as in ``reduce_array`` ("sum", "prod", "min", "max", "mean"/"avg", an ``MPI.Op``; bool arrays with
-            the logical ops).
+        op: "sum", "prod", "min", "max", "mean" (alias "avg": the sum divided by the communicator size, in
+            the input's dtype; floating and complex arrays only), or an mpi4py ``MPI.Op``. Bool arrays reduce with
+            ``MPI.LAND``, ``MPI.LOR``, ``MPI.LXOR``, and "min"/"max" (logical and/or).
         root: the rank that gets the result.
         comm: None for COMM_WORLD; any intracommunicator.
         out: on the root, where every result lands (same shape and dtype, native byte order); without it, a
             buffer allocated once here.
-        sync: the stream policy, as in ``send_array``, applied at every ``start()``.
+        sync: None follows ``CAI_MPI_SYNC`` (default on): the producer stream of a device input is
+            synchronized before every ``start()``; False skips it.
 
     Returns:
         A ``PersistentCollective`` whose ``wait()`` returns, on the root, an Array over ``out=`` or the buffer
