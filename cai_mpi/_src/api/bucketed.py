@@ -9,7 +9,9 @@ into and out of the host buckets (staged), whatever the MPI.
 
 from __future__ import annotations
 
+import copy
 import ctypes
+import math
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -23,7 +25,7 @@ from ..progress.deadlines import collective_expired, deadline
 from ..progress.requests import complete, complete_by, idle, keep_past_exit
 from ..runtime.base import Runtime
 from ..transport import internal_stream, outgoing
-from ..transport.bigcount import reduce
+from ..transport.bigcount import INT_MAX, reduce
 from .collectives import setup
 from .persistent import Started, agree, background, open_collectives
 from .reductions import bool_op, datatype_for, parse_op
@@ -34,31 +36,36 @@ __all__ = ["BucketedAllreduce", "allreduce_arrays", "is_container"]
 _NO_TAG = -1
 
 
-class _Item:
-    __slots__ = ("count", "obj", "ordinal", "ptr", "shape", "start")
-
-    def __init__(self, obj: Any, shape: tuple[int, ...], ordinal: int | None, ptr: int) -> None:
-        self.obj, self.shape, self.ordinal, self.ptr = obj, shape, ordinal, ptr
-        self.count = int(np.prod(shape, dtype=np.int64))
-        self.start = 0
-
-
 class _Bucket:
-    """The arrays of one dtype, back to back."""
+    """The arrays of one dtype, back to back: for each, where it sits in the container, its shape, its first
+    element in the bucket, its size, and (device arrays) its GPU and address."""
 
-    __slots__ = ("count", "datatype", "dtype", "items", "op", "positions")
+    __slots__ = ("count", "counts", "datatype", "dtype", "host", "objs", "op", "ordinals", "positions", "ptrs",
+                 "shapes", "starts")
 
     def __init__(self, dtype: np.dtype[Any], datatype: MPI.Datatype, op: MPI.Op) -> None:
         self.dtype, self.datatype, self.op = dtype, datatype, op
-        self.items: list[_Item] = []
-        self.positions: list[int] = []  # where each item sits in the container
+        self.positions: list[int] = []
+        self.shapes: list[tuple[int, ...]] = []
+        self.starts: list[int] = []
+        self.counts: list[int] = []
+        self.ordinals: list[int | None] = []
+        self.ptrs: list[int] = []
+        self.objs: list[Any] = []
         self.count = 0
+        self.host = True  # every array in host memory
 
-    def add(self, item: _Item, position: int) -> None:
-        item.start = self.count
-        self.count += item.count
-        self.items.append(item)
+    def add(self, obj: Any, position: int, shape: tuple[int, ...], ordinal: int | None, ptr: int) -> None:
+        n = math.prod(shape)
         self.positions.append(position)
+        self.shapes.append(shape)
+        self.starts.append(self.count)
+        self.counts.append(n)
+        self.ordinals.append(ordinal)
+        self.ptrs.append(ptr)
+        self.objs.append(obj)
+        self.count += n
+        self.host = self.host and ordinal is None
 
 
 def is_container(obj: Any) -> bool:
@@ -86,11 +93,11 @@ class _Plan:
         self.keys, values = _entries(fn, objs)
         self.n = len(values)
         self.mean = mpi_op.mean
-        buckets: dict[str, _Bucket] = {}
+        buckets: dict[np.dtype[Any], _Bucket] = {}
         self.sources: list[Any] = []
-        described = []
+        shapes, dtypes = [], []
         for i, obj in enumerate(values):
-            src = send_source(fn, obj, self.sync, rt)
+            src = obj if type(obj) is np.ndarray else send_source(fn, obj, self.sync, rt)
             self.sources.append(src)
             if isinstance(src, DeviceSource):
                 dtype, shape, ordinal, ptr = src.desc.dtype, src.desc.shape, src.ordinal, src.desc.ptr
@@ -99,34 +106,34 @@ class _Plan:
                                     "native byte order, and MPI reduces native values: convert it on the device first")
             else:
                 dtype, shape, ordinal, ptr = src.dtype, src.shape, None, 0
-            native = dtype.newbyteorder("=") if dtype.names is None else dtype
-            bucket = buckets.get(native.str)
+            native = dtype if dtype.isnative or dtype.names is not None else dtype.newbyteorder("=")
+            bucket = buckets.get(native)
             if bucket is None:
                 try:
                     datatype = datatype_for(fn, native, mpi_op)
                     mop = bool_op(fn, mpi_op) if native.kind == "b" else mpi_op.mpi
                 except TypeError as exc:
                     raise TypeError(f"{exc} (array {self._name(i)})") from None
-                bucket = buckets[native.str] = _Bucket(native, datatype, mop)
-            bucket.add(_Item(obj, shape, ordinal, ptr), i)
-            described.append((shape, native.str))
+                bucket = buckets[native] = _Bucket(native, datatype, mop)
+            bucket.add(obj, i, shape, ordinal, ptr)
+            shapes.append(shape)
+            dtypes.append(native.str)
         self.buckets = list(buckets.values())
-        self.text = f"allreduce of {self.keys!r} {described} op={mpi_op.name}"
+        self.text = f"allreduce of {self.keys!r} shapes {shapes} dtypes {dtypes} op={mpi_op.name}"
 
     def _name(self, i: int) -> str:
         return f"{i}" if self.keys is None else repr(self.keys[i])
 
     def fill(self, bucket: _Bucket, buf: np.ndarray[Any, Any], sources: list[Any], rt: Runtime) -> None:
         """Copy each array of ``bucket`` (its current contents) into its place in ``buf``."""
-        for item, pos in zip(bucket.items, bucket.positions, strict=True):
-            src = sources[pos]
-            part = buf[item.start : item.start + item.count]
+        if bucket.host:  # one numpy call (each array flattened in C order, converted to native byte order)
+            np.concatenate([sources[p] for p in bucket.positions], axis=None, out=buf, casting="equiv")
+            return
+        for pos, start, n in zip(bucket.positions, bucket.starts, bucket.counts, strict=True):
+            src, part = sources[pos], buf[start : start + n]
             if isinstance(src, np.ndarray):
-                if src.flags.c_contiguous and src.dtype == bucket.dtype:
-                    part[...] = src.reshape(-1)
-                else:
-                    np.copyto(part.reshape(item.shape), src, casting="equiv")
-            elif item.count:
+                part[...] = src.reshape(-1)
+            elif n:
                 piece = outgoing(src, rt, direct=False, c_order=True)  # staged through pinned host memory
                 staged = (ctypes.c_char * piece.nbytes).from_address(piece.address)
                 part.view(np.uint8)[...] = np.frombuffer(memoryview(staged), np.uint8)
@@ -137,23 +144,22 @@ class _Plan:
         out: list[Any] = [None] * self.n
         streams = set()
         for bucket, buf in zip(self.buckets, buckets, strict=True):
-            for item, pos in zip(bucket.items, bucket.positions, strict=True):
-                part = buf[item.start : item.start + item.count]
-                if item.ordinal is None:
-                    out[pos] = Array.from_host(part.reshape(item.shape), owner=buf, tag=_NO_TAG)
+            for pos, shape, start, n, ordinal in zip(bucket.positions, bucket.shapes, bucket.starts, bucket.counts,
+                                                     bucket.ordinals, strict=True):
+                part = buf[start : start + n]
+                if ordinal is None:
+                    out[pos] = Array.from_host(part.reshape(shape))  # (the view keeps the bucket alive)
                     continue
+                stream = internal_stream(rt, ordinal)
                 arr = device.get(pos)
                 if arr is None:
-                    nbytes = part.nbytes
-                    stream = internal_stream(rt, item.ordinal)
-                    arr = Array.from_device(rt.alloc_device(nbytes, item.ordinal, stream, handed_out=True),
-                                            item.shape, bucket.dtype, tag=_NO_TAG)
+                    arr = Array.from_device(rt.alloc_device(part.nbytes, ordinal, stream, handed_out=True), shape,
+                                            bucket.dtype)
                 if part.nbytes:
-                    stream = internal_stream(rt, item.ordinal)
                     rt.copy_async(arr.descriptor.ptr, part.ctypes.data, part.nbytes, stream)
-                    streams.add((item.ordinal, stream))
+                    streams.add(stream)
                 out[pos] = arr
-        for _ordinal, stream in streams:
+        for stream in streams:
             rt.record_event(stream).synchronize()
         return out
 
@@ -168,6 +174,27 @@ class _Plan:
 
 def _attempt(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[str, _Plan, bool]:
     plan = _Plan(fn, objs, op, sync, rt)
+    return plan.text, plan, False
+
+
+# Plans of calls on host numpy arrays, by (op, keys, shapes, dtypes): a training loop reduces the same arrays
+# every step, and the plan depends on nothing else (the arrays themselves are this call's).
+_PLANS: dict[Any, _Plan] = {}
+
+
+def _reused(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[str, _Plan, bool]:
+    values = objs if type(objs) is list else (list(objs.values()) if type(objs) is dict else None)
+    if values is None or not isinstance(op, str) or not all(type(v) is np.ndarray for v in values):
+        return _attempt(fn, objs, op, sync, rt)
+    key = (op, None if type(objs) is list else tuple(objs), tuple([v.shape for v in values]),
+           tuple([v.dtype for v in values]))
+    cached = _PLANS.get(key)
+    if cached is None:
+        if len(_PLANS) >= 64:
+            _PLANS.clear()
+        cached = _PLANS[key] = _Plan(fn, objs, op, sync, rt)
+    plan = copy.copy(cached)  # (the cached plan is shared; this call's arrays are its own)
+    plan.sources = values
     return plan.text, plan, False
 
 
@@ -204,13 +231,16 @@ def allreduce_arrays(
     fn = "allreduce_arrays"
     _pc, comm_, _root, rt, cfg, due = setup(fn, comm, None, timeout)
     plan: _Plan
-    plan, _device = agree(fn, comm_, due, lambda: _attempt(fn, objs, op, sync, rt))
+    plan, _device = agree(fn, comm_, due, lambda: _reused(fn, objs, op, sync, rt))
     buffers = []
     for bucket in plan.buckets:
         buf = np.empty(bucket.count, bucket.dtype)
         plan.fill(bucket, buf, plan.sources, rt)
-        address = buf.ctypes.data
-        reduce(comm_, address, address, bucket.count, bucket.datatype, bucket.op, None, cfg.max_message_bytes)
+        if bucket.count * bucket.dtype.itemsize <= cfg.max_message_bytes and bucket.count <= INT_MAX:
+            comm_.Allreduce(MPI.IN_PLACE, [buf, bucket.datatype], bucket.op)  # the common case, one call
+        else:
+            address = buf.ctypes.data
+            reduce(comm_, address, address, bucket.count, bucket.datatype, bucket.op, None, cfg.max_message_bytes)
         buffers.append(buf)
     plan.divide(buffers, comm_.Get_size())
     return plan.container(plan.results(buffers, {}, rt))
@@ -278,14 +308,13 @@ class BucketedAllreduce:
         plan, rt = self._plan, self._rt
         ordered: list[Any] = [None] * plan.n
         for bucket in plan.buckets:
-            for item, pos in zip(bucket.items, bucket.positions, strict=True):
-                obj = item.obj
+            for obj, pos, shape0, ptr0 in zip(bucket.objs, bucket.positions, bucket.shapes, bucket.ptrs, strict=True):
                 src = obj if type(obj) is np.ndarray else send_source("allreduce_init", obj, plan.sync, rt)
                 shape = src.desc.shape if isinstance(src, DeviceSource) else src.shape
                 ptr = src.desc.ptr if isinstance(src, DeviceSource) else 0
-                if shape != item.shape or ptr != item.ptr:
+                if shape != shape0 or ptr != ptr0:
                     raise ValueError(f"allreduce_init: an array was reshaped or reallocated since creation "
-                                     f"({item.shape} -> {shape}): the shapes are fixed; create a new one")
+                                     f"({shape0} -> {shape}): the shapes are fixed; create a new one")
                 ordered[pos] = src
         for bucket, buf in zip(plan.buckets, self._send, strict=True):
             plan.fill(bucket, buf, ordered, rt)

@@ -164,3 +164,8 @@ PIPELINE_MODES: dict[str, ModeSpec] = {
     "cai-pipeline": ModeSpec("cai-pipeline", "cai_mpi.Pipeline(depth=2): send with back-pressure, recv the next item",
                              PipelineMode, _pipeline_only),
 }
+
+
+from . import persistent  # noqa: E402  (the persistent and bucketed modes build on the classes above)
+
+persistent.register()
