@@ -347,3 +347,18 @@ def test_bucketed_allreduce_init_reused_100_times(container: str) -> None:
         red.wait()
     with pytest.raises(ValueError, match="closed"):
         red()
+
+
+def test_allreduce_arrays_calls_are_independent() -> None:
+    """A second call on the same arrays (its plan reused) leaves the first call's results as they were."""
+    arrays = [values("f8", rank), values("i4", rank, (5,))]
+    first = cai_mpi.allreduce_arrays(arrays)
+    arrays[0][...] = values("f8", rank, step=5)
+    second = cai_mpi.allreduce_arrays(arrays)
+    same(first[0], total("f8"))
+    same(second[0], total("f8", step=5))
+    same(first[1], total("i4", (5,)))
+    arrays.append(values("f4", rank, (2, 2)))  # another layout: planned afresh
+    third = cai_mpi.allreduce_arrays(arrays)
+    same(third[2], total("f4", (2, 2)))
+    same(third[0], total("f8", step=5))

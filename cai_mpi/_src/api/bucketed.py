@@ -351,6 +351,7 @@ class BucketedAllreduce:
 
     def _at_exit(self) -> None:
         if self._started:
+            self._closed = True  # (kept, with its requests, until the process ends)
             keep_past_exit(background(list(self._reqs), self, RuntimeError("in flight at exit")))
         else:
             self._free()

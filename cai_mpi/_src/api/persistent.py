@@ -439,6 +439,7 @@ class PersistentCollective:
 
     def _at_exit(self) -> None:
         if self._started:
+            self._closed, self._fast = True, False  # (kept, with its request, until the process ends)
             keep_past_exit(background([self._now], self, RuntimeError("in flight at exit")))
         else:
             self._free()
