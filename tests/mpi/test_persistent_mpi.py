@@ -16,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.api.persistent import open_collectives
+from cai_mpi._src.api.agreed import open_collectives
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

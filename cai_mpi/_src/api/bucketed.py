@@ -26,8 +26,8 @@ from ..progress.requests import complete, complete_by, idle, keep_past_exit
 from ..runtime.base import Runtime
 from ..transport import internal_stream, outgoing
 from ..transport.bigcount import INT_MAX, reduce
+from .agreed import Started, agree, background, open_collectives
 from .collectives import setup
-from .persistent import Started, agree, background, open_collectives
 from .reductions import bool_op, datatype_for, parse_op
 from .validation import check_sync
 
