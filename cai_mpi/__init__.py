@@ -17,10 +17,13 @@ from ._src.runtime.bind import bind_device_early as _bind_device_early
 _bind_device_early()  # CAI_MPI_BIND_DEVICE=1: this rank's GPU is made current before MPI is initialized
 
 from ._src.api.abort import abort_on_error
+from ._src.api.bucketed import BucketedAllreduce, allreduce_arrays
 from ._src.api.channel import RecvChannel, SendChannel, recv_channel, send_channel
 from ._src.api.collectives import allgather_array, alltoall_array, bcast_array, gather_array, scatter_array
 from ._src.api.completion import testall, waitall, waitany
 from ._src.api.p2p import irecv_array, isend_array, recv_array, send_array, sendrecv_array
+from ._src.api.persistent import PersistentCollective
+from ._src.api.persistent_init import allgather_init, allreduce_init, bcast_init, reduce_init
 from ._src.api.pipeline import Pipeline
 from ._src.api.reductions import allreduce_array, reduce_array
 from ._src.api.validation import ANY_SOURCE, ANY_TAG, PROC_NULL
@@ -53,6 +56,7 @@ except ModuleNotFoundError:  # importlib.metadata.PackageNotFoundError: a source
 __all__ = [
     "ANY_SOURCE",
     "ANY_TAG",
+    "BucketedAllreduce",
     "ENV_VARS",
     "PROC_NULL",
     "Array",
@@ -63,6 +67,7 @@ __all__ = [
     "CudaAwareness",
     "CudaError",
     "DeviceChoice",
+    "PersistentCollective",
     "Pipeline",
     "PipelineError",
     "ProtocolError",
@@ -76,9 +81,13 @@ __all__ = [
     "TimeoutError",
     "abort_on_error",
     "allgather_array",
+    "allgather_init",
     "allreduce_array",
+    "allreduce_arrays",
+    "allreduce_init",
     "alltoall_array",
     "bcast_array",
+    "bcast_init",
     "choose_device",
     "cuda_aware",
     "describe",
@@ -88,6 +97,7 @@ __all__ = [
     "recv_array",
     "recv_channel",
     "reduce_array",
+    "reduce_init",
     "scatter_array",
     "send_array",
     "send_channel",

@@ -227,3 +227,6 @@ def allreduce_array(
     got = _reduce("allreduce_array", obj, op, None, comm, out, sync, timeout)
     assert got is not None
     return got
+
+
+parse_op, bool_op, datatype_for = _op, _bool_op, _datatype  # public for persistent.py and bucketed.py (issue 26)

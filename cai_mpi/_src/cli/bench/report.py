@@ -67,11 +67,12 @@ _COLUMN = {
     "bcast": "Time/op (us)",
     "allreduce": "Time/op (us)",
     "allgather": "Time/op (us)",
+    "allreduce-arrays": "Time/op (us)",
 }
 
 
 def _value(test: str, row: dict[str, Any]) -> float:
-    if test in ("latency", "bcast", "allreduce", "allgather"):
+    if test in ("latency", "bcast", "allreduce", "allgather", "allreduce-arrays"):
         return float(row["median_us"])
     if test == "pipeline":
         return float(row["items_per_s"])
@@ -328,6 +329,15 @@ _TARGETS: list[tuple[str, str, str, float, Callable[[Sequence[Doc]], tuple[float
        _bw_ratio("cai", t, ranks=2)) for t in ("bcast", "allreduce", "allgather")],
     ("pipe1m-raw", "4-stage Pipeline of 1 MiB items vs a raw mpi4py pipeline, throughput", ">=", 0.9,
      _pipeline_throughput),
+    # issue 26: the persistent forms (mode cai-init) and the bucketed allreduce (test allreduce-arrays)
+    *[(f"{t}8-init-raw", f"8 B persistent {t}_init vs mpi4py {t.capitalize()} (shapes known)", "<=", 1.3,
+       _latency_ratio("cai-init", "raw", t)) for t in ("bcast", "allreduce", "allgather")],
+    *[(f"{t}1m-init-raw", f"persistent {t}_init throughput >= 1 MiB vs mpi4py {t.capitalize()}", ">=", 0.97,
+       _bw_ratio("cai-init", t)) for t in ("bcast", "allreduce", "allgather")],
+    ("arrays8-cai-raw", "8 B per array, allreduce_arrays of 16 vs 16 mpi4py Allreduce (time; faster: < 1)", "<=",
+     1.0, _latency_ratio("cai", "raw", "allreduce-arrays")),
+    ("arrays1m-cai-raw", "allreduce_arrays of 16 throughput >= 1 MiB per array vs 16 mpi4py Allreduce", ">=", 0.95,
+     _bw_ratio("cai", "allreduce-arrays")),
 ]
 
 

@@ -1,0 +1,155 @@
+"""Persistent collectives and the bucketed allreduce on device arrays: each rank on its own CUDA driver double,
+handed to MPI directly (a CUDA-aware MPI: CAI_MPI_CUDA_AWARE=1) or staged through pinned memory (device memory
+faults on host access, as an MPI that is not CUDA-aware would). The producer stream is synchronized before each
+use: a slow kernel writing the input on its stream is always seen. Results are compared exactly with numpy."""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cai_mpi
+from cai_mpi._src.config import reload_config
+from cai_mpi._src.runtime.base import Runtime
+from cai_mpi.testing import DoubleDeviceArray, double_runtime, use_runtime
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+SLOW = 0.2
+
+
+@pytest.fixture(params=["direct", "staged"])
+def gpu(request: pytest.FixtureRequest) -> Iterator[tuple[Runtime, MPI.Comm]]:
+    direct = request.param == "direct"
+    os.environ["CAI_MPI_CUDA_AWARE"] = "1" if direct else "0"
+    try:
+        comm = world.Dup()
+        detected = cai_mpi.cuda_aware(comm).aware
+    finally:
+        del os.environ["CAI_MPI_CUDA_AWARE"]
+    rt = double_runtime(cuda_aware=direct)
+    try:
+        with use_runtime(rt):
+            assert detected is direct
+            yield rt, comm
+            gc.collect()
+    finally:
+        comm.Barrier()
+        comm.Free()
+        reload_config()
+        rt.driver_double.close()  # type: ignore[attr-defined]
+
+
+def values(r: int, n: int = 12, dtype: str = "f8", step: int = 0) -> np.ndarray[Any, Any]:
+    return (np.arange(n) % 5 + r + 1 + step).astype(dtype)
+
+
+def host(a: Any) -> np.ndarray[Any, Any]:
+    return a.read() if isinstance(a, DoubleDeviceArray) else (np.asarray(a) if a.is_host else a.numpy())
+
+
+def slow_write(rt: Runtime, x: DoubleDeviceArray, data: np.ndarray[Any, Any]) -> None:
+    """A kernel on x's stream writes ``data`` after a delay: only a synchronized producer sees it."""
+    with rt._driver.on(0):  # type: ignore[attr-defined]
+        rt.driver_double.kernel_write(x.stream, x.buf.ptr, data.tobytes(), delay=SLOW)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("dtype", ["f8", "i4", "c8"])
+def test_allreduce_init_of_device_arrays_reused(gpu: tuple[Runtime, MPI.Comm], dtype: str) -> None:
+    rt, comm = gpu
+    x = DoubleDeviceArray(rt, values(rank, dtype=dtype), stream=1)
+    with cai_mpi.allreduce_init(x, comm=comm) as red:
+        for step in range(3):
+            slow_write(rt, x, values(rank, dtype=dtype, step=step))
+            got = red()
+            assert got.device == 0
+            assert np.array_equal(host(got), sum(values(r, dtype=dtype, step=step) for r in range(size)))
+
+
+def test_allreduce_init_mean_and_out_on_the_device(gpu: tuple[Runtime, MPI.Comm]) -> None:
+    rt, comm = gpu
+    x = DoubleDeviceArray(rt, values(rank) / 4, stream=1)
+    out = DoubleDeviceArray(rt, np.zeros(12))
+    want = np.empty(12)
+    comm.Allreduce(values(rank) / 4, want, MPI.SUM)
+    with cai_mpi.allreduce_init(x, op="mean", comm=comm, out=out) as red:
+        for _ in range(2):
+            red()
+            assert np.array_equal(out.read(), want / size)
+
+
+def test_bcast_init_of_device_buffers_into_a_strided_one(gpu: tuple[Runtime, MPI.Comm]) -> None:
+    rt, comm = gpu
+    if rank == 0:
+        buf = DoubleDeviceArray(rt, values(0, 12, "i4").reshape(3, 4), stream=1)
+    else:  # an F-ordered (3, 4) view of 12 int32
+        buf = DoubleDeviceArray(rt, np.full(12, -1, "i4"), view=((3, 4), (4, 12)))
+    with cai_mpi.bcast_init(buf, comm=comm) as bc:
+        for step in range(3):
+            if rank == 0:
+                slow_write(rt, buf, values(0, 12, "i4", step).reshape(3, 4))
+            got = bc()
+            assert got.shape == (3, 4)
+            assert np.array_equal(host(got), values(0, 12, "i4", step).reshape(3, 4))
+
+
+def test_allgather_init_of_device_arrays(gpu: tuple[Runtime, MPI.Comm]) -> None:
+    rt, comm = gpu
+    x = DoubleDeviceArray(rt, values(rank, 6, "i8"), stream=1)
+    with cai_mpi.allgather_init(x, comm=comm) as ag:
+        for step in range(3):
+            slow_write(rt, x, values(rank, 6, "i8", step))
+            got = ag()
+            assert [a.source for a in got] == list(range(size))
+            for r, a in enumerate(got):
+                assert a.device == 0 and np.array_equal(host(a), values(r, 6, "i8", step))
+
+
+def test_reduce_init_of_device_arrays(gpu: tuple[Runtime, MPI.Comm]) -> None:
+    rt, comm = gpu
+    x = DoubleDeviceArray(rt, values(rank), stream=1)
+    out = DoubleDeviceArray(rt, np.zeros(12)) if rank == 1 else None
+    with cai_mpi.reduce_init(x, op="max", root=1, comm=comm, out=out) as rd:
+        got = rd()
+    if rank == 1:
+        assert out is not None and np.array_equal(out.read(), values(size - 1))
+    else:
+        assert got is None
+
+
+def test_a_host_rank_and_device_ranks_together(gpu: tuple[Runtime, MPI.Comm]) -> None:
+    """Rank 0 reduces host memory, the others device memory: every rank uses the nonblocking form."""
+    rt, comm = gpu
+    x: Any = values(rank) if rank == 0 else DoubleDeviceArray(rt, values(rank))
+    with cai_mpi.allreduce_init(x, comm=comm) as red:
+        assert np.array_equal(host(red()), sum(values(r) for r in range(size)))
+
+
+@pytest.mark.parametrize("container", ["list", "dict"])
+def test_bucketed_allreduce_of_device_and_host_arrays(gpu: tuple[Runtime, MPI.Comm], container: str) -> None:
+    rt, comm = gpu
+    dev = DoubleDeviceArray(rt, values(rank, 6, "f4"), stream=1)
+    arrays = [dev, values(rank, 4, "i4"), DoubleDeviceArray(rt, values(rank, 3, "i4"))]
+    objs: Any = arrays if container == "list" else dict(zip("abc", arrays, strict=True))
+    wants = [sum(values(r, 6, "f4") for r in range(size)), sum(values(r, 4, "i4") for r in range(size)),
+             sum(values(r, 3, "i4") for r in range(size))]
+    got = cai_mpi.allreduce_arrays(objs, comm=comm)
+    items = got if container == "list" else [got[k] for k in "abc"]
+    assert [a.device for a in items] == [0, "host", 0]
+    for a, want in zip(items, wants, strict=True):
+        assert np.array_equal(host(a), want)
+    with cai_mpi.allreduce_init(objs, comm=comm) as red:
+        for step in range(3):
+            slow_write(rt, dev, values(rank, 6, "f4", step))
+            got = red()
+            items = got if container == "list" else [got[k] for k in "abc"]
+            assert np.array_equal(host(items[0]), sum(values(r, 6, "f4", step) for r in range(size)))
+            assert np.array_equal(host(items[2]), wants[2])
