@@ -15,7 +15,7 @@ from mpi4py import MPI
 from ..errors import CollectiveMismatchError
 from ..progress.requests import Request
 from ..progress.waits import Waitable
-from .collectives import joined
+from ..transport.agreement import joined
 
 __all__ = ["Started", "agree", "background", "open_collectives"]
 

@@ -27,8 +27,8 @@ from ..runtime.base import Runtime
 from ..transport import internal_stream, outgoing
 from ..transport.bigcount import INT_MAX, reduce
 from .agreed import Started, agree, background, open_collectives
-from .collectives import setup
-from .reductions import bool_op, datatype_for, parse_op
+from .collective_call import setup
+from .reduce_ops import parse_op, reduce_datatype
 from .validation import check_sync
 
 __all__ = ["BucketedAllreduce", "allreduce_arrays", "is_container"]
@@ -110,8 +110,8 @@ class _Plan:
             bucket = buckets.get(native)
             if bucket is None:
                 try:
-                    datatype = datatype_for(fn, native, mpi_op)
-                    mop = bool_op(fn, mpi_op) if native.kind == "b" else mpi_op.mpi
+                    datatype = reduce_datatype(fn, native, mpi_op)
+                    mop = mpi_op.for_bool(fn).mpi if native.kind == "b" else mpi_op.mpi
                 except TypeError as exc:
                     raise TypeError(f"{exc} (array {self._name(i)})") from None
                 bucket = buckets[native] = _Bucket(native, datatype, mop)

@@ -25,8 +25,8 @@ from ..progress.deadlines import collective_expired, deadline
 from ..progress.requests import complete, complete_by, idle, keep_past_exit
 from ..transport import Landing, internal_stream, outgoing
 from .agreed import Started, agree, background, open_collectives
-from .collectives import setup
-from .reductions import bool_op, datatype_for, parse_op
+from .collective_call import setup
+from .reduce_ops import parse_op, reduce_datatype
 from .validation import check_sync
 
 __all__ = ["PersistentCollective", "single_allreduce_init"]
@@ -114,8 +114,8 @@ class PersistentCollective:
                 raise TypeError(f"{fn}: a device array of dtype {dtype.str} is not in native byte order, and MPI "
                                 f"reduces native values: convert it on the device first")
             dtype = dtype.newbyteorder("=") if dtype.names is None else dtype
-            self._datatype = datatype_for(fn, dtype, mpi_op)
-            self._op = bool_op(fn, mpi_op) if dtype.kind == "b" else mpi_op.mpi
+            self._datatype = reduce_datatype(fn, dtype, mpi_op)
+            self._op = mpi_op.for_bool(fn).mpi if dtype.kind == "b" else mpi_op.mpi
             self._mean = mpi_op.mean and gets
         else:
             self._datatype, self._op, self._mean = MPI.BYTE, None, False

@@ -228,5 +228,3 @@ def allreduce_array(
     assert got is not None
     return got
 
-
-parse_op, bool_op, datatype_for = _op, _bool_op, _datatype  # public for persistent.py and bucketed.py (issue 26)
