@@ -2,9 +2,10 @@
 
 The first message of a channel is an ordinary self-describing header (flag CHANNEL, docs/protocol.md)
 followed by the payload on the channel's payload tag; every later message is the payload alone. Both
-ends plan their first message with the transport, as every send and receive does, and bind the one
-payload message it plans to an MPI persistent request (``Send_init`` / ``Recv_init``): no header to
-build or parse, nothing allocated per message.
+ends plan their first message with the transport and post it through the transport's one posting body
+with its persistent poster (``Send_init`` / ``Recv_init``), as every send and receive is posted; each
+later message starts the one payload request again: no header to build or parse, nothing allocated per
+message.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..progress.deadlines import Awaited, Deadline, deadline
 from ..progress.requests import PostedRequest, Request, RequestWait, _active, complete_by, keep_past_exit
 from ..progress.waits import MPIWait, Waitable
 from ..runtime import get_runtime
-from ..transport import give_back_inbox, header_failure, plan_recv, plan_send, take_inbox
+from ..transport import PERSISTENT, RecvPlan, plan_send, post_send, receive_steps, take_inbox
 from .validation import (
     ANY_SOURCE,
     ANY_TAG,
@@ -42,9 +43,6 @@ from .validation import (
 )
 
 __all__ = ["RecvChannel", "SendChannel", "recv_channel", "send_channel"]
-
-_BYTE = MPI.BYTE
-
 
 def _free(req: MPI.Request | None, mpi: Any = MPI) -> None:  # (``mpi``: this module's MPI, even during teardown)
     if req is not None and mpi.Is_initialized() and not mpi.Is_finalized() and req != mpi.REQUEST_NULL:
@@ -187,8 +185,8 @@ class SendChannel(_Channel):
     channel's MPI request; a closed channel refuses to send. Context manager: closes on exit.
     """
 
-    __slots__ = ("_header", "_obj", "_opened", "_pc", "_ptr", "_rt", "_sync", "_sync_each", "dest", "dtype", "shape",
-                 "tag")
+    __slots__ = ("_header_req", "_obj", "_opened", "_pc", "_ptr", "_rt", "_sync", "_sync_each", "dest", "dtype",
+                 "shape", "tag")
 
     def __init__(self, obj: Any, dest: int, tag: int, comm: MPI.Comm | None, sync: bool | None,
                  meta: dict[str, Any] | None) -> None:
@@ -202,8 +200,8 @@ class SendChannel(_Channel):
         rt = get_runtime()
         self._sync = check_sync(fn, sync)
         src = send_source(fn, obj, self._sync, rt)
-        header, ptag, payload, steps, in_place = plan_send(src, pc, meta_bytes, config(), rt, self.dest, channel=True)
-        if steps is not None or len(payload) != 1 or not in_place:
+        plan = plan_send(src, pc, meta_bytes, config(), rt, self.dest, channel=True)
+        if plan.steps is not None or len(plan.payload) != 1 or not plan.in_place:
             raise ValueError(
                 f"{fn}: a channel hands the array's memory to MPI in place, as one message: host memory of at "
                 f"most CAI_MPI_MAX_MESSAGE_BYTES={config().max_message_bytes} bytes in a layout MPI can describe, "
@@ -211,8 +209,10 @@ class SendChannel(_Channel):
                 f"{'' if pc.aware.aware else 'not '}CUDA-aware, per {pc.aware.source}). "
                 "Use send_array, which packs, stages and splits"
             )
-        self._header = header
-        self._req: MPI.Prequest | None = pc.payload.Send_init(payload[0], self.dest, ptag)
+        # The header and the payload as persistent sends: the first message starts both, every later one the
+        # payload's alone (the header's is freed once it has gone).
+        self._header_req: MPI.Prequest | None
+        self._header_req, self._req = post_send(plan, pc, self.dest, self.tag, PERSISTENT)
         self._pc, self._rt, self._obj = pc, rt, obj
         self._ptr = _address(src)
         self.shape: tuple[int, ...] = src.desc.shape if isinstance(src, DeviceSource) else src.shape
@@ -240,11 +240,16 @@ class SendChannel(_Channel):
             yield RequestWait(previous)
         assert self._req is not None
         reqs: list[MPI.Request] = [self._req]
-        if not self._opened:
+        header = self._header_req
+        if header is not None:  # the first message
             self._opened = True
-            reqs.append(self._pc.header.Isend([self._header, _BYTE], self.dest, self.tag))
+            reqs.append(header)
+            header.Start()
         self._req.Start()
         yield MPIWait(reqs, final=True)
+        if header is not None:
+            self._header_req = None
+            self._free_request(header)
 
     def send(self, timeout: float | None = None) -> None:
         """Send the array's current contents (the first send also carries the description).
@@ -279,6 +284,13 @@ class SendChannel(_Channel):
             req = Request(self._steps(self._inflight), keep=(self, self._obj, self._inflight), about=about)
         self._inflight = req
         return req
+
+    def _release(self) -> None:
+        super()._release()
+        header = getattr(self, "_header_req", None)
+        if header is not None and self._closed and not self._queued():
+            self._header_req = None
+            self._free_request(header)
 
     def __enter__(self) -> SendChannel:
         return self
@@ -325,32 +337,25 @@ class RecvChannel(_Channel):
         self.meta: dict[str, Any] | None = None
 
     def _open(self) -> Generator[Waitable, None, Array]:
-        """The first message: its header says what the channel carries; bind its payload's landing."""
+        """The first message: its header says what the channel carries; its payload's landing is posted as the
+        persistent receive every later message starts."""
         pc = self._pc
         inbox = take_inbox()
-        try:
-            yield MPIWait([pc.header.Irecv(inbox.msg, self.source, self.tag)], inbox.status, cancellable=True)
-        except MPI.Exception as exc:
-            give_back_inbox(inbox)
-            raise header_failure("recv_channel", exc, inbox.status) from None
-        try:
-            array, sender, ptag, payload, steps = plan_recv(
-                "recv_channel", inbox, self._target, self._ordinal, pc, config(), self._rt, channel=True
-            )
-        finally:
-            give_back_inbox(inbox)
-        if array is None:
-            assert steps is not None
-            yield from steps  # discards the payload, then raises why
-        req = pc.payload.Recv_init(payload[0], sender, ptag)
-        req.Start()
-        self._req, self._array = req, array
+        hreq = pc.header.Irecv(inbox.msg, self.source, self.tag)
+        plan = yield from receive_steps("recv_channel", hreq, inbox, self._target, self._ordinal, pc, self._rt,
+                                        PERSISTENT, channel=True, posted=self._bind)
+        assert plan.result is not None
+        return plan.result
+
+    def _bind(self, plan: RecvPlan, reqs: Any) -> None:
+        """The first message's payload receive is posted (and started): keep it, and what the header said."""
+        array = plan.result
+        assert array is not None
+        self._req, self._array = reqs[0], array
         self._sync_target = self._sync_target or array._host is None
         self.source, self.tag, self.shape, self.dtype, self.meta = array.source, array.tag, array.shape, \
             array.dtype, array.meta
-        self._about = Awaited("RecvChannel.recv", False, self.source, self.tag, pc.header)
-        yield MPIWait([req], final=True)
-        return array
+        self._about = Awaited("RecvChannel.recv", False, self.source, self.tag, self._pc.header)
 
     def _steps(self, previous: Request[Any] | None) -> Generator[Waitable, None, Array]:
         """One message: after the previous one (the persistent request is single), start and wait."""
