@@ -48,7 +48,7 @@ def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta
         dest = check_rank(fn, "dest", dest, pc, wildcard=False)
     if type(tag) is not int or not 0 <= tag <= pc.tag_ub:
         tag = check_tag(fn, tag, pc, wildcard=False)
-    meta_bytes = check_meta(fn, meta)
+    meta_bytes = b"" if meta is None else check_meta(fn, meta)
     if sync is not None:
         sync = check_sync(fn, sync)
     rt = get_runtime()
@@ -224,7 +224,8 @@ def recv_array(
     if out is None:
         target, ordinal = None, rt.current_device() if device is None else receive_device("recv_array", device, rt)
     else:
-        target, ordinal = recv_target("recv_array", out, rt), None
+        # (a numpy array is its own target: nothing to describe or synchronize)
+        target, ordinal = out if type(out) is np.ndarray else recv_target("recv_array", out, rt), None
     if source == PROC_NULL:
         return _from_proc_null(target, tag)
     return receive("recv_array", pc, source, tag, target, ordinal, rt, out, due)

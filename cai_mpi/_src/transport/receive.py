@@ -92,7 +92,7 @@ def plan_recv(
     info, ptag = inbox.decode(inbox.hbuf, status.Get_count(BYTE), cfg.max_payload_bytes)
     if not info.inline:
         _check_payload_messages(info, ptag, pc)
-    if target is not None or info.channel != channel:
+    if info.channel != channel or (target is not None and not _plain_fit(target, info)):
         problem = _refusal(fn, info, source, tag, target, channel)
         if problem is not None:
             return RecvPlan(None, source, ptag, NO_MESSAGES, _discard(pc, info, source, ptag, problem))
@@ -164,6 +164,16 @@ def _checked(
         ) from None
 
 
+def _plain_fit(target: Target, info: MessageInfo) -> bool:
+    """True when ``target`` is a writable contiguous numpy array of the message's shape and dtype (the common
+    ``out=``, accepted here without building the refusal that ``mismatch`` would otherwise be asked about)."""
+    if type(target) is not np.ndarray or target.shape != info.shape:
+        return False
+    flags = target.flags
+    return (target.dtype is info.dtype or target.dtype == info.dtype) and flags.writeable \
+        and (flags.c_contiguous or flags.f_contiguous)
+
+
 def _check_payload_messages(info: MessageInfo, ptag: int, pc: PrivateComms) -> None:
     """Refuse a header whose payload no cai_mpi sender could have posted (it would fail inside MPI, or wait for
     ever): a tag over this MPI's TAG_UB, or one message over 2**31-1 bytes."""
@@ -199,8 +209,8 @@ def _into_host(
     result: Array, dst: np.ndarray[Any, Any], info: MessageInfo, source: int, ptag: int, inbox: Inbox
 ) -> RecvPlan:
     """Land the payload in host array ``dst``, viewed in wire order (C-ordered, or strided ``out=``)."""
-    if info.inline:
-        dst[...] = inbox.inline_payload(info)  # (same dtype: the receive checked it)
+    if info.inline:  # (same dtype: the receive checked it)
+        dst[...] = inbox._view if inbox._view_info is info else inbox.inline_payload(info)
         return RecvPlan(result, source, ptag, NO_MESSAGES, None)
     if info.payload_nbytes == 0 and not info.channel:  # (a channel's first payload is one message, even empty)
         return RecvPlan(result, source, ptag, NO_MESSAGES, None)
