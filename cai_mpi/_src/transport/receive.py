@@ -11,6 +11,7 @@ from mpi4py import MPI
 from ..arrays.array import Array
 from ..arrays.operands import RecvTarget, Target, describe_target, mismatch
 from ..config import Config
+from ..core.descriptor import CAIDescriptor
 from ..core.header import HEADER_BUFFER_BYTES, HeaderMemo, MessageInfo
 from ..errors import ProtocolError, RecvMismatchError, SenderFailedError
 from ..progress.waits import EventWait, MPIWait
@@ -23,7 +24,10 @@ from .plans import NO_MESSAGES, RecvPlan
 from .pool import host_receive_pool
 from .privcomm import PrivateComms
 
-__all__ = ["Inbox", "give_back_inbox", "header_failure", "plan_recv", "take_inbox"]
+__all__ = [
+    "Destination", "Inbox", "destination", "give_back_inbox", "header_failure", "plan_recv", "take_inbox",
+    "unpack_on_device",
+]
 
 # -- receiving ------------------------------------------------------------------------------------------------
 
@@ -96,37 +100,21 @@ def plan_recv(
         problem = _refusal(fn, info, source, tag, target, channel)
         if problem is not None:
             return RecvPlan(None, source, ptag, NO_MESSAGES, _discard(pc, info, source, ptag, problem))
-    landing: RecvPlan
-    if target is None:
-        if ordinal is None:
-            if info.inline:  # the payload is in the header buffer, which the next receive overwrites: copy it out
-                arr = (inbox._view if inbox._view_info is info else inbox.inline_payload(info)).copy()
-                return RecvPlan(Array._over_host(arr.T if info.fortran else arr, source, tag, info.meta), source, 0,
-                                NO_MESSAGES, None)
-            arr = host_receive_pool().take_array(info.shape, info.dtype, info.payload_nbytes, info.fortran)
-            result = Array._over_host(arr, source, tag, info.meta)
-            landing = _into_host(result, arr.T if info.fortran else arr, info, source, ptag, inbox)
-        else:
-            buffer = rt.alloc_device(info.payload_nbytes, ordinal, internal_stream(rt, ordinal), handed_out=True)
-            result = Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=source, tag=tag,
-                                       meta=info.meta)
-            desc = result.descriptor
-            landing = _into_device(result, desc.transposed() if info.fortran else desc, ordinal, info, source, ptag,
-                                   inbox, pc, rt)
-    elif type(target) is np.ndarray:
+    if type(target) is np.ndarray:  # (the common out=, without building a Destination)
         result = Array._over_host(target, source, tag, info.meta)
         landing = _into_host(result, target.T if info.fortran else target, info, source, ptag, inbox)
+    elif target is None and ordinal is None and info.inline:
+        # The payload is in the header buffer, which the next receive overwrites: copy it out.
+        arr = (inbox._view if inbox._view_info is info else inbox.inline_payload(info)).copy()
+        return RecvPlan(Array._over_host(arr.T if info.fortran else arr, source, tag, info.meta), source, 0,
+                        NO_MESSAGES, None)
     else:
-        assert isinstance(target, RecvTarget)  # its producer was synchronized by recv_target, in the caller's thread
-        if target.host is not None:
-            result = Array._over_host(target.host, source, tag, info.meta, target.owner)
-            landing = _into_host(result, target.host.T if info.fortran else target.host, info, source, ptag, inbox)
+        dest = destination(info, target, ordinal, source, tag, rt)
+        if dest.host is not None:
+            landing = _into_host(dest.result, dest.host, info, source, ptag, inbox)
         else:
-            assert target.desc is not None and target.ordinal is not None
-            result = Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner,
-                           source=source, tag=tag, meta=info.meta)
-            landing = _into_device(result, target.desc.transposed() if info.fortran else target.desc,
-                                   target.ordinal, info, source, ptag, inbox, pc, rt)
+            assert dest.wire is not None and dest.ordinal is not None
+            landing = _into_device(dest.result, dest.wire, dest.ordinal, info, source, ptag, inbox, pc, rt)
     if channel and (landing.steps is not None or len(landing.payload) != 1):
         # A channel binds one persistent receive to the memory: nothing to stage, chunk or unpack per message.
         where = "out=" if target is not None else f"GPU {ordinal}"
@@ -162,6 +150,51 @@ def _checked(
             f"so the payload did not come: {exc.reason}. The rest of the message was received and dropped "
             "(out= may hold part of it); the communicator stays usable", source, tag, exc.reason
         ) from None
+
+
+class Destination:
+    """Where a message's payload lands: ``result`` (the Array the receive returns) over host memory ``host``, or
+    over device memory ``wire`` on GPU ``ordinal``; ``host`` and ``wire`` are viewed in wire order."""
+
+    __slots__ = ("host", "ordinal", "result", "wire")
+
+    def __init__(self, result: Array, host: np.ndarray[Any, Any] | None, wire: CAIDescriptor | None,
+                 ordinal: int | None) -> None:
+        self.result, self.host, self.wire, self.ordinal = result, host, wire, ordinal
+
+
+def destination(info: MessageInfo, target: Target | None, ordinal: int | None, source: int, tag: int,
+                rt: Runtime) -> Destination:
+    """Where a payload described by ``info`` lands (point-to-point and collectives alike): ``out=`` (``target``,
+    already checked against ``info``), new host memory (``ordinal`` None) or new memory on GPU ``ordinal``."""
+    if target is None:
+        if ordinal is None:
+            arr = host_receive_pool().take_array(info.shape, info.dtype, info.payload_nbytes, info.fortran)
+            return Destination(Array._over_host(arr, source, tag, info.meta), arr.T if info.fortran else arr, None,
+                               None)
+        buffer = rt.alloc_device(info.payload_nbytes, ordinal, internal_stream(rt, ordinal), handed_out=True)
+        result = Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=source, tag=tag,
+                                   meta=info.meta)
+        desc = result.descriptor
+        return Destination(result, None, desc.transposed() if info.fortran else desc, ordinal)
+    if type(target) is np.ndarray:
+        return Destination(Array._over_host(target, source, tag, info.meta), target.T if info.fortran else target,
+                           None, None)
+    assert isinstance(target, RecvTarget)  # its producer was synchronized by recv_target, in the caller's thread
+    if target.host is not None:
+        return Destination(Array._over_host(target.host, source, tag, info.meta, target.owner),
+                           target.host.T if info.fortran else target.host, None, None)
+    assert target.desc is not None and target.ordinal is not None
+    result = Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=source,
+                   tag=tag, meta=info.meta)
+    return Destination(result, None, target.desc.transposed() if info.fortran else target.desc, target.ordinal)
+
+
+def unpack_on_device(tmp: DeviceBuffer, wire: CAIDescriptor, ordinal: int, rt: Runtime) -> Event:
+    """Scatter the contiguous bytes of ``tmp`` into strided device memory ``wire`` on cai_mpi's stream."""
+    stream = internal_stream(rt, ordinal)
+    rt.unpack(tmp.ptr, wire, ordinal, stream)
+    return rt.record_event(stream)
 
 
 def _plain_fit(target: Target, info: MessageInfo) -> bool:
@@ -259,12 +292,10 @@ def _upload_steps(rt: Runtime, ptr: int, data: np.ndarray[Any, Any], ordinal: in
     yield EventWait(rt.record_event(stream))
 
 
-def _unpack_steps(before: Steps | None, rt: Runtime, tmp: DeviceBuffer, wire: Any, ordinal: int) -> Steps:
+def _unpack_steps(before: Steps | None, rt: Runtime, tmp: DeviceBuffer, wire: CAIDescriptor, ordinal: int) -> Steps:
     if before is not None:
         yield from before
-    stream = internal_stream(rt, ordinal)
-    rt.unpack(tmp.ptr, wire, ordinal, stream)
-    yield EventWait(rt.record_event(stream))
+    yield EventWait(unpack_on_device(tmp, wire, ordinal, rt))
     del tmp
 
 

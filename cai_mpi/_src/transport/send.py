@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 from ..arrays.operands import DeviceSource
 from ..config import Config
+from ..core.descriptor import CAIDescriptor
 from ..core.header import encode_header, inline_message
 from ..progress.waits import EventWait, MPIWait
 from ..runtime.base import DeviceBuffer, Event, PinnedBuffer, Runtime
@@ -18,7 +19,7 @@ from .pieces import Steps, byte_chunks, chunks, give_back, internal_stream, pinn
 from .plans import NO_MESSAGES, SendPlan
 from .privcomm import PrivateComms
 
-__all__ = ["plan_send"]
+__all__ = ["pack_on_device", "plan_send"]
 
 
 # -- sending --------------------------------------------------------------------------------------------------
@@ -94,6 +95,17 @@ def _plan_device(
     return SendPlan(header, ptag, NO_MESSAGES, _device_send_steps(src, contiguous, pc, rt, dest, ptag, chunk), False)
 
 
+def pack_on_device(desc: CAIDescriptor, ordinal: int, rt: Runtime) -> tuple[DeviceBuffer, Event]:
+    """Strided device data packed contiguous on cai_mpi's stream (point-to-point and collectives alike), and the
+    event of the pack. CAI v3: the producer's stream must not run ahead into the data before the pack is done."""
+    stream = internal_stream(rt, ordinal)
+    packed = rt.pack(desc, ordinal, stream)
+    event = rt.record_event(stream)
+    if desc.stream is not None:
+        rt.stream_wait_event(desc.stream, event, ordinal)
+    return packed, event
+
+
 def _device_send_steps(
     src: DeviceSource, contiguous: bool, pc: PrivateComms, rt: Runtime, dest: int, ptag: int, chunk: int
 ) -> Steps:
@@ -104,12 +116,7 @@ def _device_send_steps(
     packed: DeviceBuffer | None = None
     packed_event: Event | None = None
     if not contiguous:
-        stream = internal_stream(rt, ordinal)
-        packed = rt.pack(desc, ordinal, stream)
-        packed_event = rt.record_event(stream)
-        if desc.stream is not None:
-            # CAI v3: the producer's stream must not run ahead into the data before the pack is done.
-            rt.stream_wait_event(desc.stream, packed_event, ordinal)
+        packed, packed_event = pack_on_device(desc, ordinal, rt)
         ptr = packed.ptr
     if pc.aware.aware:
         yield PREPARED
