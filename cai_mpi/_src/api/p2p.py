@@ -1,6 +1,7 @@
 """Point-to-point: send_array / recv_array and their nonblocking forms. Each validates its arguments, gets a plan
-from the transport and hands it to the transport's one posting body for its direction (``transport.post``):
-``send``/``recv`` (blocking, or against a deadline) or ``isend``/``irecv`` (a Request)."""
+from the transport and hands it to the transport's one posting body for its direction (``transport.post``) with a
+poster: MPI's blocking calls when nothing else needs driving and no deadline is set, else a Request
+(``isend_plan``/``ireceive``) waited for until the deadline."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from ..arrays.array import Array
 from ..arrays.operands import RecvTarget, Target, recv_target, send_source
 from ..config import config
 from ..progress.deadlines import deadline
-from ..progress.requests import PostedRequest, Request
+from ..progress.requests import PostedRequest, Request, idle
 from ..runtime import get_runtime
 from ..runtime.base import Runtime
-from ..transport import SendPlan, ireceive, isend_plan, plan_send, receive, send_plan
+from ..transport import BLOCKING, SendPlan, ireceive, isend_plan, plan_send, post_send, receive
 from ..transport.privcomm import PrivateComms
 from .validation import (
     ANY_SOURCE,
@@ -143,10 +144,13 @@ def send_array(
     Example:
         >>> send_array(cupy.arange(10), dest=1, meta={"step": 3})  # doctest: +SKIP
     """
-    due = deadline("send_array", timeout)
+    due = None if timeout is None and config().timeout is None else deadline("send_array", timeout)
     pc, dest, tag, plan, src = _outbound("send_array", obj, dest, tag, comm, sync, meta)
     if plan is not None:
-        send_plan("send_array", plan, pc, dest, tag, (obj, src), due)
+        if plan.steps is None and due is None and idle():
+            post_send(plan, pc, dest, tag, BLOCKING)  # nothing to drive, nothing to time: MPI's blocking calls
+        else:
+            isend_plan("send_array", plan, pc, dest, tag, (obj, src))._wait_until(due)
 
 
 # -- receiving ------------------------------------------------------------------------------------------------
@@ -214,7 +218,7 @@ def recv_array(
         TimeoutError: no message came within ``timeout``: the receive was cancelled, so a later message is
             not swallowed and the communicator stays usable.
     """
-    due = deadline("recv_array", timeout)
+    due = None if timeout is None and config().timeout is None else deadline("recv_array", timeout)
     pc = check_comm("recv_array", comm)
     if type(source) is not int or not 0 <= source < pc.size:
         source = check_rank("recv_array", "source", source, pc, wildcard=True)

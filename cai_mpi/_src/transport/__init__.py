@@ -29,7 +29,6 @@ from .post import (
     post_send,
     receive,
     receive_steps,
-    send_plan,
 )
 from .receive import Inbox, give_back_inbox, header_failure, plan_recv, take_inbox
 from .send import plan_send
@@ -37,5 +36,5 @@ from .send import plan_send
 __all__ = [
     "BLOCKING", "NONBLOCKING", "PERSISTENT", "PREPARED", "Gathered", "Inbox", "Landing", "Outgoing", "Poster",
     "RecvPlan", "SendPlan", "give_back_inbox", "header_failure", "internal_stream", "ireceive", "isend_plan",
-    "outgoing", "plan_recv", "plan_send", "post_send", "receive", "receive_steps", "send_plan", "take_inbox",
+    "outgoing", "plan_recv", "plan_send", "post_send", "receive", "receive_steps", "take_inbox",
 ]

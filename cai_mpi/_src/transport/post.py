@@ -11,8 +11,10 @@ as mpi4py's ``util.pkl5`` passes ``comm.Send``/``comm.Isend`` to one ``_send`` b
   deadline on that Request, the body is the same;
 - ``PERSISTENT``: ``Send_init``/``Recv_init``, started by a channel each message.
 
-``send_plan``/``isend_plan`` and ``receive``/``ireceive`` are what the API calls: they choose the poster and
-wrap the posted operations and the plan's steps in a Request where something is left to drive.
+The API calls ``post_send`` with ``BLOCKING`` for a send with nothing to drive and no deadline, else
+``isend_plan`` (a Request over the same body); ``receive`` (blocking, or ``ireceive`` waited until a deadline)
+and ``ireceive`` for receives. A Request wraps the posted operations and the plan's steps where something is left
+to drive.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from .receive import Inbox, give_back_inbox, header_failure, plan_recv, take_inb
 
 __all__ = [
     "BLOCKING", "NONBLOCKING", "PERSISTENT", "Poster", "ireceive", "isend_plan", "post_recv", "post_send", "receive",
-    "receive_steps", "send_plan",
+    "receive_steps",
 ]
 
 
@@ -77,14 +79,6 @@ def post_send(plan: SendPlan, pc: PrivateComms, dest: int, tag: int, poster: Pos
         for spec in payload:
             reqs.append(post(comm, spec, dest, ptag))
     return reqs
-
-
-def send_plan(fn: str, plan: SendPlan, pc: PrivateComms, dest: int, tag: int, keep: Any, due: Deadline | None) -> None:
-    """Send ``plan`` and return once MPI is done with its memory (``due``: give up then, TimeoutError)."""
-    if plan.steps is None and due is None and idle():
-        post_send(plan, pc, dest, tag, BLOCKING)  # nothing to drive, nothing to time: MPI's blocking calls
-        return
-    isend_plan(fn, plan, pc, dest, tag, keep)._wait_until(due)
 
 
 def isend_plan(fn: str, plan: SendPlan, pc: PrivateComms, dest: int, tag: int, keep: Any) -> Request[None]:

@@ -102,6 +102,10 @@ def plan_recv(
             return RecvPlan(None, source, ptag, NO_MESSAGES, _discard(pc, info, source, ptag, problem))
     if type(target) is np.ndarray:  # (the common out=, without building a Destination)
         result = Array._over_host(target, source, tag, info.meta)
+        if info.inline:  # the payload is in the header buffer: copied into out= now, nothing left to post
+            (target.T if info.fortran else target)[...] = \
+                inbox._view if inbox._view_info is info else inbox.inline_payload(info)
+            return RecvPlan(result, source, 0, NO_MESSAGES, None)
         landing = _into_host(result, target.T if info.fortran else target, info, source, ptag, inbox)
     elif target is None and ordinal is None and info.inline:
         # The payload is in the header buffer, which the next receive overwrites: copy it out.
