@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from ..arrays.array import Array
 from ..arrays.operands import RecvTarget, Target, recv_target, send_source
-from ..config import config
+from ..config import Config, config
 from ..progress.deadlines import deadline
 from ..progress.requests import PostedRequest, Request, idle
 from ..runtime import get_runtime
@@ -40,7 +40,7 @@ __all__ = [
 # -- sending --------------------------------------------------------------------------------------------------
 
 
-def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta: Any) -> tuple[
+def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta: Any, cfg: Config) -> tuple[
     PrivateComms, int, int, SendPlan | None, Any
 ]:
     """Validate a send's arguments and plan its message (None for PROC_NULL)."""
@@ -52,11 +52,12 @@ def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta
     meta_bytes = b"" if meta is None else check_meta(fn, meta)
     if sync is not None:
         sync = check_sync(fn, sync)
-    rt = get_runtime()
-    src = obj if type(obj) is np.ndarray else send_source(fn, obj, sync, rt)
+    # (host memory needs no runtime: a numpy array is planned without one)
+    rt = None if type(obj) is np.ndarray else get_runtime()
+    src = obj if rt is None else send_source(fn, obj, sync, rt)
     if dest == PROC_NULL:
         return pc, dest, tag, None, src
-    return pc, dest, tag, plan_send(src, pc, meta_bytes, config(), rt, dest), src
+    return pc, dest, tag, plan_send(src, pc, meta_bytes, cfg, rt, dest), src
 
 
 def isend_array(
@@ -93,7 +94,7 @@ def isend_array(
         TypeError, ValueError, CAIError, StreamError, CudaError: as in ``send_array`` (a CudaError that the GPU
             reports only after the message went out is raised by ``wait()``).
     """
-    pc, dest, tag, plan, src = _outbound("isend_array", obj, dest, tag, comm, sync, meta)
+    pc, dest, tag, plan, src = _outbound("isend_array", obj, dest, tag, comm, sync, meta, config())
     if plan is None:
         return PostedRequest([], None)
     return isend_plan("isend_array", plan, pc, dest, tag, (obj, src))
@@ -144,8 +145,9 @@ def send_array(
     Example:
         >>> send_array(cupy.arange(10), dest=1, meta={"step": 3})  # doctest: +SKIP
     """
-    due = None if timeout is None and config().timeout is None else deadline("send_array", timeout)
-    pc, dest, tag, plan, src = _outbound("send_array", obj, dest, tag, comm, sync, meta)
+    cfg = config()
+    due = None if timeout is None and cfg.timeout is None else deadline("send_array", timeout)
+    pc, dest, tag, plan, src = _outbound("send_array", obj, dest, tag, comm, sync, meta, cfg)
     if plan is not None:
         if plan.steps is None and due is None and idle():
             post_send(plan, pc, dest, tag, BLOCKING)  # nothing to drive, nothing to time: MPI's blocking calls
@@ -325,7 +327,7 @@ def sendrecv_array(
     fn = "sendrecv_array"
     due = deadline(fn, timeout)
     pc, source, recvtag, target, ordinal, rt = _receive_args(fn, source, recvtag, comm, out, device)
-    pc, dest, sendtag, plan, src = _outbound(fn, obj, dest, sendtag, comm, sync, meta)
+    pc, dest, sendtag, plan, src = _outbound(fn, obj, dest, sendtag, comm, sync, meta, config())
     sent = None if plan is None else isend_plan(fn, plan, pc, dest, sendtag, (obj, src))
     try:
         if source == PROC_NULL:

@@ -26,16 +26,17 @@ __all__ = ["pack_on_device", "plan_send"]
 
 
 def plan_send(
-    src: np.ndarray[Any, Any] | DeviceSource, pc: PrivateComms, meta: bytes, cfg: Config, rt: Runtime, dest: int,
+    src: np.ndarray[Any, Any] | DeviceSource, pc: PrivateComms, meta: bytes, cfg: Config, rt: Runtime | None, dest: int,
     *, channel: bool = False,
 ) -> SendPlan:
-    """How the message carrying ``src`` travels; ``dest`` is needed only by staged device payloads."""
+    """How the message carrying ``src`` travels; ``dest`` is needed only by staged device payloads, ``rt`` only by
+    device memory."""
     if type(src) is np.ndarray:
         nbytes = src.nbytes
         if nbytes <= cfg.inline_bytes and not channel:
             return SendPlan(inline_message(src, meta), 0, NO_MESSAGES, None, True)
         return _plan_host(src, pc, meta, cfg, channel)
-    assert isinstance(src, DeviceSource)
+    assert isinstance(src, DeviceSource) and rt is not None  # (device memory came with its runtime)
     if src.desc.nbytes == 0 and not channel:  # nothing to read, wherever the (NULL) pointer lives
         return SendPlan(inline_message(np.empty(src.desc.shape, src.desc.dtype), meta), 0, NO_MESSAGES, None, True)
     return _plan_device(src, pc, meta, cfg, rt, dest, channel)
