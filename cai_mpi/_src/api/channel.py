@@ -26,7 +26,7 @@ from ..progress.deadlines import Awaited, deadline
 from ..progress.requests import Request, RequestWait, _active, keep_past_exit
 from ..progress.waits import MPIWait, Waitable
 from ..runtime import get_runtime
-from ..transport import PERSISTENT, RecvPlan, plan_send, post_send, receive_steps, take_inbox
+from ..transport import PERSISTENT, RecvPlan, plan_send, post_send, receive_steps
 from .channel_ends import ChannelEnd
 from .validation import (
     ANY_SOURCE,
@@ -227,11 +227,8 @@ class RecvChannel(ChannelEnd):
     def _open(self) -> Generator[Waitable, None, Array]:
         """The first message: its header says what the channel carries; its payload's landing is posted as the
         persistent receive every later message starts."""
-        pc = self._pc
-        inbox = take_inbox()
-        hreq = pc.header.Irecv(inbox.msg, self.source, self.tag)
-        plan = yield from receive_steps("recv_channel", hreq, inbox, self._target, self._ordinal, pc, self._rt,
-                                        PERSISTENT, channel=True, posted=self._bind)
+        plan = yield from receive_steps("recv_channel", self._pc, self.source, self.tag, self._target, self._ordinal,
+                                        self._rt, PERSISTENT, channel=True, posted=self._bind)
         assert plan.result is not None
         return plan.result
 

@@ -147,9 +147,7 @@ def receive(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | N
 def ireceive(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None, ordinal: int | None, rt: Runtime,
           keep: Any) -> Request[Array]:
     """Post the header receive now: a Request that lands the message and returns its Array."""
-    inbox = take_inbox()
-    hreq = pc.header.Irecv(inbox.msg, source, tag)
-    return Request(_result(receive_steps(fn, hreq, inbox, target, ordinal, pc, rt, NONBLOCKING)), keep=(keep, inbox),
+    return Request(_result(receive_steps(fn, pc, source, tag, target, ordinal, rt, NONBLOCKING)), keep=keep,
                    about=Awaited(fn, False, source, tag, pc.header))
 
 
@@ -160,13 +158,19 @@ def _result(steps: Generator[Waitable, None, RecvPlan]) -> Generator[Waitable, N
 
 
 def receive_steps(
-    fn: str, hreq: MPI.Request, inbox: Inbox, target: Target | None, ordinal: int | None, pc: PrivateComms,
-    rt: Runtime, poster: Poster, *, channel: bool = False,
-    posted: Callable[[RecvPlan, Sequence[Any]], None] | None = None,
+    fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None, ordinal: int | None, rt: Runtime,
+    poster: Poster, *, channel: bool = False, posted: Callable[[RecvPlan, Sequence[Any]], None] | None = None,
 ) -> Generator[Waitable, None, RecvPlan]:
-    """A receive whose header receive ``hreq`` (into ``inbox``, which this gives back) is posted: wait for the
-    header, plan the landing, post the payload with ``poster`` (a persistent one's requests are started, and
-    ``posted`` is told them at once: a channel keeps them), then drive the plan's steps."""
+    """A receive driven by a Request: post the header receive (into an inbox of the free list, held until the
+    header is decoded; a Request runs this up to its first wait when it is made, so the header receive is posted
+    then), wait for the header, plan the landing, post the payload with ``poster`` (a persistent one's requests are
+    started, and ``posted`` is told them at once: a channel keeps them), then drive the plan's steps."""
+    inbox = take_inbox()
+    try:
+        hreq = pc.header.Irecv(inbox.msg, source, tag)
+    except BaseException:
+        give_back_inbox(inbox)
+        raise
     try:
         try:
             yield MPIWait([hreq], inbox.status, cancellable=True)
