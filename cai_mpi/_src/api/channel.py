@@ -2,9 +2,10 @@
 
 The first message of a channel is an ordinary self-describing header (flag CHANNEL, docs/protocol.md)
 followed by the payload on the channel's payload tag; every later message is the payload alone. Both
-ends plan their first message with the transport, as every send and receive does, and bind the one
-payload message it plans to an MPI persistent request (``Send_init`` / ``Recv_init``): no header to
-build or parse, nothing allocated per message.
+ends plan their first message with the transport and post it through the transport's one posting body
+with its persistent poster (``Send_init`` / ``Recv_init``), as every send and receive is posted; each
+later message starts the one payload request again: no header to build or parse, nothing allocated per
+message.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import atexit
 import weakref
 from collections.abc import Generator
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -22,12 +22,12 @@ from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, RecvTarget, recv_target, send_source
 from ..arrays.sync import sync_enabled, sync_unnamed
 from ..config import config
-from ..errors import TimeoutError
-from ..progress.deadlines import Awaited, Deadline, deadline
-from ..progress.requests import PostedRequest, Request, RequestWait, _active, complete_by, keep_past_exit
+from ..progress.deadlines import Awaited, deadline
+from ..progress.requests import Request, RequestWait, _active, keep_past_exit
 from ..progress.waits import MPIWait, Waitable
 from ..runtime import get_runtime
-from ..transport import give_back_inbox, header_failure, plan_recv, plan_send, take_inbox
+from ..transport import PERSISTENT, RecvPlan, plan_send, post_send, receive_steps
+from .channel_ends import ChannelEnd
 from .validation import (
     ANY_SOURCE,
     ANY_TAG,
@@ -42,14 +42,6 @@ from .validation import (
 )
 
 __all__ = ["RecvChannel", "SendChannel", "recv_channel", "send_channel"]
-
-_BYTE = MPI.BYTE
-
-
-def _free(req: MPI.Request | None, mpi: Any = MPI) -> None:  # (``mpi``: this module's MPI, even during teardown)
-    if req is not None and mpi.Is_initialized() and not mpi.Is_finalized() and req != mpi.REQUEST_NULL:
-        req.Free()
-
 
 # Channels not closed yet: their persistent requests are freed before MPI finalizes (MPICH reports
 # "freeing inactive persistent request" otherwise), or when a channel is garbage collected.
@@ -74,121 +66,15 @@ def _address(src: np.ndarray[Any, Any] | DeviceSource) -> int:
     return src.desc.ptr if isinstance(src, DeviceSource) else int(src.__array_interface__["data"][0])
 
 
-class _Channel:
-    """What both ends share: one MPI persistent request, the message in flight, closing and freeing.
-
-    Messages of one channel are strictly ordered: a message started while the previous one is in flight
-    queues behind it (the persistent request is single), so windows of isends or irecvs never block.
-    """
-
-    __slots__ = ("__weakref__", "_about", "_closed", "_inflight", "_req")
-
-    # Reached through the class: teardown may clear this module's globals before it frees a channel.
-    _free_request = staticmethod(_free)
-    _about: Awaited  # what a timeout says this channel was waiting for
-    _closed: bool
-    _req: MPI.Prequest | None
-    _inflight: Request[Any] | None
-
-    def _check_open(self, what: str) -> None:
-        if self._closed:
-            raise ValueError(f"{what} on a closed channel")
-
-    def _start(self, result: Any, keep: Any, about: Awaited) -> Request[Any]:
-        """Start the persistent request now (nothing in flight): a Request with nothing left to drive. A receive's
-        may be withdrawn by a timeout (its message then waits for the next start)."""
-        assert self._req is not None
-        self._req.Start()
-        return PostedRequest([self._req], result, keep=keep, about=about, cancellable=not about.sends)
-
-    def _queued(self) -> bool:
-        return self._inflight is not None and not self._inflight._settled
-
-    def close(self, timeout: float | None = None) -> None:
-        """Wait for a message in flight, then free the channel's MPI request (idempotent).
-
-        Args:
-            timeout: seconds to wait at most (None: ``CAI_MPI_TIMEOUT``, off by default). Past it,
-                ``TimeoutError``, and the channel is closed all the same: a send stays posted, its memory kept
-                alive, and completes if the peer receives it (later cai_mpi waits finish it); a receive that
-                matched nothing is withdrawn; the MPI request is freed once MPI is done with it.
-        """
-        fn = f"{type(self).__name__}.close"
-        due = deadline(fn, timeout)  # (a bad timeout is refused before anything changes)
-        if self._closed:
-            return
-        inflight = self._inflight
-        if inflight is not None and not inflight._settled:
-            if due is None:
-                # Its error, if any, is its own wait()'s to raise (a failed recv() has raised it already).
-                inflight._wait_quietly()
-            else:
-                withdrawn = self._settle_by(inflight, due)
-                if withdrawn or not inflight._settled:
-                    self._release()
-                    about = self._about
-                    raise Awaited(fn, about.sends, about.peer, about.tag, about.comm).expired(
-                        due, cancelled=withdrawn, matched=True)
-        self._release()
-
-    @staticmethod
-    def _settle_by(inflight: Request[Any], due: Deadline) -> bool:
-        """Wait until ``due`` for the message in flight to settle: through its own wait, which withdraws a receive
-        that matched nothing at ``due`` (then True) and leaves anything else to finish in the background; after an
-        earlier timeout, for its completion in the background."""
-        withdrawn = False
-        if not inflight.done:
-            try:
-                inflight._wait_until(due)
-            except TimeoutError as exc:
-                withdrawn = exc.cancelled
-            except BaseException:
-                pass  # the message's own error is its own wait()'s to raise
-        if not inflight._settled:
-            complete_by(RequestWait(inflight), due)
-        return withdrawn
-
-    def _release(self) -> None:
-        """No more messages; free the MPI request without waiting (close, exit, garbage collection). Not while a
-        message is in flight: MPI still owns its memory, and a freed request would read as complete to its wait
-        (which would then let the memory go). The request in flight holds the MPI request until it completes, and
-        whoever frees the channel last (garbage collection, or the exit hook) frees it then."""
-        if not hasattr(self, "_closed"):  # (a constructor that raised set nothing)
-            return
-        self._closed = True
-        if not self._queued():
-            self._free_request(self._req)
-
-    def __del__(self) -> None:
-        self._release()
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        if error is None:
-            self.close()
-        else:  # leaving on an error: waiting for a peer now could hang, or hide the error behind another
-            self._close_without_waiting()
-
-    def _close_without_waiting(self) -> None:
-        """Close now: a receive in flight that matched nothing is withdrawn; a send, or a receive whose message
-        matched, goes on in the background (kept alive by its request, driven by later cai_mpi waits)."""
-        inflight = self._inflight
-        if inflight is not None and not inflight.done and not self._about.sends:
-            try:
-                inflight._wait_until(Deadline(0.0))
-            except BaseException:
-                pass  # withdrawn (its wait() says so), or its own error
-        self._release()
-
-
-class SendChannel(_Channel):
+class SendChannel(ChannelEnd):
     """Sends the current contents of one array to one rank, again and again. Made by ``send_channel``.
 
     ``send()`` blocks like ``send_array``; ``isend()`` returns a Request. ``close()`` frees the
     channel's MPI request; a closed channel refuses to send. Context manager: closes on exit.
     """
 
-    __slots__ = ("_header", "_obj", "_opened", "_pc", "_ptr", "_rt", "_sync", "_sync_each", "dest", "dtype", "shape",
-                 "tag")
+    __slots__ = ("_header_req", "_obj", "_opened", "_pc", "_ptr", "_rt", "_sync", "_sync_each", "dest", "dtype",
+                 "shape", "tag")
 
     def __init__(self, obj: Any, dest: int, tag: int, comm: MPI.Comm | None, sync: bool | None,
                  meta: dict[str, Any] | None) -> None:
@@ -202,8 +88,8 @@ class SendChannel(_Channel):
         rt = get_runtime()
         self._sync = check_sync(fn, sync)
         src = send_source(fn, obj, self._sync, rt)
-        header, ptag, payload, steps, in_place = plan_send(src, pc, meta_bytes, config(), rt, self.dest, channel=True)
-        if steps is not None or len(payload) != 1 or not in_place:
+        plan = plan_send(src, pc, meta_bytes, config(), rt, self.dest, channel=True)
+        if plan.steps is not None or len(plan.payload) != 1 or not plan.in_place:
             raise ValueError(
                 f"{fn}: a channel hands the array's memory to MPI in place, as one message: host memory of at "
                 f"most CAI_MPI_MAX_MESSAGE_BYTES={config().max_message_bytes} bytes in a layout MPI can describe, "
@@ -211,8 +97,10 @@ class SendChannel(_Channel):
                 f"{'' if pc.aware.aware else 'not '}CUDA-aware, per {pc.aware.source}). "
                 "Use send_array, which packs, stages and splits"
             )
-        self._header = header
-        self._req: MPI.Prequest | None = pc.payload.Send_init(payload[0], self.dest, ptag)
+        # The header and the payload as persistent sends: the first message starts both, every later one the
+        # payload's alone (the header's is freed once it has gone).
+        self._header_req: MPI.Prequest | None
+        self._header_req, self._req = post_send(plan, pc, self.dest, self.tag, PERSISTENT)
         self._pc, self._rt, self._obj = pc, rt, obj
         self._ptr = _address(src)
         self.shape: tuple[int, ...] = src.desc.shape if isinstance(src, DeviceSource) else src.shape
@@ -240,11 +128,16 @@ class SendChannel(_Channel):
             yield RequestWait(previous)
         assert self._req is not None
         reqs: list[MPI.Request] = [self._req]
-        if not self._opened:
+        header = self._header_req
+        if header is not None:  # the first message
             self._opened = True
-            reqs.append(self._pc.header.Isend([self._header, _BYTE], self.dest, self.tag))
+            reqs.append(header)
+            header.Start()
         self._req.Start()
         yield MPIWait(reqs, final=True)
+        if header is not None:
+            self._header_req = None
+            self._free_request(header)
 
     def send(self, timeout: float | None = None) -> None:
         """Send the array's current contents (the first send also carries the description).
@@ -280,6 +173,13 @@ class SendChannel(_Channel):
         self._inflight = req
         return req
 
+    def _release(self) -> None:
+        super()._release()
+        header = getattr(self, "_header_req", None)
+        if header is not None and self._closed and not self._queued():
+            self._header_req = None
+            self._free_request(header)
+
     def __enter__(self) -> SendChannel:
         return self
 
@@ -288,7 +188,7 @@ class SendChannel(_Channel):
         return f"<cai_mpi.SendChannel to rank {self.dest} tag {self.tag} shape={self.shape} dtype={self.dtype} {state}>"
 
 
-class RecvChannel(_Channel):
+class RecvChannel(ChannelEnd):
     """Receives the arrays of one ``SendChannel``. Made by ``recv_channel``.
 
     The first ``recv()`` takes the channel's description (from ``source``/``tag``, wildcards allowed;
@@ -325,32 +225,22 @@ class RecvChannel(_Channel):
         self.meta: dict[str, Any] | None = None
 
     def _open(self) -> Generator[Waitable, None, Array]:
-        """The first message: its header says what the channel carries; bind its payload's landing."""
-        pc = self._pc
-        inbox = take_inbox()
-        try:
-            yield MPIWait([pc.header.Irecv(inbox.msg, self.source, self.tag)], inbox.status, cancellable=True)
-        except MPI.Exception as exc:
-            give_back_inbox(inbox)
-            raise header_failure("recv_channel", exc, inbox.status) from None
-        try:
-            array, sender, ptag, payload, steps = plan_recv(
-                "recv_channel", inbox, self._target, self._ordinal, pc, config(), self._rt, channel=True
-            )
-        finally:
-            give_back_inbox(inbox)
-        if array is None:
-            assert steps is not None
-            yield from steps  # discards the payload, then raises why
-        req = pc.payload.Recv_init(payload[0], sender, ptag)
-        req.Start()
-        self._req, self._array = req, array
+        """The first message: its header says what the channel carries; its payload's landing is posted as the
+        persistent receive every later message starts."""
+        plan = yield from receive_steps("recv_channel", self._pc, self.source, self.tag, self._target, self._ordinal,
+                                        self._rt, PERSISTENT, channel=True, posted=self._bind)
+        assert plan.result is not None
+        return plan.result
+
+    def _bind(self, plan: RecvPlan, reqs: Any) -> None:
+        """The first message's payload receive is posted (and started): keep it, and what the header said."""
+        array = plan.result
+        assert array is not None
+        self._req, self._array = reqs[0], array
         self._sync_target = self._sync_target or array._host is None
         self.source, self.tag, self.shape, self.dtype, self.meta = array.source, array.tag, array.shape, \
             array.dtype, array.meta
-        self._about = Awaited("RecvChannel.recv", False, self.source, self.tag, pc.header)
-        yield MPIWait([req], final=True)
-        return array
+        self._about = Awaited("RecvChannel.recv", False, self.source, self.tag, self._pc.header)
 
     def _steps(self, previous: Request[Any] | None) -> Generator[Waitable, None, Array]:
         """One message: after the previous one (the persistent request is single), start and wait."""

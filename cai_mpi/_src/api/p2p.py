@@ -1,10 +1,10 @@
-"""Point-to-point: send_array / recv_array and their nonblocking forms, each a plan from the transport and a
-way to post it (blocking ``Send``/``Recv``, or ``Isend``/``Irecv`` driven by a Request)."""
+"""Point-to-point: send_array / recv_array and their nonblocking forms. Each validates its arguments, gets a plan
+from the transport and hands it to the transport's one posting body for its direction (``transport.post``) with a
+poster: MPI's blocking calls when nothing else needs driving and no deadline is set, else a Request
+(``isend_plan``/``ireceive``) waited for until the deadline."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Generator
 from typing import Any
 
 import numpy as np
@@ -12,13 +12,12 @@ from mpi4py import MPI
 
 from ..arrays.array import Array
 from ..arrays.operands import RecvTarget, Target, recv_target, send_source
-from ..config import config
-from ..progress.deadlines import Awaited, deadline
-from ..progress.requests import PostedRequest, Request, _active, complete, drive
-from ..progress.waits import MPIWait, Waitable
+from ..config import Config, config
+from ..progress.deadlines import deadline
+from ..progress.requests import PostedRequest, Request, idle
 from ..runtime import get_runtime
 from ..runtime.base import Runtime
-from ..transport import PREPARED, Inbox, Outbound, give_back_inbox, header_failure, plan_recv, plan_send, take_inbox
+from ..transport import BLOCKING, SendPlan, ireceive, isend_plan, plan_send, post_send, receive
 from ..transport.privcomm import PrivateComms
 from .validation import (
     ANY_SOURCE,
@@ -37,64 +36,28 @@ __all__ = [
     "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "irecv_array", "isend_array", "recv_array", "send_array", "sendrecv_array",
 ]
 
-_BYTE = MPI.BYTE
-
 
 # -- sending --------------------------------------------------------------------------------------------------
 
 
-def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta: Any) -> tuple[
-    PrivateComms, int, int, Outbound | None, Any
+def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta: Any, cfg: Config) -> tuple[
+    PrivateComms, int, int, SendPlan | None, Any
 ]:
-    """Validate a send's arguments and plan its message (None for PROC_NULL): the one body of every send."""
+    """Validate a send's arguments and plan its message (None for PROC_NULL)."""
     pc = check_comm(fn, comm)
     if type(dest) is not int or not 0 <= dest < pc.size:
         dest = check_rank(fn, "dest", dest, pc, wildcard=False)
     if type(tag) is not int or not 0 <= tag <= pc.tag_ub:
         tag = check_tag(fn, tag, pc, wildcard=False)
-    meta_bytes = check_meta(fn, meta)
+    meta_bytes = b"" if meta is None else check_meta(fn, meta)
     if sync is not None:
         sync = check_sync(fn, sync)
-    rt = get_runtime()
-    src = obj if type(obj) is np.ndarray else send_source(fn, obj, sync, rt)
+    # (host memory needs no runtime: a numpy array is planned without one)
+    rt = None if type(obj) is np.ndarray else get_runtime()
+    src = obj if rt is None else send_source(fn, obj, sync, rt)
     if dest == PROC_NULL:
         return pc, dest, tag, None, src
-    return pc, dest, tag, plan_send(src, pc, meta_bytes, config(), rt, dest), src
-
-
-def _post(fn: str, out: Outbound, pc: PrivateComms, dest: int, tag: int, keep: Any) -> Request[None]:
-    """Post ``out`` with Isend: a Request that completes when the MPI operations (and steps) have."""
-    header, ptag, payload, steps, _in_place = out
-    about = Awaited(fn, True, dest, tag, pc.header)
-    if steps is None:
-        return PostedRequest(_messages(pc, header, payload, dest, tag, ptag), None, keep=(keep, payload), about=about)
-    return Request(_prepared_then_posted(steps, pc, header, payload, dest, tag, ptag), keep=(keep, payload),
-                   about=about)
-
-
-def _messages(pc: PrivateComms, header: bytes, payload: list[Any], dest: int, tag: int, ptag: int) -> list[MPI.Request]:
-    reqs = [pc.header.Isend([header, _BYTE], dest, tag)]
-    for spec in payload:
-        reqs.append(pc.payload.Isend(spec, dest, ptag))
-    return reqs
-
-
-def _prepared_then_posted(
-    steps: Generator[Waitable, None, None], pc: PrivateComms, header: bytes, payload: list[Any], dest: int, tag: int,
-    ptag: int,
-) -> Generator[Waitable, None, None]:
-    """The steps run up to PREPARED first (allocations, the device pack, the first staging copy): a failure there
-    raises before anything is posted. Then the messages go out and the steps go on; a failure from then on the
-    steps announce to the receiver, and the header is still waited for."""
-    if next(steps) is not PREPARED:
-        raise AssertionError("a send's steps must yield PREPARED first")
-    reqs = _messages(pc, header, payload, dest, tag, ptag)
-    try:
-        yield from steps
-    except Exception:
-        yield MPIWait(reqs)
-        raise
-    yield MPIWait(reqs, final=True)
+    return pc, dest, tag, plan_send(src, pc, meta_bytes, cfg, rt, dest), src
 
 
 def isend_array(
@@ -131,10 +94,10 @@ def isend_array(
         TypeError, ValueError, CAIError, StreamError, CudaError: as in ``send_array`` (a CudaError that the GPU
             reports only after the message went out is raised by ``wait()``).
     """
-    pc, dest, tag, out, src = _outbound("isend_array", obj, dest, tag, comm, sync, meta)
-    if out is None:
+    pc, dest, tag, plan, src = _outbound("isend_array", obj, dest, tag, comm, sync, meta, config())
+    if plan is None:
         return PostedRequest([], None)
-    return _post("isend_array", out, pc, dest, tag, keep=(obj, src))
+    return isend_plan("isend_array", plan, pc, dest, tag, (obj, src))
 
 
 def send_array(
@@ -182,24 +145,17 @@ def send_array(
     Example:
         >>> send_array(cupy.arange(10), dest=1, meta={"step": 3})  # doctest: +SKIP
     """
-    due = deadline("send_array", timeout)
-    pc, dest, tag, out, src = _outbound("send_array", obj, dest, tag, comm, sync, meta)
-    if out is None:
-        return
-    header, ptag, payload, steps, _in_place = out
-    if steps is None and not _active and due is None:
-        pc.header.Send([header, _BYTE], dest, tag)
-        for spec in payload:
-            pc.payload.Send(spec, dest, ptag)
-        return
-    # Other requests need driving meanwhile, steps do, or the wait has a deadline.
-    _post("send_array", out, pc, dest, tag, keep=(obj, src))._wait_until(due)
+    cfg = config()
+    due = None if timeout is None and cfg.timeout is None else deadline("send_array", timeout)
+    pc, dest, tag, plan, src = _outbound("send_array", obj, dest, tag, comm, sync, meta, cfg)
+    if plan is not None:
+        if plan.steps is None and due is None and idle():
+            post_send(plan, pc, dest, tag, BLOCKING)  # nothing to drive, nothing to time: MPI's blocking calls
+        else:
+            isend_plan("send_array", plan, pc, dest, tag, (obj, src))._wait_until(due)
 
 
 # -- receiving ------------------------------------------------------------------------------------------------
-
-_tls = threading.local()  # a blocking receive uses its thread's own inbox
-
 
 def _receive_args(fn: str, source: Any, tag: Any, comm: Any, out: Any, device: Any) -> tuple[
     PrivateComms, int, int, Any, int | None, Runtime
@@ -264,9 +220,7 @@ def recv_array(
         TimeoutError: no message came within ``timeout``: the receive was cancelled, so a later message is
             not swallowed and the communicator stays usable.
     """
-    due = deadline("recv_array", timeout)
-    if due is not None:
-        return _start_recv("recv_array", source, tag, comm, out, device)._wait_until(due)
+    due = None if timeout is None and config().timeout is None else deadline("recv_array", timeout)
     pc = check_comm("recv_array", comm)
     if type(source) is not int or not 0 <= source < pc.size:
         source = check_rank("recv_array", "source", source, pc, wildcard=True)
@@ -276,35 +230,11 @@ def recv_array(
     if out is None:
         target, ordinal = None, rt.current_device() if device is None else receive_device("recv_array", device, rt)
     else:
-        target, ordinal = recv_target("recv_array", out, rt), None
-    return _receive("recv_array", pc, source, tag, target, ordinal, rt)
-
-
-def _receive(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None, ordinal: int | None,
-             rt: Runtime) -> Array:
-    """The blocking receive of validated arguments, in the calling thread (errors name ``fn``)."""
+        # (a numpy array is its own target: nothing to describe or synchronize)
+        target, ordinal = out if type(out) is np.ndarray else recv_target("recv_array", out, rt), None
     if source == PROC_NULL:
         return _from_proc_null(target, tag)
-    try:
-        inbox = _tls.inbox
-    except AttributeError:
-        inbox = _tls.inbox = Inbox()
-    try:
-        if not _active:
-            pc.header.Recv(inbox.msg, source, tag, inbox.status)
-        else:
-            complete(MPIWait([pc.header.Irecv(inbox.msg, source, tag)], inbox.status))
-    except MPI.Exception as exc:
-        raise header_failure(fn, exc, inbox.status) from None
-    result, sender, ptag, payload, steps = plan_recv(fn, inbox, target, ordinal, pc, config(), rt)
-    if payload:
-        if len(payload) == 1 and not _active:
-            pc.payload.Recv(payload[0], sender, ptag)
-        else:
-            complete(MPIWait([pc.payload.Irecv(spec, sender, ptag) for spec in payload]))
-    if steps is not None:
-        drive(steps)
-    return result
+    return receive("recv_array", pc, source, tag, target, ordinal, rt, out, due)
 
 
 def irecv_array(
@@ -338,37 +268,9 @@ def irecv_array(
 
 def _start_recv(fn: str, source: Any, tag: Any, comm: Any, out: Any, device: Any) -> Request[Array]:
     pc, source, tag, target, ordinal, rt = _receive_args(fn, source, tag, comm, out, device)
-    return _post_recv(fn, pc, source, tag, target, ordinal, rt, out)
-
-
-def _post_recv(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None, ordinal: int | None,
-               rt: Runtime, out: Any) -> Request[Array]:
-    """The nonblocking receive of validated arguments: its header receive is posted now (errors name ``fn``)."""
     if source == PROC_NULL:
         return PostedRequest([], _from_proc_null(target, tag))
-    inbox = take_inbox()
-    hreq = pc.header.Irecv(inbox.msg, source, tag)
-    return Request(_receive_steps(fn, hreq, inbox, target, ordinal, pc, rt), keep=(out, inbox),
-                   about=Awaited(fn, False, source, tag, pc.header))
-
-
-def _receive_steps(
-    fn: str, hreq: MPI.Request, inbox: Inbox, target: Any, ordinal: int | None, pc: PrivateComms, rt: Runtime
-) -> Generator[Waitable, None, Array]:
-    try:
-        try:
-            yield MPIWait([hreq], inbox.status, cancellable=True)
-        except MPI.Exception as exc:
-            raise header_failure(fn, exc, inbox.status) from None
-        result, sender, ptag, payload, steps = plan_recv(fn, inbox, target, ordinal, pc, config(), rt)
-    finally:
-        give_back_inbox(inbox)
-    if payload:
-        reqs = [pc.payload.Irecv(spec, sender, ptag) for spec in payload]
-        yield MPIWait(reqs, final=steps is None)
-    if steps is not None:
-        yield from steps
-    return result
+    return ireceive(fn, pc, source, tag, target, ordinal, rt, out)
 
 
 def sendrecv_array(
@@ -425,12 +327,12 @@ def sendrecv_array(
     fn = "sendrecv_array"
     due = deadline(fn, timeout)
     pc, source, recvtag, target, ordinal, rt = _receive_args(fn, source, recvtag, comm, out, device)
-    pc, dest, sendtag, plan, src = _outbound(fn, obj, dest, sendtag, comm, sync, meta)
-    sent = None if plan is None else _post(fn, plan, pc, dest, sendtag, keep=(obj, src))
+    pc, dest, sendtag, plan, src = _outbound(fn, obj, dest, sendtag, comm, sync, meta, config())
+    sent = None if plan is None else isend_plan(fn, plan, pc, dest, sendtag, (obj, src))
     try:
-        if due is None:
-            return _receive(fn, pc, source, recvtag, target, ordinal, rt)
-        return _post_recv(fn, pc, source, recvtag, target, ordinal, rt, out)._wait_until(due)
+        if source == PROC_NULL:
+            return _from_proc_null(target, recvtag)
+        return receive(fn, pc, source, recvtag, target, ordinal, rt, out, due)
     finally:
         if sent is not None:
             sent._wait_until(deadline(fn, timeout))

@@ -15,12 +15,14 @@ from typing import Any
 import numpy as np
 
 from ..arrays.array import Array
-from ..arrays.operands import DeviceSource, RecvTarget, Target
+from ..arrays.operands import DeviceSource, Target
 from ..core.descriptor import CAIDescriptor
 from ..core.header import MessageInfo
 from ..runtime.base import Runtime
 from .pieces import internal_stream, pinned_pool
 from .pool import host_receive_pool
+from .receive import destination, unpack_on_device
+from .send import pack_on_device
 
 __all__ = ["ALIGN", "Gathered", "Landing", "Outgoing", "outgoing"]
 
@@ -59,11 +61,7 @@ def outgoing(src: np.ndarray[Any, Any] | DeviceSource, rt: Runtime, *, direct: b
     fortran = not desc.is_c_contiguous and desc.is_f_contiguous and not c_order
     ptr, keep = desc.ptr, src.owner
     if nbytes and not (desc.is_c_contiguous or fortran):
-        stream = internal_stream(rt, ordinal)
-        packed = rt.pack(desc, ordinal, stream)
-        event = rt.record_event(stream)
-        if desc.stream is not None:  # CAI v3: the producer may not run ahead into the data before the pack
-            rt.stream_wait_event(desc.stream, event, ordinal)
+        packed, event = pack_on_device(desc, ordinal, rt)  # (the pack point-to-point sends use)
         event.synchronize()
         ptr, keep, fortran = packed.ptr, (keep, packed), False
     if direct or nbytes == 0:
@@ -97,28 +95,12 @@ class Landing:
         new memory on GPU ``ordinal``; device memory is written directly when ``direct`` (a CUDA-aware MPI),
         else through pinned host memory."""
         nbytes = info.payload_nbytes
-        if isinstance(target, RecvTarget):
-            if target.desc is not None:
-                assert target.ordinal is not None
-                result = Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner,
-                               source=source, tag=tag, meta=info.meta)
-                wire = target.desc.transposed() if info.fortran else target.desc
-                return _on_device(result, wire, target.ordinal, nbytes, rt, direct)
-            assert target.host is not None
-            host, owner = target.host, target.owner
-        elif target is not None:
-            host, owner = target, target
-        elif ordinal is None:
-            host = host_receive_pool().take_array(info.shape, info.dtype, nbytes, info.fortran)
-            owner = host
-        else:
-            buffer = rt.alloc_device(nbytes, ordinal, internal_stream(rt, ordinal), handed_out=True)
-            result = Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=source, tag=tag,
-                                       meta=info.meta)
-            desc = result.descriptor
-            return _on_device(result, desc.transposed() if info.fortran else desc, ordinal, nbytes, rt, direct)
-        result = Array._over_host(host, source, tag, info.meta, owner)
-        dst = host.T if info.fortran else host
+        dest = destination(info, target, ordinal, source, tag, rt)  # (where point-to-point receives land too)
+        result = dest.result
+        if dest.host is None:
+            assert dest.wire is not None and dest.ordinal is not None
+            return _on_device(result, dest.wire, dest.ordinal, nbytes, rt, direct)
+        dst = dest.host
         if dst.flags.c_contiguous:
             return cls(dst.ctypes.data if nbytes else 0, nbytes, lambda: result)
         tmp = np.empty(dst.shape, dst.dtype)
@@ -144,8 +126,9 @@ def _on_device(result: Array, wire: CAIDescriptor, ordinal: int, nbytes: int, rt
         if staging is not None:
             rt.copy_async(dptr, staging.ptr, nbytes, stream)
         if tmp is not None:
-            rt.unpack(tmp.ptr, wire, ordinal, stream)
-        rt.record_event(stream).synchronize()
+            unpack_on_device(tmp, wire, ordinal, rt).synchronize()  # (after the copy: one stream)
+        else:
+            rt.record_event(stream).synchronize()
         if staging is not None:
             pinned_pool(rt).give(staging, cls)
         return result

@@ -11,6 +11,7 @@ message of the payload, so nothing is left unmatched, and raises ``SenderFailedE
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from mpi4py import MPI
@@ -65,7 +66,7 @@ def receive_reason(comm: MPI.Comm, source: int, tag: int) -> Steps:
     raise SenderFailedError(reason, source, -1, reason)
 
 
-def receive_checked(comm: MPI.Comm, source: int, tag: int, specs: list[Any], sizes: list[int]) -> Steps:
+def receive_checked(comm: MPI.Comm, source: int, tag: int, specs: Sequence[Any], sizes: list[int]) -> Steps:
     """Receive the payload messages ``specs`` (of ``sizes`` bytes) and raise the sender's error if one was a
     failure marker, once all have arrived."""
     statuses = [MPI.Status() for _ in specs]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -10,21 +11,23 @@ from mpi4py import MPI
 from ..arrays.array import Array
 from ..arrays.operands import RecvTarget, Target, describe_target, mismatch
 from ..config import Config
+from ..core.descriptor import CAIDescriptor
 from ..core.header import HEADER_BUFFER_BYTES, HeaderMemo, MessageInfo
 from ..errors import ProtocolError, RecvMismatchError, SenderFailedError
 from ..progress.waits import EventWait, MPIWait
 from ..runtime.base import DeviceBuffer, Event, Runtime
+from .bigcount import INT_MAX
 from .datatypes import describable, strided_type
 from .failure import failed, receive_checked, receive_reason
 from .pieces import BYTE, Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
+from .plans import NO_MESSAGES, RecvPlan
 from .pool import host_receive_pool
 from .privcomm import PrivateComms
 
-__all__ = ["Inbound", "Inbox", "give_back_inbox", "header_failure", "plan_recv", "take_inbox"]
-
-#: The most bytes a cai_mpi sender puts in one MPI message (a C int count of MPI.BYTE).
-MAX_ONE_MESSAGE = 2**31 - 1
-
+__all__ = [
+    "Destination", "Inbox", "destination", "give_back_inbox", "header_failure", "plan_recv", "take_inbox",
+    "unpack_on_device",
+]
 
 # -- receiving ------------------------------------------------------------------------------------------------
 
@@ -81,16 +84,10 @@ def header_failure(fn: str, exc: MPI.Exception, status: MPI.Status) -> Exception
     )
 
 
-#: What a received header asks for, as ``plan_recv`` decides it: ``(result, source, payload_tag, payload,
-#: steps)``. Post every spec of ``payload`` on the payload communicator (from ``source``, with
-#: ``payload_tag``), then drive ``steps``; the receive then returns ``result``.
-Inbound = tuple[Array, int, int, list[Any], "Steps | None"]
-
-
 def plan_recv(
     fn: str, inbox: Inbox, target: Target | None, ordinal: int | None, pc: PrivateComms, cfg: Config,
     rt: Runtime, *, channel: bool = False,
-) -> Inbound:
+) -> RecvPlan:
     """Decode the header in ``inbox`` and plan where its payload lands: ``out=`` (``target``), host memory
     (``ordinal`` None) or new memory on GPU ``ordinal``. A header that does not fit is answered with a plan
     that receives and discards the payload, then raises."""
@@ -99,41 +96,30 @@ def plan_recv(
     info, ptag = inbox.decode(inbox.hbuf, status.Get_count(BYTE), cfg.max_payload_bytes)
     if not info.inline:
         _check_payload_messages(info, ptag, pc)
-    if target is not None or info.channel != channel:
+    if info.channel != channel or (target is not None and not _plain_fit(target, info)):
         problem = _refusal(fn, info, source, tag, target, channel)
         if problem is not None:
-            return None, source, ptag, [], _discard(pc, info, source, ptag, problem)  # type: ignore[return-value]
-    landing: Inbound
-    if target is None:
-        if ordinal is None:
-            if info.inline:  # the payload is in the header buffer, which the next receive overwrites: copy it out
-                arr = (inbox._view if inbox._view_info is info else inbox.inline_payload(info)).copy()
-                return Array._over_host(arr.T if info.fortran else arr, source, tag, info.meta), source, 0, [], None
-            arr = host_receive_pool().take_array(info.shape, info.dtype, info.payload_nbytes, info.fortran)
-            result = Array._over_host(arr, source, tag, info.meta)
-            landing = _into_host(result, arr.T if info.fortran else arr, info, source, ptag, inbox)
-        else:
-            buffer = rt.alloc_device(info.payload_nbytes, ordinal, internal_stream(rt, ordinal), handed_out=True)
-            result = Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=source, tag=tag,
-                                       meta=info.meta)
-            desc = result.descriptor
-            landing = _into_device(result, desc.transposed() if info.fortran else desc, ordinal, info, source, ptag,
-                                   inbox, pc, rt)
-    elif type(target) is np.ndarray:
+            return RecvPlan(None, source, ptag, NO_MESSAGES, _discard(pc, info, source, ptag, problem))
+    if type(target) is np.ndarray:  # (the common out=, without building a Destination)
         result = Array._over_host(target, source, tag, info.meta)
+        if info.inline:  # the payload is in the header buffer: copied into out= now, nothing left to post
+            (target.T if info.fortran else target)[...] = \
+                inbox._view if inbox._view_info is info else inbox.inline_payload(info)
+            return RecvPlan(result, source, 0, NO_MESSAGES, None)
         landing = _into_host(result, target.T if info.fortran else target, info, source, ptag, inbox)
+    elif target is None and ordinal is None and info.inline:
+        # The payload is in the header buffer, which the next receive overwrites: copy it out.
+        arr = (inbox._view if inbox._view_info is info else inbox.inline_payload(info)).copy()
+        return RecvPlan(Array._over_host(arr.T if info.fortran else arr, source, tag, info.meta), source, 0,
+                        NO_MESSAGES, None)
     else:
-        assert isinstance(target, RecvTarget)  # its producer was synchronized by recv_target, in the caller's thread
-        if target.host is not None:
-            result = Array._over_host(target.host, source, tag, info.meta, target.owner)
-            landing = _into_host(result, target.host.T if info.fortran else target.host, info, source, ptag, inbox)
+        dest = destination(info, target, ordinal, source, tag, rt)
+        if dest.host is not None:
+            landing = _into_host(dest.result, dest.host, info, source, ptag, inbox)
         else:
-            assert target.desc is not None and target.ordinal is not None
-            result = Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner,
-                           source=source, tag=tag, meta=info.meta)
-            landing = _into_device(result, target.desc.transposed() if info.fortran else target.desc,
-                                   target.ordinal, info, source, ptag, inbox, pc, rt)
-    if channel and (landing[4] is not None or len(landing[3]) != 1):
+            assert dest.wire is not None and dest.ordinal is not None
+            landing = _into_device(dest.result, dest.wire, dest.ordinal, info, source, ptag, inbox, pc, rt)
+    if channel and (landing.steps is not None or len(landing.payload) != 1):
         # A channel binds one persistent receive to the memory: nothing to stage, chunk or unpack per message.
         where = "out=" if target is not None else f"GPU {ordinal}"
         problem = (RecvMismatchError if target is not None else ValueError)(
@@ -142,15 +128,15 @@ def plan_recv(
             f"is {'' if pc.aware.aware else 'not '}CUDA-aware, per {pc.aware.source}); pass device='host' or use "
             "recv_array. Its payload was received and discarded"
         )
-        return None, source, ptag, [], _discard(pc, info, source, ptag, problem)  # type: ignore[return-value]
+        return RecvPlan(None, source, ptag, NO_MESSAGES, _discard(pc, info, source, ptag, problem))
     if info.may_fail:
-        result, source, ptag, payload, steps = landing
-        return result, source, ptag, [], _checked(fn, tag, info, pc, source, ptag, payload, steps)
+        landing.steps = _checked(fn, tag, info, pc, source, ptag, landing.payload, landing.steps)
+        landing.payload = NO_MESSAGES
     return landing
 
 
 def _checked(
-    fn: str, tag: int, info: MessageInfo, pc: PrivateComms, source: int, ptag: int, payload: list[Any],
+    fn: str, tag: int, info: MessageInfo, pc: PrivateComms, source: int, ptag: int, payload: Sequence[Any],
     steps: Steps | None,
 ) -> Steps:
     """A payload whose sender may fail after its header (FLAG_MAY_FAIL): its messages are received here with
@@ -170,16 +156,71 @@ def _checked(
         ) from None
 
 
+class Destination:
+    """Where a message's payload lands: ``result`` (the Array the receive returns) over host memory ``host``, or
+    over device memory ``wire`` on GPU ``ordinal``; ``host`` and ``wire`` are viewed in wire order."""
+
+    __slots__ = ("host", "ordinal", "result", "wire")
+
+    def __init__(self, result: Array, host: np.ndarray[Any, Any] | None, wire: CAIDescriptor | None,
+                 ordinal: int | None) -> None:
+        self.result, self.host, self.wire, self.ordinal = result, host, wire, ordinal
+
+
+def destination(info: MessageInfo, target: Target | None, ordinal: int | None, source: int, tag: int,
+                rt: Runtime) -> Destination:
+    """Where a payload described by ``info`` lands (point-to-point and collectives alike): ``out=`` (``target``,
+    already checked against ``info``), new host memory (``ordinal`` None) or new memory on GPU ``ordinal``."""
+    if target is None:
+        if ordinal is None:
+            arr = host_receive_pool().take_array(info.shape, info.dtype, info.payload_nbytes, info.fortran)
+            return Destination(Array._over_host(arr, source, tag, info.meta), arr.T if info.fortran else arr, None,
+                               None)
+        buffer = rt.alloc_device(info.payload_nbytes, ordinal, internal_stream(rt, ordinal), handed_out=True)
+        result = Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=source, tag=tag,
+                                   meta=info.meta)
+        desc = result.descriptor
+        return Destination(result, None, desc.transposed() if info.fortran else desc, ordinal)
+    if type(target) is np.ndarray:
+        return Destination(Array._over_host(target, source, tag, info.meta), target.T if info.fortran else target,
+                           None, None)
+    assert isinstance(target, RecvTarget)  # its producer was synchronized by recv_target, in the caller's thread
+    if target.host is not None:
+        return Destination(Array._over_host(target.host, source, tag, info.meta, target.owner),
+                           target.host.T if info.fortran else target.host, None, None)
+    assert target.desc is not None and target.ordinal is not None
+    result = Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=source,
+                   tag=tag, meta=info.meta)
+    return Destination(result, None, target.desc.transposed() if info.fortran else target.desc, target.ordinal)
+
+
+def unpack_on_device(tmp: DeviceBuffer, wire: CAIDescriptor, ordinal: int, rt: Runtime) -> Event:
+    """Scatter the contiguous bytes of ``tmp`` into strided device memory ``wire`` on cai_mpi's stream."""
+    stream = internal_stream(rt, ordinal)
+    rt.unpack(tmp.ptr, wire, ordinal, stream)
+    return rt.record_event(stream)
+
+
+def _plain_fit(target: Target, info: MessageInfo) -> bool:
+    """True when ``target`` is a writable contiguous numpy array of the message's shape and dtype (the common
+    ``out=``, accepted here without building the refusal that ``mismatch`` would otherwise be asked about)."""
+    if type(target) is not np.ndarray or target.shape != info.shape:
+        return False
+    flags = target.flags
+    return (target.dtype is info.dtype or target.dtype == info.dtype) and flags.writeable \
+        and (flags.c_contiguous or flags.f_contiguous)
+
+
 def _check_payload_messages(info: MessageInfo, ptag: int, pc: PrivateComms) -> None:
     """Refuse a header whose payload no cai_mpi sender could have posted (it would fail inside MPI, or wait for
     ever): a tag over this MPI's TAG_UB, or one message over 2**31-1 bytes."""
     if ptag > pc.tag_ub:
         raise ProtocolError(f"header announces payload tag {ptag}, over this MPI's TAG_UB of {pc.tag_ub}")
     largest = min(info.chunk_bytes or info.payload_nbytes, info.payload_nbytes)
-    if largest > MAX_ONE_MESSAGE:
+    if largest > INT_MAX:
         raise ProtocolError(
             f"header announces its payload in one message of {largest} bytes, over the "
-            f"{MAX_ONE_MESSAGE} a cai_mpi sender puts in one message"
+            f"{INT_MAX} a cai_mpi sender puts in one message"
         )
 
 
@@ -203,21 +244,21 @@ def _refusal(
 
 def _into_host(
     result: Array, dst: np.ndarray[Any, Any], info: MessageInfo, source: int, ptag: int, inbox: Inbox
-) -> Inbound:
+) -> RecvPlan:
     """Land the payload in host array ``dst``, viewed in wire order (C-ordered, or strided ``out=``)."""
-    if info.inline:
-        dst[...] = inbox.inline_payload(info)  # (same dtype: the receive checked it)
-        return (result, source, ptag, [], None)
+    if info.inline:  # (same dtype: the receive checked it)
+        dst[...] = inbox._view if inbox._view_info is info else inbox.inline_payload(info)
+        return RecvPlan(result, source, ptag, NO_MESSAGES, None)
     if info.payload_nbytes == 0 and not info.channel:  # (a channel's first payload is one message, even empty)
-        return (result, source, ptag, [], None)
+        return RecvPlan(result, source, ptag, NO_MESSAGES, None)
     if dst.flags.c_contiguous:
-        return (result, source, ptag, byte_chunks(dst, info.chunk_bytes), None)
+        return RecvPlan(result, source, ptag, byte_chunks(dst, info.chunk_bytes), None)
     if info.nchunks == 1 and describable(dst.shape, dst.strides):
         datatype, low = strided_type(dst.shape, dst.strides, dst.itemsize)
         buf = MPI.buffer.fromaddress(dst.ctypes.data + low, datatype.Get_extent()[1])
-        return (result, source, ptag, [[buf, 1, datatype]], None)
+        return RecvPlan(result, source, ptag, [[buf, 1, datatype]], None)
     tmp = np.empty(dst.shape, dst.dtype)
-    return (result, source, ptag, byte_chunks(tmp, info.chunk_bytes), _copy_steps(dst, tmp))
+    return RecvPlan(result, source, ptag, byte_chunks(tmp, info.chunk_bytes), _copy_steps(dst, tmp))
 
 
 def _copy_steps(dst: np.ndarray[Any, Any], tmp: np.ndarray[Any, Any]) -> Steps:
@@ -228,26 +269,25 @@ def _copy_steps(dst: np.ndarray[Any, Any], tmp: np.ndarray[Any, Any]) -> Steps:
 def _into_device(
     result: Array, wire: Any, ordinal: int, info: MessageInfo, source: int, ptag: int, inbox: Inbox,
     pc: PrivateComms, rt: Runtime,
-) -> Inbound:
+) -> RecvPlan:
     """Land the payload in device memory described by ``wire`` (the target viewed in wire order)."""
     nbytes = info.payload_nbytes
     if nbytes == 0 and not info.channel:
-        return (result, source, ptag, [], None)
+        return RecvPlan(result, source, ptag, NO_MESSAGES, None)
     if wire.is_c_contiguous:
         if info.inline:
             inline = inbox.inline_payload(info).copy()  # the header buffer is reused at once
-            return (result, source, ptag, [], _upload_steps(rt, wire.ptr, inline, ordinal))
+            return RecvPlan(result, source, ptag, NO_MESSAGES, _upload_steps(rt, wire.ptr, inline, ordinal))
         if pc.aware.aware:
             specs = [raw(wire.ptr + off, n) for off, n in chunks(nbytes, info.chunk_bytes)]
-            return (result, source, ptag, specs, None)
+            return RecvPlan(result, source, ptag, specs, None)
         steps = _staged_recv(rt, pc.payload, source, ptag, wire.ptr, nbytes, info.chunk_bytes or nbytes, ordinal)
-        return (result, source, ptag, [], steps)
+        return RecvPlan(result, source, ptag, NO_MESSAGES, steps)
     # A strided device out=: into a contiguous temporary, then scattered on the device.
     tmp = rt.alloc_device(nbytes, ordinal, internal_stream(rt, ordinal))
-    result, source, ptag, payload, landed = _into_device(
-        result, wire.replace(ptr=tmp.ptr, strides=None), ordinal, info, source, ptag, inbox, pc, rt
-    )
-    return result, source, ptag, payload, _unpack_steps(landed, rt, tmp, wire, ordinal)
+    landing = _into_device(result, wire.replace(ptr=tmp.ptr, strides=None), ordinal, info, source, ptag, inbox, pc, rt)
+    landing.steps = _unpack_steps(landing.steps, rt, tmp, wire, ordinal)
+    return landing
 
 
 def _upload_steps(rt: Runtime, ptr: int, data: np.ndarray[Any, Any], ordinal: int) -> Steps:
@@ -256,12 +296,10 @@ def _upload_steps(rt: Runtime, ptr: int, data: np.ndarray[Any, Any], ordinal: in
     yield EventWait(rt.record_event(stream))
 
 
-def _unpack_steps(before: Steps | None, rt: Runtime, tmp: DeviceBuffer, wire: Any, ordinal: int) -> Steps:
+def _unpack_steps(before: Steps | None, rt: Runtime, tmp: DeviceBuffer, wire: CAIDescriptor, ordinal: int) -> Steps:
     if before is not None:
         yield from before
-    stream = internal_stream(rt, ordinal)
-    rt.unpack(tmp.ptr, wire, ordinal, stream)
-    yield EventWait(rt.record_event(stream))
+    yield EventWait(unpack_on_device(tmp, wire, ordinal, rt))
     del tmp
 
 

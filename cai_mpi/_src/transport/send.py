@@ -9,48 +9,40 @@ from mpi4py import MPI
 
 from ..arrays.operands import DeviceSource
 from ..config import Config
+from ..core.descriptor import CAIDescriptor
 from ..core.header import encode_header, inline_message
 from ..progress.waits import EventWait, MPIWait
 from ..runtime.base import DeviceBuffer, Event, PinnedBuffer, Runtime
 from .datatypes import describable, strided_type
 from .failure import PREPARED, announce_failure
 from .pieces import Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
+from .plans import NO_MESSAGES, SendPlan
 from .privcomm import PrivateComms
 
-__all__ = ["Outbound", "plan_send"]
+__all__ = ["pack_on_device", "plan_send"]
 
 
 # -- sending --------------------------------------------------------------------------------------------------
 
 
-#: How one message is sent, as ``plan_send`` decides it: ``(header, payload_tag, payload, steps, in_place)``.
-#: Post ``header`` on the header communicator, then every spec of ``payload`` on the payload communicator
-#: with ``payload_tag``, then drive ``steps`` (None when nothing is left). Steps first run up to ``PREPARED``:
-#: everything that can fail at once (allocations, the device pack, the first staging copy) runs before the
-#: header is posted, so that such a failure posts nothing; a later failure the steps announce to the receiver
-#: themselves (``failure.py``), and the header then carries FLAG_MAY_FAIL. ``in_place``: the payload specs
-#: read the source's own memory, so a persistent request may reuse them. (A plain tuple: one is made per
-#: message, and a tuple costs a quarter of a NamedTuple.)
-Outbound = tuple[bytes, int, list[Any], "Steps | None", bool]
-
-
 def plan_send(
-    src: np.ndarray[Any, Any] | DeviceSource, pc: PrivateComms, meta: bytes, cfg: Config, rt: Runtime, dest: int,
+    src: np.ndarray[Any, Any] | DeviceSource, pc: PrivateComms, meta: bytes, cfg: Config, rt: Runtime | None, dest: int,
     *, channel: bool = False,
-) -> Outbound:
-    """How the message carrying ``src`` travels; ``dest`` is needed only by staged device payloads."""
+) -> SendPlan:
+    """How the message carrying ``src`` travels; ``dest`` is needed only by staged device payloads, ``rt`` only by
+    device memory."""
     if type(src) is np.ndarray:
         nbytes = src.nbytes
         if nbytes <= cfg.inline_bytes and not channel:
-            return (inline_message(src, meta), 0, [], None, True)
+            return SendPlan(inline_message(src, meta), 0, NO_MESSAGES, None, True)
         return _plan_host(src, pc, meta, cfg, channel)
-    assert isinstance(src, DeviceSource)
+    assert isinstance(src, DeviceSource) and rt is not None  # (device memory came with its runtime)
     if src.desc.nbytes == 0 and not channel:  # nothing to read, wherever the (NULL) pointer lives
-        return (inline_message(np.empty(src.desc.shape, src.desc.dtype), meta), 0, [], None, True)
+        return SendPlan(inline_message(np.empty(src.desc.shape, src.desc.dtype), meta), 0, NO_MESSAGES, None, True)
     return _plan_device(src, pc, meta, cfg, rt, dest, channel)
 
 
-def _plan_host(arr: np.ndarray[Any, Any], pc: PrivateComms, meta: bytes, cfg: Config, channel: bool) -> Outbound:
+def _plan_host(arr: np.ndarray[Any, Any], pc: PrivateComms, meta: bytes, cfg: Config, channel: bool) -> SendPlan:
     ptag = pc.next_payload_tag()
     nbytes = arr.nbytes
     one_message = nbytes <= cfg.max_message_bytes
@@ -60,23 +52,23 @@ def _plan_host(arr: np.ndarray[Any, Any], pc: PrivateComms, meta: bytes, cfg: Co
         fortran = not flags.c_contiguous
         header = encode_header(arr.dtype, arr.shape, fortran=fortran, payload_tag=ptag, chunk_bytes=chunk,
                                meta_bytes=meta, channel=channel)
-        return (header, ptag, byte_chunks(arr.T if fortran else arr, chunk), None, True)
+        return SendPlan(header, ptag, byte_chunks(arr.T if fortran else arr, chunk), None, True)
     if one_message and describable(arr.shape, arr.strides):
         # MPI gathers strided data in place through a derived datatype: no copy.
         datatype, low = strided_type(arr.shape, arr.strides, arr.itemsize)
         buf = MPI.buffer.fromaddress(arr.ctypes.data + low, datatype.Get_extent()[1], readonly=True)
         header = encode_header(arr.dtype, arr.shape, fortran=False, payload_tag=ptag, meta_bytes=meta, channel=channel)
-        return (header, ptag, [[buf, 1, datatype]], None, True)
+        return SendPlan(header, ptag, [[buf, 1, datatype]], None, True)
     # Too large for one derived-datatype message, or a layout MPI datatypes mishandle: a contiguous copy.
     packed = np.ascontiguousarray(arr)
     header = encode_header(arr.dtype, arr.shape, fortran=False, payload_tag=ptag, chunk_bytes=chunk, meta_bytes=meta,
                            channel=channel)
-    return (header, ptag, byte_chunks(packed, chunk), None, False)
+    return SendPlan(header, ptag, byte_chunks(packed, chunk), None, False)
 
 
 def _plan_device(
     src: DeviceSource, pc: PrivateComms, meta: bytes, cfg: Config, rt: Runtime, dest: int, channel: bool
-) -> Outbound:
+) -> SendPlan:
     desc = src.desc
     nbytes = desc.nbytes
     ptag = pc.next_payload_tag()
@@ -93,15 +85,26 @@ def _plan_device(
         buf = MPI.buffer.fromaddress(desc.ptr + low, datatype.Get_extent()[1], readonly=True)
         header = encode_header(desc.dtype, desc.shape, fortran=False, payload_tag=ptag, meta_bytes=meta,
                                channel=channel)
-        return (header, ptag, [[buf, 1, datatype]], None, True)
+        return SendPlan(header, ptag, [[buf, 1, datatype]], None, True)
     direct = aware and contiguous
     # (A channel refuses a payload that needs steps before anything is prepared or posted.)
     header = encode_header(desc.dtype, desc.shape, fortran=fortran and contiguous, payload_tag=ptag,
                            chunk_bytes=chunk, meta_bytes=meta, channel=channel, may_fail=not direct and not channel)
     if direct:
-        return (header, ptag, [raw(desc.ptr + off, n, readonly=True) for off, n in chunks(nbytes, chunk)],
+        return SendPlan(header, ptag, [raw(desc.ptr + off, n, readonly=True) for off, n in chunks(nbytes, chunk)],
                         None, True)
-    return (header, ptag, [], _device_send_steps(src, contiguous, pc, rt, dest, ptag, chunk), False)
+    return SendPlan(header, ptag, NO_MESSAGES, _device_send_steps(src, contiguous, pc, rt, dest, ptag, chunk), False)
+
+
+def pack_on_device(desc: CAIDescriptor, ordinal: int, rt: Runtime) -> tuple[DeviceBuffer, Event]:
+    """Strided device data packed contiguous on cai_mpi's stream (point-to-point and collectives alike), and the
+    event of the pack. CAI v3: the producer's stream must not run ahead into the data before the pack is done."""
+    stream = internal_stream(rt, ordinal)
+    packed = rt.pack(desc, ordinal, stream)
+    event = rt.record_event(stream)
+    if desc.stream is not None:
+        rt.stream_wait_event(desc.stream, event, ordinal)
+    return packed, event
 
 
 def _device_send_steps(
@@ -114,12 +117,7 @@ def _device_send_steps(
     packed: DeviceBuffer | None = None
     packed_event: Event | None = None
     if not contiguous:
-        stream = internal_stream(rt, ordinal)
-        packed = rt.pack(desc, ordinal, stream)
-        packed_event = rt.record_event(stream)
-        if desc.stream is not None:
-            # CAI v3: the producer's stream must not run ahead into the data before the pack is done.
-            rt.stream_wait_event(desc.stream, packed_event, ordinal)
+        packed, packed_event = pack_on_device(desc, ordinal, rt)
         ptr = packed.ptr
     if pc.aware.aware:
         yield PREPARED

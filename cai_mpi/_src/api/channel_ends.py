@@ -1,0 +1,125 @@
+"""What both ends of a channel share: one MPI persistent request, the message in flight, closing and freeing."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+from mpi4py import MPI
+
+from ..errors import TimeoutError
+from ..progress.deadlines import Awaited, Deadline, deadline
+from ..progress.requests import PostedRequest, Request, RequestWait, complete_by
+
+__all__ = ["ChannelEnd", "free_request"]
+
+
+def free_request(req: MPI.Request | None, mpi: Any = MPI) -> None:  # (``mpi``: this module's MPI, even during teardown)
+    if req is not None and mpi.Is_initialized() and not mpi.Is_finalized() and req != mpi.REQUEST_NULL:
+        req.Free()
+
+
+class ChannelEnd:
+    """What both ends share: one MPI persistent request, the message in flight, closing and freeing.
+
+    Messages of one channel are strictly ordered: a message started while the previous one is in flight
+    queues behind it (the persistent request is single), so windows of isends or irecvs never block.
+    """
+
+    __slots__ = ("__weakref__", "_about", "_closed", "_inflight", "_req")
+
+    # Reached through the class: teardown may clear this module's globals before it frees a channel.
+    _free_request = staticmethod(free_request)
+    _about: Awaited  # what a timeout says this channel was waiting for
+    _closed: bool
+    _req: MPI.Prequest | None
+    _inflight: Request[Any] | None
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise ValueError(f"{what} on a closed channel")
+
+    def _start(self, result: Any, keep: Any, about: Awaited) -> Request[Any]:
+        """Start the persistent request now (nothing in flight): a Request with nothing left to drive. A receive's
+        may be withdrawn by a timeout (its message then waits for the next start)."""
+        assert self._req is not None
+        self._req.Start()
+        return PostedRequest([self._req], result, keep=keep, about=about, cancellable=not about.sends)
+
+    def _queued(self) -> bool:
+        return self._inflight is not None and not self._inflight._settled
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for a message in flight, then free the channel's MPI request (idempotent).
+
+        Args:
+            timeout: seconds to wait at most (None: ``CAI_MPI_TIMEOUT``, off by default). Past it,
+                ``TimeoutError``, and the channel is closed all the same: a send stays posted, its memory kept
+                alive, and completes if the peer receives it (later cai_mpi waits finish it); a receive that
+                matched nothing is withdrawn; the MPI request is freed once MPI is done with it.
+        """
+        fn = f"{type(self).__name__}.close"
+        due = deadline(fn, timeout)  # (a bad timeout is refused before anything changes)
+        if self._closed:
+            return
+        inflight = self._inflight
+        if inflight is not None and not inflight._settled:
+            if due is None:
+                # Its error, if any, is its own wait()'s to raise (a failed recv() has raised it already).
+                inflight._wait_quietly()
+            else:
+                withdrawn = self._settle_by(inflight, due)
+                if withdrawn or not inflight._settled:
+                    self._release()
+                    about = self._about
+                    raise Awaited(fn, about.sends, about.peer, about.tag, about.comm).expired(
+                        due, cancelled=withdrawn, matched=True)
+        self._release()
+
+    @staticmethod
+    def _settle_by(inflight: Request[Any], due: Deadline) -> bool:
+        """Wait until ``due`` for the message in flight to settle: through its own wait, which withdraws a receive
+        that matched nothing at ``due`` (then True) and leaves anything else to finish in the background; after an
+        earlier timeout, for its completion in the background."""
+        withdrawn = False
+        if not inflight.done:
+            try:
+                inflight._wait_until(due)
+            except TimeoutError as exc:
+                withdrawn = exc.cancelled
+            except BaseException:
+                pass  # the message's own error is its own wait()'s to raise
+        if not inflight._settled:
+            complete_by(RequestWait(inflight), due)
+        return withdrawn
+
+    def _release(self) -> None:
+        """No more messages; free the MPI request without waiting (close, exit, garbage collection). Not while a
+        message is in flight: MPI still owns its memory, and a freed request would read as complete to its wait
+        (which would then let the memory go). The request in flight holds the MPI request until it completes, and
+        whoever frees the channel last (garbage collection, or the exit hook) frees it then."""
+        if not hasattr(self, "_closed"):  # (a constructor that raised set nothing)
+            return
+        self._closed = True
+        if not self._queued():
+            self._free_request(self._req)
+
+    def __del__(self) -> None:
+        self._release()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if error is None:
+            self.close()
+        else:  # leaving on an error: waiting for a peer now could hang, or hide the error behind another
+            self._close_without_waiting()
+
+    def _close_without_waiting(self) -> None:
+        """Close now: a receive in flight that matched nothing is withdrawn; a send, or a receive whose message
+        matched, goes on in the background (kept alive by its request, driven by later cai_mpi waits)."""
+        inflight = self._inflight
+        if inflight is not None and not inflight.done and not self._about.sends:
+            try:
+                inflight._wait_until(Deadline(0.0))
+            except BaseException:
+                pass  # withdrawn (its wait() says so), or its own error
+        self._release()

@@ -1,0 +1,57 @@
+"""CPU time of cai_mpi's per-message Python path, in one process, without a peer to wait for.
+
+    PYTHONPATH=TREE python scripts/bench/self_loop.py NAME [REPS]
+
+One rank sends 8-byte float64 arrays to itself and receives them (``send_array`` + ``recv_array``, then the same
+into ``out=``), 20,000 pairs per repetition, against raw ``Comm.Send`` + ``Comm.Recv``. Each figure is the thread's
+CPU time per pair (``time.thread_time``), the least over REPS repetitions: on a loaded machine, CPU time is not
+inflated by the time the process waits for a core, and there is no peer whose delays would be counted. Needs an MPI
+whose blocking send to the same rank completes for a small message (Open MPI's wheel; MPICH's waits for the
+receive). Alternate the source trees (each revision's ``git archive`` on PYTHONPATH, one venv), as
+``ab_revisions.py`` does.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from cai_mpi import recv_array, send_array
+
+N = 20_000
+
+
+def main() -> None:
+    name = sys.argv[1] if len(sys.argv) > 1 else "cai_mpi"
+    reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    comm = MPI.COMM_WORLD
+    me = comm.Get_rank()
+    x, out, landing = np.arange(1, dtype=np.float64), np.empty(1), np.empty(1)
+
+    def cai(n: int, into: np.ndarray | None) -> None:
+        for _ in range(n):
+            send_array(x, me, 0)
+            recv_array(me, 0, out=into)
+
+    def raw(n: int) -> None:
+        for _ in range(n):
+            comm.Send(x, me, 0)
+            comm.Recv(landing, me, 0)
+
+    runs = {"raw": lambda n: raw(n), "cai": lambda n: cai(n, None), "cai-out": lambda n: cai(n, out)}
+    for run in runs.values():
+        run(N // 10)  # warm-up
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(reps):
+        for mode, run in runs.items():
+            t = time.thread_time()
+            run(N)
+            best[mode] = min(best[mode], (time.thread_time() - t) / N * 1e6)
+    print(f"{name:14s} CPU us per send+recv pair: " + "  ".join(f"{m} {v:.2f}" for m, v in best.items()))
+
+
+if __name__ == "__main__":
+    main()
