@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
-from cai_mpi._src.progress.requests import _active
+from cai_mpi._src.progress.driving import pending_count
 from cai_mpi._src.transport.privcomm import private_comms
 
 pytestmark = [pytest.mark.mpi(min_size=2)]
@@ -70,9 +70,9 @@ def _expect_timeout(call, *fragments: str) -> cai_mpi.TimeoutError:
 def _drain_background() -> None:
     """Later cai_mpi waits finish what a timeout left in the background."""
     until = time.monotonic() + GIVE_UP
-    while _active and time.monotonic() < until:
+    while pending_count() and time.monotonic() < until:
         cai_mpi.irecv_array(MPI.PROC_NULL).wait()
-    assert not _active
+    assert not pending_count()
 
 
 def _nothing_unmatched() -> None:
@@ -105,7 +105,7 @@ def test_send_channel_close_times_out_and_the_message_is_delivered_later(opened:
         del ch, x, err  # (the error's traceback holds the channel)
         gc.collect()
         cai_mpi.irecv_array(MPI.PROC_NULL).wait()  # (any cai_mpi wait drives what a timeout left behind)
-        assert gone() is not None and _active, "the send in flight was let go"
+        assert gone() is not None and pending_count(), "the send in flight was let go"
     elif rank == 1:
         rx = cai_mpi.recv_channel(0, 21)
         if opened:
@@ -138,7 +138,7 @@ def test_recv_channel_close_times_out_and_withdraws_the_receive(opened: bool) ->
         pending = rx.irecv()  # nothing will come
         err = _expect_timeout(lambda: rx.close(timeout=SHORT), "RecvChannel.close", "from rank 1", "tag 22",
                               f"within {SHORT:g} s", "cancelled")
-        assert err.cancelled and pending.done and not _active
+        assert err.cancelled and pending.done and not pending_count()
         with pytest.raises(ValueError, match="closed channel"):
             rx.recv()
     WORLD.Barrier()
@@ -193,7 +193,7 @@ def test_leaving_a_channel_on_an_exception_does_not_wait() -> None:
         with pytest.raises(RuntimeError, match="planted"), cai_mpi.recv_channel(0, 27) as rx:
             pending = rx.irecv()  # nobody sends with tag 27
             raise RuntimeError("planted")
-        assert pending.done and not _active  # withdrawn
+        assert pending.done and not pending_count()  # withdrawn
         with pytest.raises(cai_mpi.TimeoutError, match="cancelled"):
             pending.wait()
     _meet()
@@ -236,7 +236,7 @@ def test_leaving_a_pipeline_times_out_when_a_stage_never_leaves() -> None:
             said = str(info.value)
             assert f"Pipeline: stage 0 waited {bound:g} s for every stage to leave the pipeline" in said, said
             assert not info.value.cancelled and info.value.seconds == pytest.approx(bound)
-            assert _active, "the pending agreement should be kept alive"
+            assert pending_count(), "the pending agreement should be kept alive"
             _meet(comm)
         else:
             with cai_mpi.Pipeline(comm) as pipe:

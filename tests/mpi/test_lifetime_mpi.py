@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.progress.requests import _active
+from cai_mpi._src.progress.driving import pending_count
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -48,7 +48,7 @@ def test_an_array_freed_while_its_send_is_in_flight() -> None:
     else:
         comm.Barrier()
     comm.Barrier()
-    assert not _active
+    assert not pending_count()
 
 
 def test_a_strided_view_freed_while_its_send_is_in_flight() -> None:
@@ -95,4 +95,4 @@ def test_a_channel_dropped_without_close_is_collected() -> None:
         gc.collect()
         assert [r() for r in refs] == [None, None], "a dropped channel stayed alive"
     comm.Barrier()
-    assert not _active
+    assert not pending_count()

@@ -13,8 +13,8 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.progress.deadlines import Awaited
-from cai_mpi._src.progress.driving import PENDING, is_pending, pending_count
-from cai_mpi._src.progress.requests import Request, complete
+from cai_mpi._src.progress.driving import PENDING, complete, is_pending, pending_count
+from cai_mpi._src.progress.requests import Request
 from cai_mpi._src.progress.waits import Waitable
 
 

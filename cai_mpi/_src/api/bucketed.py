@@ -22,7 +22,8 @@ from mpi4py import MPI
 from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, send_source
 from ..progress.deadlines import collective_expired, deadline
-from ..progress.requests import complete, complete_by, idle, keep_past_exit
+from ..progress.driving import complete, complete_by, idle
+from ..progress.requests import keep_past_exit
 from ..runtime.base import Runtime
 from ..transport import internal_stream, outgoing
 from ..transport.bigcount import INT_MAX, reduce

@@ -23,7 +23,8 @@ from ..arrays.operands import DeviceSource, RecvTarget, recv_target, send_source
 from ..arrays.sync import sync_enabled, sync_unnamed
 from ..config import config
 from ..progress.deadlines import Awaited, deadline
-from ..progress.requests import Request, RequestWait, _active, keep_past_exit
+from ..progress.driving import PENDING
+from ..progress.requests import Request, RequestWait, keep_past_exit
 from ..progress.waits import MPIWait, Waitable
 from ..runtime import get_runtime
 from ..transport import PERSISTENT, RecvPlan, plan_send, post_send, receive_steps
@@ -41,11 +42,16 @@ from .validation import (
     receive_device,
 )
 
-__all__ = ["RecvChannel", "SendChannel", "recv_channel", "send_channel"]
+__all__ = ["RecvChannel", "SendChannel", "open_channel_count", "recv_channel", "send_channel"]
 
 # Channels not closed yet: their persistent requests are freed before MPI finalizes (MPICH reports
 # "freeing inactive persistent request" otherwise), or when a channel is garbage collected.
 _open_channels: weakref.WeakSet[SendChannel | RecvChannel] = weakref.WeakSet()
+
+
+def open_channel_count() -> int:
+    """How many channels of this process are open (created, not closed nor collected): a leak check for tools."""
+    return len(_open_channels)
 
 
 @atexit.register
@@ -148,7 +154,7 @@ class SendChannel(ChannelEnd):
         """
         due = deadline("SendChannel.send", timeout)
         if due is None and self._opened and not self._sync_each and not self._closed and not self._queued() \
-                and not _active:
+                and not PENDING:
             req = self._req
             assert req is not None
             req.Start()  # the common case: one persistent send, nothing else
@@ -263,7 +269,7 @@ class RecvChannel(ChannelEnd):
         due = deadline("RecvChannel.recv", timeout)
         self._wait_for_users()
         req = self._req
-        if due is None and req is not None and not self._queued() and not _active:
+        if due is None and req is not None and not self._queued() and not PENDING:
             req.Start()  # the common case: one persistent receive, nothing else
             req.Wait()
             return self._array  # type: ignore[return-value]

@@ -9,7 +9,8 @@ from mpi4py import MPI
 
 from ..errors import TimeoutError
 from ..progress.deadlines import Awaited, Deadline, deadline
-from ..progress.requests import PostedRequest, Request, RequestWait, complete_by
+from ..progress.driving import complete_by
+from ..progress.requests import PostedRequest, Request, RequestWait
 
 __all__ = ["ChannelEnd", "free_request"]
 

@@ -17,7 +17,8 @@ from mpi4py import MPI
 
 from ..errors import TimeoutError
 from ..progress.deadlines import Deadline, deadline
-from ..progress.requests import Request, _active, _progress_others
+from ..progress.driving import PENDING, drive_others
+from ..progress.requests import Request
 
 __all__ = ["testall", "waitall", "waitany"]
 
@@ -38,9 +39,9 @@ def _requests(fn: str, requests: Iterable[Request[Any] | None]) -> list[Request[
 
 def _poll(pending: list[Request[Any]]) -> None:
     """One round of progress, without blocking, on every pending cai_mpi request and on each of ``pending``."""
-    _progress_others(None)
+    drive_others(None)
     for req in pending:
-        if req not in _active:  # (those were driven just now)
+        if req not in PENDING:  # (those were driven just now)
             req._poke()
 
 
@@ -131,7 +132,7 @@ def waitall(requests: Iterable[Request[Any] | None], timeout: float | None = Non
     while True:
         pending = [req for req in pending if not req.done]
         # Nothing left for cai_mpi to drive: what remains is MPI's alone, so block in it, request by request.
-        if not pending or not _active:
+        if not pending or not PENDING:
             break
         _poll(pending)
         if pacing.expired(due):

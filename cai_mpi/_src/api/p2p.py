@@ -14,7 +14,8 @@ from ..arrays.array import Array
 from ..arrays.operands import RecvTarget, Target, recv_target, send_source
 from ..config import Config, config
 from ..progress.deadlines import deadline
-from ..progress.requests import PostedRequest, Request, idle
+from ..progress.driving import idle
+from ..progress.requests import PostedRequest, Request
 from ..runtime import get_runtime
 from ..runtime.base import Runtime
 from ..transport import BLOCKING, SendPlan, ireceive, isend_plan, plan_send, post_send, receive

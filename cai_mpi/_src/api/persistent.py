@@ -22,7 +22,8 @@ from ..arrays.operands import DeviceSource, RecvTarget, describe_target, mismatc
 from ..config import config
 from ..core.header import MessageInfo
 from ..progress.deadlines import collective_expired, deadline
-from ..progress.requests import complete, complete_by, idle, keep_past_exit
+from ..progress.driving import complete, complete_by, idle
+from ..progress.requests import keep_past_exit
 from ..transport import Landing, internal_stream, outgoing
 from .agreed import Started, agree, background, open_collectives
 from .collective_call import setup

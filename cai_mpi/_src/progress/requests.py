@@ -13,17 +13,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 from mpi4py import MPI
 
 from .deadlines import Awaited, Deadline, deadline
-from .driving import PENDING, complete, complete_by, drive_others, idle, is_pending, pending_count
+from .driving import PENDING, complete, complete_by, drive_others
 from .waits import MPIWait, Waitable
 
-__all__ = [
-    "PostedRequest", "Request", "RequestWait", "Steps", "complete", "complete_by", "drive", "drive_others", "idle",
-    "is_pending", "keep_past_exit", "pending_count",
-]
-
-# The old private names, until api/p2p, api/channel and api/completion use driving's public ones.
-_active = PENDING
-_progress_others = drive_others
+__all__ = ["PostedRequest", "Request", "RequestWait", "Steps", "drive", "keep_past_exit"]
 
 T = TypeVar("T")
 

@@ -25,7 +25,8 @@ from ..arrays.operands import DeviceSource
 from ..core.header import MessageInfo, decode, encode_header
 from ..errors import CollectiveMismatchError
 from ..progress.deadlines import Deadline, collective_expired
-from ..progress.requests import PostedRequest, complete_by
+from ..progress.driving import complete_by
+from ..progress.requests import PostedRequest
 from ..progress.waits import MPIWait
 
 __all__ = [

@@ -29,7 +29,8 @@ from ..arrays.array import Array
 from ..arrays.operands import Target
 from ..config import config
 from ..progress.deadlines import Awaited, Deadline
-from ..progress.requests import PostedRequest, Request, drive, idle
+from ..progress.driving import idle
+from ..progress.requests import PostedRequest, Request, drive
 from ..progress.waits import MPIWait, Waitable
 from ..runtime.base import Runtime
 from .failure import PREPARED

@@ -197,7 +197,7 @@ def _join(pool: list[threading.Thread], moved: list[float], stall: float) -> lis
 
 def _leaks() -> list[str]:
     """What should be gone once every worker has finished and closed its channels."""
-    from ...api.channel import _open_channels
+    from ...api.channel import open_channel_count
     from ...progress.requests import Request
 
     found = []
@@ -206,8 +206,8 @@ def _leaks() -> list[str]:
     live = sum(isinstance(o, Request) for o in gc.get_objects())
     if live:
         found.append(f"{live} Request object(s) still alive")
-    if len(_open_channels):
-        found.append(f"{len(_open_channels)} channel(s) still open")
+    if open_channel_count():
+        found.append(f"{open_channel_count()} channel(s) still open")
     return found
 
 
