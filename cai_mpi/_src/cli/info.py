@@ -91,10 +91,9 @@ def _device_attribution(rt: Any) -> dict[str, Any] | None:
     (some releases report GPU 0 for every pointer); None without the CUDA runtime."""
     if rt.name != "cuda":
         return None
-    from ..runtime.cuda import device_attribution
-    from ..runtime.cudadriver import bindings_version
+    from ..runtime.cuda import attribution_report
 
-    return {"bindings": bindings_version(rt._driver.drv), "gpus": device_attribution(rt)}
+    return attribution_report(rt)
 
 
 def _attribution_text(found: dict[str, Any] | None) -> str:

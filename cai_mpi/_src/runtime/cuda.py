@@ -27,7 +27,7 @@ from .cudamemory import CudaDeviceBuffer, CudaPinnedBuffer, HostAllocation, Keep
 from .cudapack import as_cupy, byte_view
 from .cudastrided import pack_with_copies, unpack_with_copies
 
-__all__ = ["CudaRuntime", "device_attribution"]
+__all__ = ["CudaRuntime", "attribution_report", "device_attribution"]
 
 
 if TYPE_CHECKING:
@@ -412,6 +412,13 @@ def _stream_failure(what: str, handle: int, ordinal: int | None, exc: CudaError)
 
 
 # -- device attribution, for ``python -m cai_mpi info`` -------------------------------------
+
+
+def attribution_report(runtime: CudaRuntime) -> dict[str, Any]:
+    """The cuda-bindings release in use and ``device_attribution``'s findings, for ``python -m cai_mpi info``."""
+    from .cudadriver import bindings_version
+
+    return {"bindings": bindings_version(runtime._driver.drv), "gpus": device_attribution(runtime)}
 
 
 def device_attribution(runtime: CudaRuntime) -> list[dict[str, Any]]:
