@@ -1,9 +1,10 @@
 """Posting: the one body per direction that puts a plan's MPI operations on the wire.
 
 A send is ``post_send(plan, ..., poster)``: the header on the header communicator, then each payload message
-on the payload communicator. A receive is ``post_header`` (the header into an ``Inbox``), ``plan_recv``, then
-``post_recv(plan, ..., poster)`` for the payload messages. The ``Poster`` says how each operation is posted,
-as mpi4py's ``util.pkl5`` passes ``comm.Send``/``comm.Isend`` to one ``_send`` body:
+on the payload communicator. A receive is the header received into an ``Inbox`` (``receive`` or
+``receive_steps``), ``plan_recv``, then ``post_recv(plan, ..., poster)`` for the payload messages. The
+``Poster`` says how each operation is posted, as mpi4py's ``util.pkl5`` passes ``comm.Send``/``comm.Isend``
+to one ``_send`` body:
 
 - ``BLOCKING``: ``Send``/``Recv``, done when the call returns (taken when nothing else needs driving and no
   deadline is set: the 8-byte path is the blocking one);
