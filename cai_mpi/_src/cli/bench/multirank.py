@@ -166,8 +166,3 @@ PIPELINE_MODES: dict[str, ModeSpec] = {
     "cai-pipeline-8": ModeSpec("cai-pipeline-8", "cai-pipeline with depth=8 (credits go back once per 4 items)",
                                lambda c, n: PipelineMode(c, n, depth=8), _pipeline_only),
 }
-
-
-from . import persistent  # noqa: E402  (the persistent and bucketed modes build on the classes above)
-
-persistent.register()

@@ -126,7 +126,7 @@ def _not_arrays(ctx: Context) -> str | None:
 
 
 def register() -> None:
-    """Add the modes and the ``allreduce-arrays`` test to the collective tests (called once, from multirank)."""
+    """Add the modes and the ``allreduce-arrays`` test to the collective tests (called once, by the package)."""
     COLLECTIVE_TESTS[ARRAYS_TEST] = (f"{_N_ARRAYS} arrays of the message size each (float64 and float32, mixed "
                                      "shapes): allreduce_arrays vs 16 mpi4py Allreduce calls with known shapes")
     raw, cai, cai_out = COLLECTIVE_MODES["raw"], COLLECTIVE_MODES["cai"], COLLECTIVE_MODES["cai-out"]
