@@ -183,7 +183,7 @@ def mismatch(target: Target, shape: tuple[int, ...], dtype: np.dtype[Any]) -> st
 
 def describe_target(target: Target) -> str:
     """``out=`` in an error message: shape, dtype, where it lives."""
-    return (_host_target(target, target) if type(target) is np.ndarray else target).describe()  # type: ignore[union-attr]
+    return (target if isinstance(target, RecvTarget) else _host_target(target, target)).describe()
 
 
 def _host_target(arr: np.ndarray[Any, Any], owner: Any, producer: CAIDescriptor | None = None,
@@ -204,8 +204,8 @@ def recv_target(fn: str, out: Any, runtime: Runtime) -> Target:
     A numpy array is its own description: plain host memory with nothing to synchronize.
     """
     target = _describe_out(fn, out, runtime)
-    if type(target) is not np.ndarray:
-        target.sync_before_write(runtime)  # type: ignore[union-attr]
+    if isinstance(target, RecvTarget):
+        target.sync_before_write(runtime)
     return target
 
 
