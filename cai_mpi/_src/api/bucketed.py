@@ -13,7 +13,6 @@ import copy
 import ctypes
 import math
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -21,14 +20,12 @@ from mpi4py import MPI
 
 from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, send_source
-from ..progress.deadlines import collective_expired, deadline
-from ..progress.driving import complete, complete_by, idle
-from ..progress.requests import keep_past_exit
 from ..runtime.base import Runtime
 from ..transport import internal_stream, outgoing
 from ..transport.bigcount import INT_MAX, reduce
-from .agreed import Started, agree, background, open_collectives
+from .agreed import agree
 from .collective_call import setup
+from .lifecycle import PersistentLifecycle
 from .reduce_ops import parse_op, reduce_datatype
 from .validation import check_sync
 
@@ -247,38 +244,22 @@ def allreduce_arrays(
     return plan.container(plan.results(buffers, {}, rt))
 
 
-class BucketedAllreduce:
+class BucketedAllreduce(PersistentLifecycle):
     """A persistent allreduce of a list or dict of arrays, made by ``allreduce_init`` given one.
 
     Used as a ``PersistentCollective`` is (``start``, ``wait``, call, ``close``, context manager): each use copies
     the arrays' current contents into one bucket per dtype and runs one MPI-4 persistent Allreduce per bucket;
     ``wait()`` returns the same container of Arrays at every use, over memory allocated once at creation (host
     results are views of the buckets; device results are device buffers, copied into at each use): the next use
-    overwrites them.
+    overwrites them. ``close()`` is collective; shapes are fixed at creation (an array reshaped or reallocated
+    since is refused with ``ValueError``, as is any use after ``close()``).
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_closed",
-        "_comm",
-        "_device",
-        "_expired",
-        "_out",
-        "_plan",
-        "_recv",
-        "_reqs",
-        "_result",
-        "_rt",
-        "_send",
-        "_started",
-    )
-
-    _expired: BaseException | None
+    __slots__ = ("_device", "_plan", "_recv", "_result", "_rt", "_send")
 
     def __init__(self, objs: Any, op: Any, comm: Any, sync: Any) -> None:
         fn = "allreduce_init"
-        self._reqs: list[MPI.Prequest] = []
-        self._closed, self._started, self._expired = True, False, None
+        self._begin_life(fn, "bucketed allreduce")
         _pc, comm_, _root, rt, _cfg, due = setup(fn, comm, None, None)
         self._comm, self._rt = comm_, rt
         self._plan, _dev = agree(fn, comm_, due, lambda: _attempt(fn, objs, op, sync, rt))
@@ -292,109 +273,35 @@ class BucketedAllreduce:
         self._device: dict[int, Array] = {}
         self._result = self._plan.results(self._recv, self._device, rt)
         self._device = {i: a for i, a in enumerate(self._result) if not a.is_host}
-        self._closed = False
-        open_collectives().add(self)
+        self._open()
 
-    def _check(self, what: str) -> None:
-        if self._closed:
-            raise ValueError(f"allreduce_init: {what} on a closed bucketed allreduce")
-        if self._expired is not None:
-            raise ValueError(f"allreduce_init: {what} after an earlier wait timed out: {self._expired}")
-
-    def start(self) -> None:
-        """Begin a use with the arrays' current contents (producers synchronized per ``sync``)."""
-        self._check("start")
-        if self._started:
-            raise ValueError("allreduce_init: start() while a use is in flight: wait() for it first")
+    def _begin(self) -> list[MPI.Request]:
+        """Every array's current contents copied into its bucket, then every bucket's persistent Allreduce."""
         plan, rt = self._plan, self._rt
         ordered: list[Any] = [None] * plan.n
         for bucket in plan.buckets:
             for obj, pos, shape0, ptr0 in zip(bucket.objs, bucket.positions, bucket.shapes, bucket.ptrs, strict=True):
-                src = obj if type(obj) is np.ndarray else send_source("allreduce_init", obj, plan.sync, rt)
+                src = obj if type(obj) is np.ndarray else send_source(self._fn, obj, plan.sync, rt)
                 shape = src.desc.shape if isinstance(src, DeviceSource) else src.shape
                 ptr = src.desc.ptr if isinstance(src, DeviceSource) else 0
                 if shape != shape0 or ptr != ptr0:
-                    raise ValueError(f"allreduce_init: an array was reshaped or reallocated since creation "
-                                     f"({shape0} -> {shape}): the shapes are fixed; create a new one")
+                    raise self._changed("an array was reshaped or reallocated", shape0, shape)
                 ordered[pos] = src
         for bucket, buf in zip(plan.buckets, self._send, strict=True):
             plan.fill(bucket, buf, ordered, rt)
-        MPI.Prequest.Startall(self._reqs)
-        self._started = True
+        MPI.Prequest.Startall(self._reqs)  # type: ignore[arg-type]  # (every one from Allreduce_init)
+        return self._reqs
 
-    def wait(self, timeout: float | None = None) -> Any:
-        """Finish the use begun by ``start()``; return the container of results (see the class docstring)."""
-        if not self._started:
-            self._check("wait()")
-            raise ValueError("allreduce_init: wait() without start()")
-        due = deadline("allreduce_init.wait", timeout)
-        if due is None:
-            if idle():
-                Started(self._reqs).wait()
-            else:
-                complete(Started(self._reqs))
-        elif not complete_by(Started(self._reqs), due):
-            error = collective_expired("allreduce_init", self._comm, due)
-            self._expired = error
-            background(list(self._reqs), self, error)
-            raise error
-        self._started = False
+    def _done(self) -> Any:
+        """The container of results (the same Arrays at every use), the mean divided and device copies made."""
         plan = self._plan
         plan.divide(self._recv, self._comm.Get_size())
         if self._device:
             plan.results(self._recv, self._device, self._rt)
         return plan.container(list(self._result))
 
-    def __call__(self, timeout: float | None = None) -> Any:
-        """``start()`` then ``wait(timeout)``."""
-        self.start()
-        return self.wait(timeout)
-
-    def _at_exit(self) -> None:
-        if self._started:
-            self._closed = True  # (kept, with its requests, until the process ends)
-            keep_past_exit(background(list(self._reqs), self, RuntimeError("in flight at exit")))
-        else:
-            self._free()
-
-    def _free(self) -> None:
-        self._closed = True
-        reqs, self._reqs = self._reqs, []
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            for req in reqs:
-                if req != MPI.REQUEST_NULL:
-                    req.Free()
-
-    def close(self, timeout: float | None = None) -> None:
-        """Finish a use still in flight, then free the MPI requests (idempotent; collective)."""
-        if self._closed:
-            return
-        try:
-            if self._started and self._expired is None:
-                self.wait(timeout)
-        finally:
-            if self._started:
-                self._closed = True
-            else:
-                self._free()
-
-    def __enter__(self) -> BucketedAllreduce:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        if error is None:
-            self.close()
-        elif not self._started:
-            self._free()
-
-    def __del__(self) -> None:
-        if not hasattr(self, "_started"):
-            return
-        if self._started and not MPI.Is_finalized():
-            background(list(self._reqs), (self._reqs, self._send, self._recv), RuntimeError("dropped while in flight"))
-            return
-        self._free()
+    def _memory(self) -> Any:
+        return (self._send, self._recv)
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("started" if self._started else "ready")
-        return f"<cai_mpi persistent bucketed allreduce of {self._plan.n} arrays {state}>"
+        return f"<cai_mpi persistent bucketed allreduce of {self._plan.n} arrays {self._state()}>"

@@ -11,7 +11,6 @@ too.
 from __future__ import annotations
 
 import ctypes
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -21,12 +20,11 @@ from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, RecvTarget, describe_target, mismatch, recv_target, send_source
 from ..config import config
 from ..core.header import MessageInfo
-from ..progress.deadlines import collective_expired, deadline
-from ..progress.driving import complete, complete_by, idle
-from ..progress.requests import keep_past_exit
+from ..progress.driving import idle
 from ..transport import Landing, internal_stream, outgoing
-from .agreed import Started, agree, background, open_collectives
+from .agreed import agree
 from .collective_call import setup
+from .lifecycle import PersistentLifecycle
 from .reduce_ops import parse_op, reduce_datatype
 from .validation import check_sync
 
@@ -52,7 +50,7 @@ def _where(src: np.ndarray[Any, Any] | DeviceSource) -> tuple[int, tuple[int, ..
     return (src.desc.ptr, src.desc.shape) if isinstance(src, DeviceSource) else (_address(src), src.shape)
 
 
-class PersistentCollective:
+class PersistentCollective(PersistentLifecycle):
     """One collective, created once by ``allreduce_init``, ``bcast_init``, ``allgather_init`` or ``reduce_init``
     on every rank, used any number of times.
 
@@ -62,41 +60,37 @@ class PersistentCollective:
     so copy what you keep. A started use must be waited for before the next ``start()``. ``close()`` (collective:
     every rank calls it) frees the MPI request; the object is also a context manager. Shape and dtype are fixed
     at creation: an input reshaped or reallocated since is refused with ``ValueError``, as is any use after
-    ``close()``.
+    ``close()``. A use still in flight when the object is dropped finishes in the background.
     """
 
-    __slots__ = ("__weakref__", "_closed", "_comm", "_count", "_datatype", "_direct_recv", "_direct_send", "_dtype",
-                 "_expired", "_fast", "_finish", "_fn", "_host_ok", "_info", "_kind", "_mean", "_nbytes", "_now",
-                 "_obj", "_op", "_out", "_pack", "_persistent", "_ptr", "_recv", "_req", "_result", "_root", "_rt",
-                 "_send", "_send_buffer", "_shape", "_started", "_sync", "_target", "_unpack", "_what")
+    __slots__ = ("_count", "_datatype", "_direct_recv", "_direct_send", "_dtype", "_fast", "_finish", "_host_ok",
+                 "_info", "_kind", "_mean", "_nbytes", "_obj", "_op", "_out", "_pack", "_persistent", "_ptr", "_recv",
+                 "_req", "_result", "_root", "_rt", "_send", "_send_buffer", "_shape", "_sync", "_target", "_unpack")
 
     _result: Any
     _finish: Any
     _op: Any
     _unpack: Any
-    _now: Any
-    _expired: BaseException | None
 
     def __init__(self, fn: str, kind: str, obj: Any, op: Any, root: int | None, comm: Any, out: Any,
                  sync: Any) -> None:
+        self._begin_life(fn, f"{fn.removesuffix('_init')} collective")
         self._req: MPI.Request | None = None
-        self._closed, self._started, self._expired, self._fast = True, False, None, False
+        self._fast = False
         pc, comm_, root_, rt, _cfg, due = setup(fn, comm, root, None)
-        self._fn, self._kind, self._obj, self._comm, self._rt, self._root = fn, kind, obj, comm_, rt, root_
-        self._what = f"{fn.removesuffix('_init')} collective"
+        self._kind, self._obj, self._comm, self._rt, self._root = kind, obj, comm_, rt, root_
         me, size = comm_.Get_rank(), comm_.Get_size()
         _, on_device = agree(fn, comm_, due, lambda: self._plan(obj, op, out, sync, me, size, pc.aware.aware))
         self._persistent = not on_device and hasattr(comm_, "Allreduce_init")
-        self._now = None
         if self._persistent:
             try:
                 self._req = self._post(self._send, self._recv, persistent=True)
+                self._reqs = [self._req]
             except NotImplementedError:  # an MPI without MPI-4's persistent collectives: nonblocking per start
                 self._persistent = False
-        self._closed = False
         self._fast = (self._persistent and type(obj) is np.ndarray and not self._pack and self._unpack is None
                       and not self._mean)
-        open_collectives().add(self)
+        self._open()
 
     def _plan(self, obj: Any, op: Any, out: Any, sync: Any, me: int, size: int,
               aware: bool) -> tuple[str, None, bool]:
@@ -241,44 +235,32 @@ class PersistentCollective:
         return (comm.Reduce_init(sbuf, rbuf, self._op, self._root) if persistent
                 else comm.Ireduce(sbuf, rbuf, self._op, self._root))
 
-    def _check(self, what: str) -> None:
-        if self._closed:
-            raise ValueError(f"{self._fn}: {what} on a closed {self._what}")
-        if self._expired is not None:
-            raise ValueError(f"{self._fn}: {what} after an earlier wait timed out (the collectives of this "
-                             f"communicator are out of step): {self._expired}")
-
     def _current(self) -> Any:
         """The input as it is now (its producer synchronized: the stream policy), refused if it changed."""
         obj = self._obj
         if type(obj) is np.ndarray:
             if obj.shape != self._shape:
-                raise ValueError(f"{self._fn}: the array was reshaped since creation ({self._shape} -> "
-                                 f"{obj.shape}): a persistent collective's shape is fixed; create a new one")
+                raise self._changed("the array was reshaped", self._shape, obj.shape)
             return obj
         src = send_source(self._fn, obj, self._sync, self._rt)
         ptr, shape = _where(src)
         if shape != self._shape or ptr != self._ptr:
-            raise ValueError(f"{self._fn}: the array was reshaped or reallocated since creation (shape "
-                             f"{self._shape} -> {shape}): a persistent collective's shape is fixed; create a new one")
+            raise self._changed("the array was reshaped or reallocated", self._shape, shape)
         return src
 
-    def start(self) -> None:
-        """Begin a use with the input's current contents (its producer stream synchronized first, per ``sync``)."""
-        self._check("start")
-        if self._started:
-            raise ValueError(f"{self._fn}: start() while a use is in flight: wait() for it first")
+    def _begin(self) -> list[MPI.Request]:
+        """A use on MPI's persistent request (host memory, packed first where needed), or a nonblocking
+        collective (device memory, or an MPI without persistent collectives)."""
         src = self._current()
-        if self._host_ok:
-            if self._pack:
-                np.copyto(self._send_buffer, src, casting="equiv" if self._kind != "bcast" else "no")
-            self._finish = None
-            self._now = self._req if self._persistent else self._post(self._send, self._recv, persistent=False)
-        else:
-            self._now = self._start_device(src)
+        if not self._host_ok:
+            return [self._start_device(src)]
+        if self._pack:
+            np.copyto(self._send_buffer, src, casting="equiv" if self._kind != "bcast" else "no")
+        self._finish = None
         if self._persistent:
-            self._now.Start()
-        self._started = True
+            self._req.Start()  # type: ignore[union-attr]
+            return self._reqs
+        return [self._post(self._send, self._recv, persistent=False)]
 
     def _start_device(self, src: Any) -> MPI.Request:
         rt = self._rt
@@ -309,34 +291,8 @@ class PersistentCollective:
         self._finish = finish
         return req
 
-    def wait(self, timeout: float | None = None) -> Any:
-        """Finish the use begun by ``start()``; return its result (overwritten by the next use).
-
-        Args:
-            timeout: seconds to wait at most (None: ``CAI_MPI_TIMEOUT``, off by default). Past it, ``TimeoutError``:
-                MPI cannot withdraw a collective, so this communicator's collectives are out of step; the
-                object refuses further use (close it, and end the job).
-        """
-        if not self._started:
-            self._check("wait()")
-            raise ValueError(f"{self._fn}: wait() without start()")
-        req = self._now
-        assert req is not None
-        due = deadline(f"{self._fn}.wait", timeout)
-        if due is None:
-            if idle():
-                req.Wait()
-            else:
-                complete(Started([req]))
-        elif not complete_by(Started([req]), due):
-            error = collective_expired(self._fn, self._comm, due)
-            self._expired = error
-            background([req], (self, self._finish), error)
-            raise error
-        self._started = False
-        return self._done()
-
     def _done(self) -> Any:
+        """The result of a completed use: the device landing finished, or the host mean and unpack applied."""
         finish = self._finish
         if finish is not None:
             self._finish = None
@@ -363,59 +319,14 @@ class PersistentCollective:
         self.start()
         return self.wait(timeout)
 
-    def _at_exit(self) -> None:
-        if self._started:
-            self._closed, self._fast = True, False  # (kept, with its request, until the process ends)
-            keep_past_exit(background([self._now], self, RuntimeError("in flight at exit")))
-        else:
-            self._free()
-
-    def _free(self) -> None:
+    def _shut(self) -> None:
         self._closed, self._fast = True, False
-        req, self._req = self._req, None
-        if req is not None and MPI.Is_initialized() and not MPI.Is_finalized() and req != MPI.REQUEST_NULL:
-            req.Free()
 
-    def close(self, timeout: float | None = None) -> None:
-        """Finish a use still in flight, then free the MPI request (idempotent; collective: call it on every rank).
-
-        Args:
-            timeout: for the use in flight, as in ``wait``.
-        """
-        if self._closed:
-            return
-        try:
-            if self._started and self._expired is None:
-                self.wait(timeout)
-        finally:
-            if self._started:  # timed out: MPI still owns the request; it is freed with the object
-                self._closed, self._fast = True, False
-            else:
-                self._free()
-
-    def __enter__(self) -> PersistentCollective:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        if error is None:
-            self.close()
-        elif not self._started:  # leaving on an error: waiting for the other ranks now could hang
-            self._free()
-
-    def __del__(self) -> None:
-        if not hasattr(self, "_started"):
-            return
-        if self._started and self._now is not None and not MPI.Is_finalized():
-            # dropped while in flight: MPI still owns the buffers; finish it in the background, then free it
-            background([self._now], (self._now, self._finish, self._obj, self._out,
-                                     getattr(self, "_send_buffer", None), self._result),
-                       RuntimeError("dropped while in flight"))
-            return
-        self._free()
+    def _memory(self) -> Any:
+        return (self._finish, self._obj, self._out, getattr(self, "_send_buffer", None), self._result)
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("started" if self._started else "ready")
-        return f"<cai_mpi persistent {self._what} shape={self._shape} dtype={self._dtype} {state}>"
+        return f"<cai_mpi persistent {self._what} shape={self._shape} dtype={self._dtype} {self._state()}>"
 
 
 def _row(whole: Array, r: int) -> Array:
@@ -428,7 +339,6 @@ def _row(whole: Array, r: int) -> Array:
     sub = CAIDescriptor.for_new_buffer(desc.ptr + r * nbytes if nbytes else 0, shape, desc.dtype,
                                        stream=desc.stream)
     return Array(sub, device=whole.device, owner=whole, source=r, tag=_NO_TAG)
-
 
 
 def single_allreduce_init(obj: Any, op: Any, comm: Any, out: Any, sync: Any) -> PersistentCollective:
