@@ -369,3 +369,18 @@ def test_small_device_data_takes_the_large_path_and_small_host_data_lands_on_the
     total = cai_mpi.allreduce_array(np.arange(3.0) + rank, out=FakeCudaArray(np.zeros(3), device=True))
     same(np.asarray(total.numpy()), sum(np.arange(3.0) + r for r in range(size)))
     assert payload_collectives == ["allgatherv"]
+
+
+@pytest.mark.usefixtures("simulated_gpu")
+def test_the_same_header_from_device_and_host_data_takes_every_rank_to_the_large_path(
+    payload_collectives: list[str]
+) -> None:
+    # Every rank describes the same (3,) float64 array, so the slots' headers are equal; rank 0's is device data,
+    # whose slot cannot carry it: the slots' prefixes differ, and no rank may take the small path.
+    mine = np.arange(3.0) + rank
+    got = cai_mpi.allgather_array(FakeCudaArray(mine, device=True) if rank == 0 else mine)
+    for r, a in enumerate(got):
+        same(np.asarray(a.numpy()), np.arange(3.0) + r)
+    total = cai_mpi.allreduce_array(FakeCudaArray(mine, device=True) if rank == 0 else mine)
+    same(np.asarray(total.numpy()), sum(np.arange(3.0) + r for r in range(size)))
+    assert payload_collectives == ["allgatherv", "reduce"]

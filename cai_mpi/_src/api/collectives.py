@@ -187,7 +187,8 @@ def _agree_all(fn: str, comm_: MPI.Intracomm, mine: Contribution, due: Deadline 
     """Every rank's description (and small host payload), everywhere; failures raised on every rank."""
     src = mine.source
     ex = exchange(fn, comm_, mine, _nbytes(mine), due, payload=src if isinstance(src, np.ndarray) else None)
-    raise_failures(fn, ex.described, mine, comm_.Get_rank())
+    if not ex.alike:  # (alike: every rank sent this rank's header, so none failed)
+        raise_failures(fn, ex.described, mine, comm_.Get_rank())
     return ex
 
 

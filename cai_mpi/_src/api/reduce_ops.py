@@ -133,9 +133,16 @@ def combine(op: ReduceOp, parts: Sequence[np.ndarray[Any, Any]], size: int) -> n
     a new C-ordered array of that dtype and shape; ``op.local(dtype)`` must hold."""
     assert op.ufunc is not None
     ufunc = op.ufunc[0]
-    acc = parts[0].copy()  # (C order; a 0-d array stays an array: numpy wraps integers silently)
-    for part in parts[1:]:
-        ufunc(acc, part, out=acc, casting="unsafe")  # (the logical ops compute bool: 0 or 1 in the dtype, as MPI)
+    first = parts[0]
+    acc: np.ndarray[Any, Any]
+    if len(parts) > 1 and first.ndim:  # the first two give a new C-ordered array (a third of copy-then-out=)
+        acc, rest = ufunc(first, parts[1]), parts[2:]
+    else:  # (a 0-d array stays an array, where a ufunc would return a numpy scalar)
+        acc, rest = first.copy(), parts[1:]
+    for part in rest:  # (numpy wraps integers silently, as MPI does)
+        ufunc(acc, part, out=acc, casting="unsafe")
+    if acc.dtype != first.dtype:  # the logical ops compute bool: 0 or 1 in the dtype, as MPI
+        acc = acc.astype(first.dtype)
     if op.mean:
         np.true_divide(acc, acc.dtype.type(size), out=acc)
     return acc

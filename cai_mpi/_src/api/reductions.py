@@ -107,8 +107,9 @@ def _reduce(
     ex = exchange(fn, comm_, mine, 0 if plan is None else plan.info.payload_nbytes, due,
                   payload=plan.source if local and plan is not None and isinstance(plan.source, np.ndarray) else None,
                   c_order=True)
-    raise_failures(fn, ex.described, mine, me)
-    _alike(fn, ex, mine)
+    if not ex.alike:  # (alike: every rank sent this rank's header, so none failed and all reduce alike)
+        raise_failures(fn, ex.described, mine, me)
+        _alike(fn, ex, mine)
     assert plan is not None
     if ex.fused:
         return _reduced_here(plan, ex, comm_.Get_size(), rt) if gets_result else None
