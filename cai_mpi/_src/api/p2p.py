@@ -14,7 +14,7 @@ from ..arrays.array import Array
 from ..arrays.operands import RecvTarget, Target, recv_target, send_source
 from ..config import Config, config
 from ..progress.deadlines import deadline
-from ..progress.driving import idle
+from ..progress.driving import PENDING
 from ..progress.requests import PostedRequest, Request
 from ..runtime import get_runtime
 from ..runtime.base import Runtime
@@ -146,14 +146,27 @@ def send_array(
     Example:
         >>> send_array(cupy.arange(10), dest=1, meta={"step": 3})  # doctest: +SKIP
     """
+    # (``_outbound`` written out: this is the 8-byte path, where each Python call is a few percent of a message)
     cfg = config()
     due = None if timeout is None and cfg.timeout is None else deadline("send_array", timeout)
-    pc, dest, tag, plan, src = _outbound("send_array", obj, dest, tag, comm, sync, meta, cfg)
-    if plan is not None:
-        if plan.steps is None and due is None and idle():
-            post_send(plan, pc, dest, tag, BLOCKING)  # nothing to drive, nothing to time: MPI's blocking calls
-        else:
-            isend_plan("send_array", plan, pc, dest, tag, (obj, src))._wait_until(due)
+    pc = check_comm("send_array", comm)
+    if type(dest) is not int or not 0 <= dest < pc.size:
+        dest = check_rank("send_array", "dest", dest, pc, wildcard=False)
+    if type(tag) is not int or not 0 <= tag <= pc.tag_ub:
+        tag = check_tag("send_array", tag, pc, wildcard=False)
+    meta_bytes = b"" if meta is None else check_meta("send_array", meta)
+    if sync is not None:
+        sync = check_sync("send_array", sync)
+    # (host memory needs no runtime: a numpy array is planned without one)
+    rt = None if type(obj) is np.ndarray else get_runtime()
+    src = obj if rt is None else send_source("send_array", obj, sync, rt)
+    if dest == PROC_NULL:
+        return
+    plan = plan_send(src, pc, meta_bytes, cfg, rt, dest)
+    if plan.steps is None and due is None and not PENDING:
+        post_send(plan, pc, dest, tag, BLOCKING)  # nothing to drive, nothing to time: MPI's blocking calls
+    else:
+        isend_plan("send_array", plan, pc, dest, tag, (obj, src))._wait_until(due)
 
 
 # -- receiving ------------------------------------------------------------------------------------------------
@@ -221,7 +234,8 @@ def recv_array(
         TimeoutError: no message came within ``timeout``: the receive was cancelled, so a later message is
             not swallowed and the communicator stays usable.
     """
-    due = None if timeout is None and config().timeout is None else deadline("recv_array", timeout)
+    cfg = config()
+    due = None if timeout is None and cfg.timeout is None else deadline("recv_array", timeout)
     pc = check_comm("recv_array", comm)
     if type(source) is not int or not 0 <= source < pc.size:
         source = check_rank("recv_array", "source", source, pc, wildcard=True)
@@ -235,7 +249,7 @@ def recv_array(
         target, ordinal = out if type(out) is np.ndarray else recv_target("recv_array", out, rt), None
     if source == PROC_NULL:
         return _from_proc_null(target, tag)
-    return receive("recv_array", pc, source, tag, target, ordinal, rt, out, due)
+    return receive("recv_array", pc, source, tag, target, ordinal, rt, out, due, cfg)
 
 
 def irecv_array(
@@ -333,7 +347,7 @@ def sendrecv_array(
     try:
         if source == PROC_NULL:
             return _from_proc_null(target, recvtag)
-        return receive(fn, pc, source, recvtag, target, ordinal, rt, out, due)
+        return receive(fn, pc, source, recvtag, target, ordinal, rt, out, due, config())
     finally:
         if sent is not None:
             sent._wait_until(deadline(fn, timeout))

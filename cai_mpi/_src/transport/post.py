@@ -28,9 +28,9 @@ from mpi4py import MPI
 
 from ..arrays.array import Array
 from ..arrays.operands import Target
-from ..config import config
+from ..config import Config, config
 from ..progress.deadlines import Awaited, Deadline
-from ..progress.driving import idle
+from ..progress.driving import PENDING
 from ..progress.requests import PostedRequest, Request, drive
 from ..progress.waits import MPIWait, Waitable
 from ..runtime.base import Runtime
@@ -124,9 +124,9 @@ def post_recv(plan: RecvPlan, pc: PrivateComms, poster: Poster) -> Sequence[Any]
 
 
 def receive(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None, ordinal: int | None, rt: Runtime,
-         keep: Any, due: Deadline | None) -> Array:
+         keep: Any, due: Deadline | None, cfg: Config) -> Array:
     """Receive a message and return its Array (``due``: give up then, withdrawing an unmatched receive)."""
-    if due is not None or not idle():
+    if due is not None or PENDING:
         return ireceive(fn, pc, source, tag, target, ordinal, rt, keep)._wait_until(due)
     try:
         inbox = _tls.inbox
@@ -136,7 +136,7 @@ def receive(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | N
         pc.header.Recv(inbox.msg, source, tag, inbox.status)
     except MPI.Exception as exc:
         raise header_failure(fn, exc, inbox.status) from None
-    plan = plan_recv(fn, inbox, target, ordinal, pc, config(), rt)
+    plan = plan_recv(fn, inbox, target, ordinal, pc, cfg, rt)
     if plan.payload:
         post_recv(plan, pc, BLOCKING)
     if plan.steps is not None:

@@ -96,11 +96,17 @@ def plan_recv(
     info, ptag = inbox.decode(inbox.hbuf, status.Get_count(BYTE), cfg.max_payload_bytes)
     if not info.inline:
         _check_payload_messages(info, ptag, pc)
-    if info.channel != channel or (target is not None and not _plain_fit(target, info)):
+    if type(target) is np.ndarray:  # the common out=: a plain fit is taken without asking ``mismatch``
+        flags = target.flags
+        fits = target.shape == info.shape and (target.dtype is info.dtype or target.dtype == info.dtype) \
+            and flags.writeable and (flags.c_contiguous or flags.f_contiguous)
+    else:
+        fits = target is None
+    if info.channel != channel or not fits:
         problem = _refusal(fn, info, source, tag, target, channel)
         if problem is not None:
             return RecvPlan(None, source, ptag, NO_MESSAGES, _discard(pc, info, source, ptag, problem))
-    if type(target) is np.ndarray:  # (the common out=, without building a Destination)
+    if type(target) is np.ndarray:  # (without building a Destination)
         result = Array._over_host(target, source, tag, info.meta)
         if info.inline:  # the payload is in the header buffer: copied into out= now, nothing left to post
             (target.T if info.fortran else target)[...] = \
@@ -199,16 +205,6 @@ def unpack_on_device(tmp: DeviceBuffer, wire: CAIDescriptor, ordinal: int, rt: R
     stream = internal_stream(rt, ordinal)
     rt.unpack(tmp.ptr, wire, ordinal, stream)
     return rt.record_event(stream)
-
-
-def _plain_fit(target: Target, info: MessageInfo) -> bool:
-    """True when ``target`` is a writable contiguous numpy array of the message's shape and dtype (the common
-    ``out=``, accepted here without building the refusal that ``mismatch`` would otherwise be asked about)."""
-    if type(target) is not np.ndarray or target.shape != info.shape:
-        return False
-    flags = target.flags
-    return (target.dtype is info.dtype or target.dtype == info.dtype) and flags.writeable \
-        and (flags.c_contiguous or flags.f_contiguous)
 
 
 def _check_payload_messages(info: MessageInfo, ptag: int, pc: PrivateComms) -> None:
