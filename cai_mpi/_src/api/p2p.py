@@ -146,23 +146,11 @@ def send_array(
     Example:
         >>> send_array(cupy.arange(10), dest=1, meta={"step": 3})  # doctest: +SKIP
     """
-    # (``_outbound`` written out: this is the 8-byte path, where each Python call is a few percent of a message)
     cfg = config()
     due = None if timeout is None and cfg.timeout is None else deadline("send_array", timeout)
-    pc = check_comm("send_array", comm)
-    if type(dest) is not int or not 0 <= dest < pc.size:
-        dest = check_rank("send_array", "dest", dest, pc, wildcard=False)
-    if type(tag) is not int or not 0 <= tag <= pc.tag_ub:
-        tag = check_tag("send_array", tag, pc, wildcard=False)
-    meta_bytes = b"" if meta is None else check_meta("send_array", meta)
-    if sync is not None:
-        sync = check_sync("send_array", sync)
-    # (host memory needs no runtime: a numpy array is planned without one)
-    rt = None if type(obj) is np.ndarray else get_runtime()
-    src = obj if rt is None else send_source("send_array", obj, sync, rt)
-    if dest == PROC_NULL:
+    pc, dest, tag, plan, src = _outbound("send_array", obj, dest, tag, comm, sync, meta, cfg)
+    if plan is None:
         return
-    plan = plan_send(src, pc, meta_bytes, cfg, rt, dest)
     if plan.steps is None and due is None and not PENDING:
         post_send(plan, pc, dest, tag, BLOCKING)  # nothing to drive, nothing to time: MPI's blocking calls
     else:
