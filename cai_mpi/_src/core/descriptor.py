@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import re
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CAIError
+from .typestr import descr_from_hashable, dtype_cached, dtype_from_typestr, dtype_to_cai, hashable_descr
 
 __all__ = [
     "CAIDescriptor",
@@ -33,73 +33,6 @@ _REQUIRED_KEYS = ("shape", "typestr", "data", "version")
 _MAX_NDIM = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
 _MAX_BYTES = 2**63 - 1
 _ADDRESS_SPACE = 2**64
-# An array-interface type string: byte order, kind, size (datetimes may carry a unit). numpy's dtype() also takes
-# names ('float32'), comma lists ('f4,i4') and subarrays ('(2,)<f4', which would change the shape): not typestrs.
-_TYPESTR = re.compile(r"[<>|=]?(?:[biufcOSUV]\d*|[mM]8(?:\[\w+\])?)")
-
-
-@functools.lru_cache(maxsize=512)
-def _dtype_cached(typestr: str, descr: Any) -> np.dtype[Any]:
-    dt: np.dtype[Any] = np.dtype(_descr_from_hashable(descr)) if descr is not None else np.dtype(typestr)
-    return dt
-
-
-def _descr_to_hashable(descr: Any) -> Any:
-    if isinstance(descr, (list, tuple)):
-        return tuple(_descr_to_hashable(d) for d in descr)
-    return descr
-
-
-def _descr_from_hashable(descr: Any) -> Any:
-    if isinstance(descr, tuple):
-        # numpy wants a list of fields, each field a tuple; nested descrs are lists too.
-        return [
-            tuple(_descr_from_hashable(x) if isinstance(x, tuple) and _is_field_list(x) else x for x in field)
-            for field in descr
-        ]
-    return descr
-
-
-def _is_field_list(x: tuple[Any, ...]) -> bool:
-    return len(x) > 0 and all(isinstance(f, tuple) and len(f) >= 2 and isinstance(f[0], str) for f in x)
-
-
-def _is_plain_descr(descr: Any) -> bool:
-    """``[('', typestr)]`` is the default descr: it restates typestr, no structure."""
-    return (
-        isinstance(descr, (list, tuple))
-        and len(descr) == 1
-        and isinstance(descr[0], (list, tuple))
-        and len(descr[0]) == 2
-        and descr[0][0] == ""
-    )
-
-
-def dtype_from_typestr(typestr: str, descr: Any = None) -> np.dtype[Any]:
-    """Return the numpy dtype for a CAI ``typestr`` (with ``descr`` for structured types)."""
-    if _TYPESTR.fullmatch(typestr) is None:
-        raise CAIError(f"'typestr' {typestr!r} is not a numpy array-interface type (expected a byte order, a kind "
-                       "and a size in bytes, e.g. '<f4' or '|V12')")
-    key = None if descr is None or _is_plain_descr(descr) else _descr_to_hashable(descr)
-    what = f"'descr' {descr!r}" if key is not None else f"'typestr' {typestr!r}"
-    try:
-        dtype = _dtype_cached(typestr, key)
-    except (TypeError, ValueError) as exc:
-        raise CAIError(f"{what} is not a numpy array-interface type ({exc})") from None
-    if dtype.hasobject:
-        raise CAIError(f"{what} holds Python objects, which cannot live in GPU memory")
-    if dtype.itemsize == 0:
-        raise CAIError(f"'typestr' {typestr!r} has itemsize 0")
-    return dtype
-
-
-def dtype_to_cai(dtype: np.dtype[Any]) -> tuple[str, list[Any] | None]:
-    """Return ``(typestr, descr)`` for a dtype; ``descr`` is None unless the dtype is structured."""
-    if dtype.names is not None:
-        return dtype.str, dtype.descr
-    return dtype.str, None
-
-
 def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     strides = []
     step = itemsize
@@ -188,13 +121,13 @@ class CAIDescriptor:
             shape=shape,
             typestr=typestr,
             readonly=readonly,
-            descr=_descr_to_hashable(descr) if descr is not None else None,
+            descr=hashable_descr(descr) if descr is not None else None,
             stream=stream,
         )
 
     @functools.cached_property
     def dtype(self) -> np.dtype[Any]:
-        return _dtype_cached(self.typestr, self.descr)
+        return dtype_cached(self.typestr, self.descr)
 
     @property
     def itemsize(self) -> int:
@@ -262,7 +195,7 @@ class CAIDescriptor:
             "stream": self.stream,
         }
         if self.descr is not None:
-            d["descr"] = _descr_from_hashable(self.descr)
+            d["descr"] = descr_from_hashable(self.descr)
         return d
 
     def transposed(self) -> CAIDescriptor:
@@ -286,7 +219,7 @@ def descriptor_from_numpy(arr: np.ndarray[Any, Any]) -> CAIDescriptor:
         typestr=typestr,
         readonly=not arr.flags.writeable,
         strides=None if arr.flags.c_contiguous else tuple(arr.strides),
-        descr=_descr_to_hashable(descr) if descr is not None else None,
+        descr=hashable_descr(descr) if descr is not None else None,
     )
 
 
@@ -374,7 +307,7 @@ def descriptor_from_dict(cai: Mapping[str, Any]) -> CAIDescriptor:
         raise CAIError(f"'typestr' must be a str, got {typestr!r}")
     descr_in = cai.get("descr")
     dtype = dtype_from_typestr(typestr, descr_in)
-    descr = _descr_to_hashable(dtype.descr) if dtype.names is not None else None
+    descr = hashable_descr(dtype.descr) if dtype.names is not None else None
     if dtype.names is not None and typestr != dtype.str:
         # typestr of a structured type is |V<n>; keep numpy's spelling for to_dict().
         try:

@@ -114,8 +114,8 @@ def _lease_type(cls: int) -> type[ctypes.Array[ctypes.c_ubyte]]:
     """A ctypes array type over one block of size class ``cls`` that gives the block back when it dies.
 
     numpy keeps the exporter of a buffer as the base of every array made from it (views included), so
-    the lease lives exactly as long as the last array over the block. (A ``weakref.finalize`` per lease
-    instead costs 4-5 us per receive.)
+    the lease lives exactly as long as the last array over the block. (Cheaper per receive than a
+    ``weakref.finalize`` per lease: docs/benchmarks.md.)
     """
     lease_type = _lease_types.get(cls)
     if lease_type is None:
