@@ -155,7 +155,7 @@ class HostReceivePool:
         block, cls = self.blocks.take(nbytes)
         lease = _lease_type(cls).from_address(block[1])
         lease._pool, lease._block = self, block  # type: ignore[attr-defined]  # (a ctypes type made at run time)
-        flat: np.ndarray[Any, Any] = np.frombuffer(lease, dtype, nbytes // dtype.itemsize)
+        flat: np.ndarray[Any, Any] = np.frombuffer(lease, dtype, nbytes // dtype.itemsize)  # type: ignore[call-overload]
         if len(shape) == 1:
             return flat
         return flat.reshape(shape, order="F") if fortran else flat.reshape(shape)
