@@ -4,6 +4,7 @@ here and why (MPI-only tests in one process, GPU tests without a GPU), said once
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 
@@ -37,8 +38,27 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return lines
 
 
+def _world_sizes() -> set[int] | None:
+    """``CAI_MPI_TEST_WORLD_SIZES`` ("2,4"): the world sizes of the tests that start mpiexec runs; None: all."""
+    text = os.environ.get("CAI_MPI_TEST_WORLD_SIZES", "").strip()
+    if not text:
+        return None
+    try:
+        return {int(n) for n in text.split(",")}
+    except ValueError:
+        raise pytest.UsageError(f"CAI_MPI_TEST_WORLD_SIZES={text!r}: give world sizes separated by commas, "
+                                "as in 2,4") from None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that cannot run in this process are deselected and named once in the summary, not skipped one by one."""
+    sizes = _world_sizes()
+    if sizes is not None:  # (scripts/test.sh: 3 ranks with one wheel, 4 with the other, to keep CI short)
+        _deselect(config, items, [item for item in items if _nprocs(item) not in (None, *sizes)],
+                  f"at a world size not in CAI_MPI_TEST_WORLD_SIZES={','.join(map(str, sorted(sizes)))}")
+    if os.environ.get("CAI_MPI_TEST_SKIP_ONE_WHEEL"):
+        _deselect(config, items, [item for item in items if item.get_closest_marker("one_wheel")],
+                  "marked one_wheel: they cannot depend on the MPI library and ran with the other wheel")
     if ONE_PROCESS and not config.getoption("with_mpi", False):
         # pytest-mpi would skip each with "need --with-mpi"; they belong in tests/mpi, which runs under mpiexec.
         _deselect(config, items, [item for item in items if item.get_closest_marker("mpi")],
@@ -52,6 +72,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not usable:
             _deselect(config, items, gpu, f"marked gpu: no usable CUDA GPU here ({reason}); on a GPU node run "
                                           "bash scripts/test-gpu.sh")
+
+
+def _nprocs(item: pytest.Item) -> int | None:
+    """The world size a test's ``nprocs`` parameter asks for, if it has one."""
+    callspec = getattr(item, "callspec", None)
+    nprocs = callspec.params.get("nprocs") if callspec is not None else None
+    return nprocs if isinstance(nprocs, int) else None
 
 
 def _deselect(config: pytest.Config, items: list[pytest.Item], chosen: list[pytest.Item], why: str) -> None:

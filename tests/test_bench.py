@@ -174,6 +174,7 @@ def test_zero_size_and_report(tmp_path: Path) -> None:
     assert "# Size (B)" not in proc.stdout  # Markdown instead of the OSU text
 
 
+@pytest.mark.one_wheel
 def test_markdown_table_values_and_ratios() -> None:
     doc = {
         "benchmark": {"test": "bw", "modes": ["raw", "cai", "pickle"]},
@@ -201,6 +202,7 @@ def test_world_size_mismatch_is_a_clear_error() -> None:
     assert proc.returncode != 0 and "at least 2 ranks" in proc.stderr
 
 
+@pytest.mark.one_wheel
 def test_bad_arguments() -> None:
     proc = _bench(2, "latency", "--modes", "raw,bogus", check=False)
     assert proc.returncode == 2 and "unknown mode" in proc.stderr
@@ -225,6 +227,7 @@ def _no_matplotlib(tmp_path: Path, *also: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(tmp_path / "stub"), os.environ.get("PYTHONPATH", "")])}
 
 
+@pytest.mark.one_wheel
 def test_bench_runs_without_the_bench_extra(tmp_path: Path) -> None:
     """Without tqdm and matplotlib (no bench extra) the benchmark runs, and --progress is drawn as a plain line."""
     doc = tmp_path / "lat.json"
@@ -269,6 +272,7 @@ def test_a_rank_0_failure_after_the_benchmark_ends_the_job(tmp_path: Path) -> No
     assert "rank 0 failed" in proc.stderr and "No space left on device" in proc.stderr, proc.stderr
 
 
+@pytest.mark.one_wheel
 def test_report_checks_its_outputs_first(tmp_path: Path) -> None:
     doc = tmp_path / "lat.json"
     _bench(2, "latency", "--max-size", "8", "--iters", "2", "--samples", "1", "--json", str(doc), "--quiet")
@@ -284,6 +288,7 @@ def test_report_checks_its_outputs_first(tmp_path: Path) -> None:
 # -- pure functions (no mpiexec) -------------------------------------------------------------------------
 
 
+@pytest.mark.one_wheel
 def test_sizes() -> None:
     assert parse_size("8") == 8 and parse_size("1K") == 1024 and parse_size("64M") == 64 << 20
     assert parse_size("2MiB") == 2 << 20 and parse_size("1g") == 1 << 30
@@ -294,6 +299,7 @@ def test_sizes() -> None:
         size_list(8, 4)
 
 
+@pytest.mark.one_wheel
 def test_iteration_scaling() -> None:
     plan = Plan(test="latency", sizes=[], modes=[], samples=5, iters=1000, warmup=100, window=64)
     assert plan.iters_at(8) == 1000 and plan.iters_at(16 << 10) == 1000
@@ -304,6 +310,7 @@ def test_iteration_scaling() -> None:
     assert bw.iters_at(4096) == 20 and bw.iters_at(64 << 20) == 4
 
 
+@pytest.mark.one_wheel
 def test_progress_bar_draws_only_after_delay() -> None:
     buf = io.StringIO()
     p = Progress(True, buf, delay=0.0, interval=0.0)
@@ -319,6 +326,7 @@ def test_progress_bar_draws_only_after_delay() -> None:
     assert quiet.getvalue() == ""
 
 
+@pytest.mark.one_wheel
 def test_targets_from_figures() -> None:
     def doc(test: str, rows: dict[str, dict[int, float]]) -> dict[str, Any]:
         return {"benchmark": {"test": test, "buffer": "host"},
@@ -339,6 +347,7 @@ def test_targets_from_figures() -> None:
     assert "PASS" in render_targets(list(verdicts.values()))
 
 
+@pytest.mark.one_wheel
 def test_collective_and_pipeline_targets_from_figures() -> None:
     def doc(test: str, rows: dict[str, dict[int, float]], ranks: int = 2) -> dict[str, Any]:
         return {"benchmark": {"test": test, "buffer": "host", "ranks": ranks},
@@ -360,6 +369,7 @@ def test_collective_and_pipeline_targets_from_figures() -> None:
     assert verdicts["pipe1m-raw"].value == pytest.approx(100 / 108)
 
 
+@pytest.mark.one_wheel
 def test_targets_take_the_median_of_repeated_runs() -> None:
     def bw(raw_1m: float, out_1m: float, buffer: str = "host") -> dict[str, Any]:
         rows = {"raw": {1 << 20: raw_1m}, "cai-out": {1 << 20: out_1m}, "cai": {1 << 20: out_1m}}
@@ -445,6 +455,7 @@ def test_raw_header_mode_runs_every_test_and_needs_host_memory(tmp_path: Path) -
     assert "# skipped mode raw-header:" in proc.stdout
 
 
+@pytest.mark.one_wheel
 def test_plot_draws_every_mode_in_a_color_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("matplotlib", reason="--plot needs the bench extra (installed by scripts/test.sh)")
     from matplotlib.figure import Figure

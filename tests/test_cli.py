@@ -31,6 +31,7 @@ def help_of(*command: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.one_wheel
 def test_the_top_level_help_lists_every_command_with_examples() -> None:
     text = help_of()
     for command in _COMMANDS:
@@ -38,6 +39,7 @@ def test_the_top_level_help_lists_every_command_with_examples() -> None:
     assert any("python -m cai_mpi" in line for line in examples(text)), text
 
 
+@pytest.mark.one_wheel
 @pytest.mark.parametrize("command", list(_COMMANDS))
 def test_every_command_has_help_with_an_example(command: str) -> None:
     text = help_of(command)
@@ -45,6 +47,7 @@ def test_every_command_has_help_with_an_example(command: str) -> None:
     assert any(f"python -m cai_mpi {command}" in line for line in examples(text)), f"no example:\n{text}"
 
 
+@pytest.mark.one_wheel
 @pytest.mark.parametrize("test", [*TESTS, "report"])
 def test_every_benchmark_has_help_with_an_example_that_parses(test: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_cli.main([test, "--help"]) == 0
@@ -57,6 +60,7 @@ def test_every_benchmark_has_help_with_an_example_that_parses(test: str, capsys:
         assert args.test == test
 
 
+@pytest.mark.one_wheel
 def test_version_option_prints_the_package_version() -> None:
     import cai_mpi
 

@@ -130,12 +130,14 @@ def text_of_comment_ending(lines: list[str], number: int) -> str:
     return "\n".join(lines[start:number + 1])
 
 
+@pytest.mark.one_wheel
 def test_unmarked_code_blocks_finds_blocks_without_a_marker() -> None:
     page = ("<!-- fragment -->\n```python\nf(x)\n```\n\n```python\ng()\n```\n\n```\noutput\n```\n"
             "<!-- runs: mpiexec -n 2\nimport os\n-->\n```python\nprint(1)\n```\n<!-- fragment -->\n\n```sh\nls\n```\n")
     assert unmarked_code_blocks(page) == [6, 19, 21]
 
 
+@pytest.mark.one_wheel
 @pytest.mark.parametrize("page", PAGES_WITH_EVERY_BLOCK_MARKED)
 def test_every_code_block_runs_or_is_marked_a_fragment(page: str) -> None:
     lines = unmarked_code_blocks((DOCS / page).read_text())
@@ -143,6 +145,7 @@ def test_every_code_block_runs_or_is_marked_a_fragment(page: str) -> None:
                        "docstring) nor say they are fragments (<!-- fragment --> on the line before the fence)")
 
 
+@pytest.mark.one_wheel
 def test_a_marker_must_sit_on_a_python_block() -> None:
     with pytest.raises(ValueError, match="markers"):
         marked_blocks("page.md", "<!-- runs -->\n\n```python\nprint(1)\n```\n")
@@ -234,6 +237,7 @@ def link_api_names(text: str) -> tuple[str, list[str]]:
     return "\n".join(out), problems
 
 
+@pytest.mark.one_wheel
 def test_link_api_names_links_names_but_not_code() -> None:
     text = ("Use `send_array` or [`recv_array`](api.md#cai_mpi.recv_array), `Array.numpy()`, `recv_array(0)`,\n"
             "`cai_mpi.testing.FakeCudaArray`, `Array.nothing`, `numpy.asarray`, [`waitall`](api.md#cai_mpi.waitany)\n"
@@ -248,6 +252,7 @@ def test_link_api_names_links_names_but_not_code() -> None:
     assert len(problems) == 4 and any("should link to api.md#cai_mpi.waitall" in p for p in problems), problems
 
 
+@pytest.mark.one_wheel
 @pytest.mark.parametrize("page", PAGES_THAT_LINK_API_NAMES)
 def test_public_names_link_to_the_api_reference(page: str) -> None:
     _, problems = link_api_names((DOCS / page).read_text())
@@ -299,6 +304,7 @@ def public_members(cls: type) -> set[str]:
     return {name for name in names if not name.startswith("_")}
 
 
+@pytest.mark.one_wheel
 def test_public_members_finds_properties_fields_and_instance_attributes() -> None:
     import cai_mpi
 
@@ -319,6 +325,7 @@ def documented_parameters(doc: str) -> dict[str, str]:
     return {name: " ".join(description.split()) for name, description in entries}
 
 
+@pytest.mark.one_wheel
 def test_every_public_function_documents_each_parameter_in_its_own_words() -> None:
     """The reference renders each parameter with what it means, not "as in reduce_array": the reader of one entry
     should not have to open another. (cai_mpi.testing's helpers are for tests and are not held to it.)"""
@@ -343,11 +350,13 @@ def test_every_public_function_documents_each_parameter_in_its_own_words() -> No
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.one_wheel
 def test_documented_parameters_reads_google_args() -> None:
     doc = "Do it.\n\nArgs:\n    a: the first\n        and more.\n    b, c: as in f.\n    d (int): four.\n\nReturns: x"
     assert documented_parameters(doc) == {"a": "the first and more.", "b, c": "as in f.", "d": "four."}
 
 
+@pytest.mark.one_wheel
 def test_site_builds_without_warnings_and_documents_every_public_name(tmp_path: Path) -> None:
     """The site (docs/conf.py) builds with -W -n: a broken link, cross-reference or docstring fails here."""
     for module in ("sphinx", "myst_parser", "furo"):
@@ -377,6 +386,7 @@ def test_site_builds_without_warnings_and_documents_every_public_name(tmp_path: 
     assert with_constructor == {"Pipeline", "CAIDescriptor"}, with_constructor
 
 
+@pytest.mark.one_wheel
 def test_one_sphinx_command_everywhere() -> None:
     """README.md, the docs and the scripts give the same command to build the site (the one the test above runs)."""
     scripts = sorted(p for p in (ROOT / "scripts").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
