@@ -71,6 +71,7 @@ def _recv(form: str, tag: int, out: Any) -> cai_mpi.Array:
 FORMS = ["blocking", "deadline", "nonblocking", "nonblocking-deadline"]
 
 
+@pytest.mark.slow  # (192 cases: every pair of forms around the ring; at 2 ranks, as the >2 GiB transfer)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("send_form", FORMS)
 @pytest.mark.parametrize("recv_form", FORMS)
