@@ -39,3 +39,21 @@ def test_close_waits_for_the_message_in_flight(earlier: int) -> None:
         rx.close()
         assert received.done, "RecvChannel.close() returned with its message still in flight"
         assert np.asarray(received.wait()).tolist() == DATA.tolist()
+
+
+def test_freeing_a_request_already_freed_or_completed_does_nothing() -> None:
+    """A freed (or completed nonblocking) request's handle is null without being the ``MPI.REQUEST_NULL`` object:
+    the channels' free step compares handles, so a second free on teardown's path cannot raise."""
+    from cai_mpi._src.api.channel_ends import free_request
+
+    buf = np.zeros(4, np.int32)
+    req = MPI.COMM_SELF.Recv_init(buf, 0, 73)
+    free_request(req)
+    assert req == MPI.REQUEST_NULL and req is not MPI.REQUEST_NULL
+    free_request(req)  # a second free: nothing (MPI would raise on freeing a null request)
+    done = MPI.COMM_SELF.Isend(np.ones(4, np.int32), 0, 74)
+    MPI.COMM_SELF.Recv(buf, 0, 74)
+    done.Wait()
+    free_request(done)
+    free_request(None)
+    assert buf.tolist() == [1, 1, 1, 1]

@@ -102,3 +102,30 @@ def test_the_rest_of_a_matched_transfer_gets_its_own_timeout() -> None:
     threading.Timer(1.2, payload.set).start()  # past the first deadline, within the renewed one
     req = Request(receive(header, payload, cleaned), about=RECEIVE)
     assert req.wait(timeout=1.0) == "data"
+
+
+class Broken(Waitable):
+    """A step whose MPI wait and test fail (a peer's death, an MPI error)."""
+
+    def test(self) -> bool:
+        raise MPI.Exception(MPI.ERR_OTHER)
+
+    def wait(self) -> None:
+        raise MPI.Exception(MPI.ERR_OTHER)
+
+
+@pytest.mark.parametrize("how", ["wait", "wait(timeout)", "test"])
+def test_a_failing_wait_is_raised_inside_the_steps_so_they_clean_up_first(how: str) -> None:
+    cleaned: list[str] = []
+    req = Request(receive(Flag(), Flag(), cleaned), about=RECEIVE)
+    req._pending = Broken()  # (the header's receive fails while it is awaited)
+    with pytest.raises(MPI.Exception):
+        if how == "test":
+            req.test()
+            req.wait()
+        else:
+            req.wait(timeout=30 if how == "wait(timeout)" else None)
+    assert cleaned == ["inbox"], "the steps' cleanup did not run before the error reached the caller"
+    assert req.done and not is_pending(req), "a request whose wait failed is left pending"
+    with pytest.raises(MPI.Exception):  # the same error again, not a hang
+        req.wait()
