@@ -2,16 +2,23 @@
 
 The arrays of a list or dict are grouped by dtype; each group is copied back to back into one contiguous
 bucket, reduced with one MPI Allreduce (``allreduce_arrays``) or one MPI-4 persistent Allreduce bound once to
-the bucket (``allreduce_init`` of a list or dict), and the results are views of the bucket. One agreement
-Allreduce checks that every rank reduces the same arrays (keys, shapes, dtypes, op). Device arrays are copied
-into and out of the host buckets (staged), whatever the MPI.
+the bucket (``allreduce_init`` of a list or dict), and the results are views of the bucket. Device arrays are
+copied into and out of the host buckets (staged), whatever the MPI.
+
+``allreduce_arrays`` makes one exchange of fixed-size slots per call (an Allgather: each rank's plan
+fingerprint, and its whole payload when that fits, which every rank then reduces in numpy: the call is that one
+collective); above a slot, host arrays of ``DIRECT_BYTES`` or more are reduced on their own from their buffers
+(a copy into a bucket costs more than the collective it saves) and the others by buckets. The persistent form
+agrees once, at creation, with one Allreduce of fingerprints (``agreed.agree``).
 """
 
 from __future__ import annotations
 
-import copy
 import ctypes
+import hashlib
 import math
+import struct
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,29 +27,39 @@ from mpi4py import MPI
 
 from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, send_source
+from ..errors import CollectiveMismatchError
 from ..runtime.base import Runtime
 from ..transport import internal_stream, outgoing
+from ..transport.agreement import SLOT_BYTES, joined
 from ..transport.bigcount import INT_MAX, reduce
 from .agreed import agree
 from .collective_call import setup
 from .lifecycle import PersistentLifecycle
-from .reduce_ops import parse_op, reduce_datatype
+from .reduce_ops import ReduceOp, combine, parse_op, reduce_datatype
 from .validation import check_sync
 
-__all__ = ["BucketedAllreduce", "allreduce_arrays", "is_container"]
+__all__ = ["DIRECT_BYTES", "BucketedAllreduce", "allreduce_arrays", "is_container"]
 
 _NO_TAG = -1
+#: A host array of at least this many bytes is reduced by ``allreduce_arrays`` on its own, from its buffer, not
+#: copied into its dtype's bucket (docs/benchmarks.md has the measurement that chose it).
+DIRECT_BYTES = 128 * 1024
+_PREFIX = struct.Struct("<qq")  # a slot of the one-shot exchange: the plan's fingerprint, flags
+_FUSED = 1  # the slot holds this rank's whole payload
+_FAILED = 2  # this rank could not take part
+_DEVICE = 4  # this rank has a device array: every rank then buckets every array (none reduced on its own)
 
 
 class _Bucket:
     """The arrays of one dtype, back to back: for each, where it sits in the container, its shape, its first
     element in the bucket, its size, and (device arrays) its GPU and address."""
 
-    __slots__ = ("count", "counts", "datatype", "dtype", "host", "objs", "op", "ordinals", "positions", "ptrs",
-                 "shapes", "starts")
+    __slots__ = ("count", "counts", "datatype", "dtype", "host", "how", "objs", "op", "ordinals", "positions",
+                 "ptrs", "shapes", "slot_at", "starts")
 
-    def __init__(self, dtype: np.dtype[Any], datatype: MPI.Datatype, op: MPI.Op) -> None:
-        self.dtype, self.datatype, self.op = dtype, datatype, op
+    def __init__(self, dtype: np.dtype[Any], datatype: MPI.Datatype, how: ReduceOp) -> None:
+        self.dtype, self.datatype, self.how, self.op = dtype, datatype, how, how.mpi
+        self.slot_at = 0  # where the bucket starts in a slot of the fused exchange
         self.positions: list[int] = []
         self.shapes: list[tuple[int, ...]] = []
         self.starts: list[int] = []
@@ -80,18 +97,31 @@ def _entries(fn: str, objs: Any) -> tuple[list[Any] | None, list[Any]]:
     raise TypeError(f"{fn}: expected a list or a dict of arrays, got {type(objs).__name__}")
 
 
+class _Direct:
+    """A large host array of a one-shot call, reduced on its own from its buffer: where it sits in the container,
+    its shape, native dtype, MPI datatype and op."""
+
+    __slots__ = ("datatype", "dtype", "op", "position", "shape")
+
+    def __init__(self, position: int, shape: tuple[int, ...], dtype: np.dtype[Any], datatype: MPI.Datatype,
+                 op: MPI.Op) -> None:
+        self.position, self.shape, self.dtype, self.datatype, self.op = position, shape, dtype, datatype, op
+
+
 class _Plan:
-    """What this rank reduces: buckets by dtype, and the text every rank compares."""
+    """What this rank reduces: buckets by dtype (and, ``split``, the large host arrays reduced on their own), the
+    text every rank compares and its fingerprint, and where each bucket goes in a slot when the whole fits."""
 
-    __slots__ = ("buckets", "keys", "mean", "n", "sources", "sync", "text")
+    __slots__ = ("buckets", "direct", "fits", "fp", "kept", "keys", "mean", "n", "sources", "sync", "text")
 
-    def __init__(self, fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> None:
+    def __init__(self, fn: str, objs: Any, op: Any, sync: Any, rt: Runtime, split: bool = False) -> None:
         self.sync = check_sync(fn, sync)
         mpi_op = parse_op(fn, op)
         self.keys, values = _entries(fn, objs)
         self.n = len(values)
         self.mean = mpi_op.mean
         buckets: dict[np.dtype[Any], _Bucket] = {}
+        self.direct: list[_Direct] = []
         self.sources: list[Any] = []
         shapes, dtypes = [], []
         for i, obj in enumerate(values):
@@ -105,19 +135,30 @@ class _Plan:
             else:
                 dtype, shape, ordinal, ptr = src.dtype, src.shape, None, 0
             native = dtype if dtype.isnative or dtype.names is not None else dtype.newbyteorder("=")
+            shapes.append(shape)
+            dtypes.append(native.str)
             bucket = buckets.get(native)
             if bucket is None:
                 try:
                     datatype = reduce_datatype(fn, native, mpi_op)
-                    mop = mpi_op.for_bool(fn).mpi if native.kind == "b" else mpi_op.mpi
+                    how = mpi_op.for_bool(fn) if native.kind == "b" else mpi_op
                 except TypeError as exc:
                     raise TypeError(f"{exc} (array {self._name(i)})") from None
-                bucket = buckets[native] = _Bucket(native, datatype, mop)
+                bucket = buckets[native] = _Bucket(native, datatype, how)
+            if split and ordinal is None and math.prod(shape) * native.itemsize >= DIRECT_BYTES:
+                self.direct.append(_Direct(i, shape, native, bucket.datatype, bucket.op))
+                continue
             bucket.add(obj, i, shape, ordinal, ptr)
-            shapes.append(shape)
-            dtypes.append(native.str)
-        self.buckets = list(buckets.values())
+        self.buckets = [b for b in buckets.values() if b.positions]
         self.text = f"allreduce of {self.keys!r} shapes {shapes} dtypes {dtypes} op={mpi_op.name}"
+        self.fp = _fingerprint(self.text)
+        end = _PREFIX.size
+        for bucket in self.buckets:  # (each bucket 16-aligned in the slot, past the prefix)
+            bucket.slot_at = -(-end // 16) * 16
+            end = bucket.slot_at + bucket.count * bucket.dtype.itemsize
+        self.kept: list[Any] = [None] * (len(self.direct) + len(self.buckets))  # (see _take)
+        self.fits = (split and not self.direct and end <= SLOT_BYTES
+                     and all(b.how.local(b.dtype) for b in self.buckets))
 
     def _name(self, i: int) -> str:
         return f"{i}" if self.keys is None else repr(self.keys[i])
@@ -141,12 +182,18 @@ class _Plan:
         """Each array's result: a view of its bucket (host) or the device Array given for it, refreshed."""
         out: list[Any] = [None] * self.n
         streams = set()
+        over_host = Array._over_host
         for bucket, buf in zip(self.buckets, buckets, strict=True):
+            if bucket.host:
+                for pos, shape, start, n in zip(bucket.positions, bucket.shapes, bucket.starts, bucket.counts,
+                                                strict=True):
+                    out[pos] = over_host(buf[start : start + n].reshape(shape), -1, -1, None)  # (keeps buf alive)
+                continue
             for pos, shape, start, n, ordinal in zip(bucket.positions, bucket.shapes, bucket.starts, bucket.counts,
                                                      bucket.ordinals, strict=True):
                 part = buf[start : start + n]
                 if ordinal is None:
-                    out[pos] = Array.from_host(part.reshape(shape))  # (the view keeps the bucket alive)
+                    out[pos] = over_host(part.reshape(shape), -1, -1, None)  # (the view keeps the bucket alive)
                     continue
                 stream = internal_stream(rt, ordinal)
                 arr = device.get(pos)
@@ -176,24 +223,52 @@ def _attempt(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[str, 
 
 
 # Plans of calls on host numpy arrays, by (op, keys, shapes, dtypes): a training loop reduces the same arrays
-# every step, and the plan depends on nothing else (the arrays themselves are this call's).
+# every step, and the plan depends on nothing else (the arrays themselves are this call's, passed beside it).
 _PLANS: dict[Any, _Plan] = {}
 
 
-def _reused(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[str, _Plan, bool]:
+def _reused(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[_Plan, list[Any], bool]:
+    """This call's plan (split: large host arrays reduced on their own), its arrays (``plan.sources``'s order),
+    and whether all of them are host arrays; the plan reused when host numpy arrays of the same keys, shapes and
+    dtypes were reduced before."""
     values = objs if type(objs) is list else (list(objs.values()) if type(objs) is dict else None)
     if values is None or not isinstance(op, str) or not all(type(v) is np.ndarray for v in values):
-        return _attempt(fn, objs, op, sync, rt)
+        plan = _Plan(fn, objs, op, sync, rt, split=True)
+        return plan, plan.sources, all(isinstance(src, np.ndarray) for src in plan.sources)
     key = (op, None if type(objs) is list else tuple(objs), tuple([v.shape for v in values]),
            tuple([v.dtype for v in values]))
     cached = _PLANS.get(key)
     if cached is None:
         if len(_PLANS) >= 64:
             _PLANS.clear()
-        cached = _PLANS[key] = _Plan(fn, objs, op, sync, rt)
-    plan = copy.copy(cached)  # (the cached plan is shared; this call's arrays are its own)
-    plan.sources = values
-    return plan.text, plan, False
+        cached = _PLANS[key] = _Plan(fn, objs, op, sync, rt, split=True)
+        cached.sources = []  # (the cached plan is shared: this call's arrays are its own)
+    return cached, values, True
+
+
+def _fingerprint(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def _agreed(fn: str, comm: MPI.Intracomm, due: Any, slots: np.ndarray[Any, Any], at: int, text: str,
+            fp: int, flags: int, error: BaseException | None) -> int:
+    """The call's one exchange (an Allgather of ``SLOT_BYTES`` per rank: the plan's fingerprint, flags, and the
+    payload when fused): ``_FUSED`` when every rank carried its whole call; otherwise the payloads still have to
+    be reduced, ``_DEVICE`` when some rank has a device array (else 0). Any difference or failure is an error on
+    every rank."""
+    _PREFIX.pack_into(slots.data, at, fp, flags)
+    joined(fn, comm, due, "Allgather", MPI.IN_PLACE, [slots, SLOT_BYTES, MPI.BYTE])
+    unpack_from, view = _PREFIX.unpack_from, slots.data
+    votes = [unpack_from(view, r) for r in range(0, len(slots), SLOT_BYTES)]  # (fingerprint, flags) by rank
+    if all(v[0] == fp and not v[1] & _FAILED for v in votes):
+        if all(v[1] & _FUSED for v in votes):
+            return _FUSED
+        return _DEVICE if any(v[1] & _DEVICE for v in votes) else 0
+    texts = comm.allgather(text)  # (the error path only: pickled strings are fine)
+    if error is not None:
+        raise error
+    had = "; ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
+    raise CollectiveMismatchError(f"{fn}: every rank must reduce the same keys, shapes, dtypes and op, but {had}")
 
 
 def allreduce_arrays(
@@ -202,8 +277,10 @@ def allreduce_arrays(
 ) -> Any:
     """Reduce many arrays at once, element by element; every rank gets the results.
 
-    The arrays are grouped by dtype and each group is reduced with one MPI Allreduce over a contiguous bucket
-    (plus one small agreement Allreduce for the whole call), not one collective per array.
+    One exchange of fixed-size slots checks that every rank reduces the same arrays; when the whole payload is
+    small host data it travels in that exchange and each rank reduces it in numpy (the call is one collective).
+    Otherwise each large host array (``DIRECT_BYTES`` or more) is reduced on its own, straight from its buffer,
+    and the other arrays are grouped by dtype into contiguous buckets, one MPI Allreduce per bucket.
 
     Args:
         objs: a list or a dict of arrays (anything ``send_array`` takes, mixed dtypes and shapes); every rank
@@ -218,8 +295,9 @@ def allreduce_arrays(
 
     Returns:
         The same container (a list, or a dict with the same keys) of Arrays, each in its input's dtype in native
-        byte order: host arrays are views of one buffer per dtype; a device input's result is on its device
-        (device arrays are staged through host memory and reduced there).
+        byte order, in C order: host results are host memory of their own (small arrays views of one buffer per
+        dtype; memory a later call may reuse once nothing refers to it any more); a device input's result is on
+        its device (device arrays are staged through host memory and reduced there).
 
     Raises:
         CollectiveMismatchError: on every rank, when the ranks' keys, shapes, dtypes or ops differ (naming every
@@ -228,20 +306,75 @@ def allreduce_arrays(
     """
     fn = "allreduce_arrays"
     _pc, comm_, _root, rt, cfg, due = setup(fn, comm, None, timeout)
-    plan: _Plan
-    plan, _device = agree(fn, comm_, due, lambda: _reused(fn, objs, op, sync, rt))
+    size = comm_.Get_size()
+    slots = np.empty(SLOT_BYTES * size, np.uint8)
+    at = comm_.Get_rank() * SLOT_BYTES
+    try:
+        plan, sources, host = _reused(fn, objs, op, sync, rt)
+    except Exception as exc:
+        text = f"could not take part ({type(exc).__name__}: {exc})"
+        _agreed(fn, comm_, due, slots, at, text, _fingerprint(text), _FAILED, exc)
+        raise AssertionError("unreachable") from exc  # (_agreed raised on every rank)
+    fused = plan.fits and host  # (host data numpy reduces, all of it in the slot)
+    if fused:  # this rank's payload in its slot, each bucket where the plan put it
+        for bucket in plan.buckets:
+            plan.fill(bucket, np.ndarray(bucket.count, bucket.dtype, slots, at + bucket.slot_at), sources, rt)
+    how = _agreed(fn, comm_, due, slots, at, plan.text, plan.fp, _FUSED if fused else 0 if host else _DEVICE, None)
+    if how == _DEVICE and plan.direct:  # (every rank alike: which arrays go alone must not depend on where they lie)
+        plan = _Plan(fn, objs, op, sync, rt)
+        sources = plan.sources
+    if how == _FUSED:
+        parts = [[np.ndarray(b.count, b.dtype, slots, r * SLOT_BYTES + b.slot_at) for r in range(size)]
+                 for b in plan.buckets]
+        return plan.container(plan.results([combine(b.how, p, size) for b, p in zip(plan.buckets, parts,
+                                                                                    strict=True)], {}, rt))
+    out: list[Any] = [None] * plan.n
+    kept = plan.kept
+    for i, d in enumerate(plan.direct):
+        _direct(comm_, d, sources[d.position], _take(kept, i, d.shape, d.dtype), cfg.max_message_bytes)
     buffers = []
-    for bucket in plan.buckets:
-        buf = np.empty(bucket.count, bucket.dtype)
-        plan.fill(bucket, buf, plan.sources, rt)
+    for i, bucket in enumerate(plan.buckets, len(plan.direct)):
+        buf = _take(kept, i, (bucket.count,), bucket.dtype)
+        plan.fill(bucket, buf, sources, rt)
         if bucket.count * bucket.dtype.itemsize <= cfg.max_message_bytes and bucket.count <= INT_MAX:
             comm_.Allreduce(MPI.IN_PLACE, [buf, bucket.datatype], bucket.op)  # the common case, one call
         else:
             address = buf.ctypes.data
             reduce(comm_, address, address, bucket.count, bucket.datatype, bucket.op, None, cfg.max_message_bytes)
         buffers.append(buf)
-    plan.divide(buffers, comm_.Get_size())
-    return plan.container(plan.results(buffers, {}, rt))
+    plan.divide(buffers, size)
+    for i, arr in enumerate(plan.results(buffers, {}, rt)):
+        if arr is not None:
+            out[i] = arr
+    for d, result in zip(plan.direct, kept, strict=False):
+        if plan.mean:
+            np.true_divide(result, d.dtype.type(size), out=result)
+        out[d.position] = Array._over_host(result, -1, -1, None)
+    return plan.container(out)
+
+
+def _take(kept: list[Any], i: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """The memory of result ``i`` of a call: the previous call's when nothing refers to it any more (its Arrays
+    and every view of it dropped: the references are the list's, this function's and getrefcount's own), so
+    that a training loop's calls reuse the same pages instead of faulting in new ones each step."""
+    buf: np.ndarray[Any, Any] = kept[i]
+    if buf is None or sys.getrefcount(buf) > 3:
+        buf = kept[i] = np.empty(shape, dtype)
+    return buf
+
+
+def _direct(comm: MPI.Intracomm, d: _Direct, src: np.ndarray[Any, Any], result: np.ndarray[Any, Any],
+            max_message_bytes: int) -> None:
+    """Array ``d`` reduced into ``result`` (C-ordered, its shape and native dtype) from its own buffer (a copy
+    only when not C-contiguous in native byte order), with a blocking Allreduce: docs/benchmarks.md has why not
+    Iallreduce for all of them and one Waitall."""
+    if src.dtype != d.dtype or not src.flags.c_contiguous:
+        src = np.ascontiguousarray(src, d.dtype)
+    count = result.size
+    if count * d.dtype.itemsize <= max_message_bytes and count <= INT_MAX:
+        comm.Allreduce([src, count, d.datatype], [result, count, d.datatype], d.op)
+    else:
+        reduce(comm, src.ctypes.data, result.ctypes.data, count, d.datatype, d.op, None, max_message_bytes)
 
 
 class BucketedAllreduce(PersistentLifecycle):
