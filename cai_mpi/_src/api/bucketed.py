@@ -54,8 +54,8 @@ class _Bucket:
     """The arrays of one dtype, back to back: for each, where it sits in the container, its shape, its first
     element in the bucket, its size, and (device arrays) its GPU and address."""
 
-    __slots__ = ("count", "counts", "datatype", "dtype", "host", "how", "objs", "op", "ordinals", "positions",
-                 "ptrs", "shapes", "slot_at", "starts")
+    __slots__ = ("count", "counts", "datatype", "dtype", "host", "how", "native", "objs", "op", "ordinals",
+                 "positions", "ptrs", "shapes", "slot_at", "starts")
 
     def __init__(self, dtype: np.dtype[Any], datatype: MPI.Datatype, how: ReduceOp) -> None:
         self.dtype, self.datatype, self.how, self.op = dtype, datatype, how, how.mpi
@@ -69,6 +69,7 @@ class _Bucket:
         self.objs: list[Any] = []
         self.count = 0
         self.host = True  # every array in host memory
+        self.native = True  # every array of the bucket's dtype (none to convert from the other byte order)
 
     def add(self, obj: Any, position: int, shape: tuple[int, ...], ordinal: int | None, ptr: int) -> None:
         n = math.prod(shape)
@@ -149,6 +150,7 @@ class _Plan:
                 self.direct.append(_Direct(i, shape, native, bucket.datatype, bucket.op))
                 continue
             bucket.add(obj, i, shape, ordinal, ptr)
+            bucket.native = bucket.native and dtype == native
         self.buckets = [b for b in buckets.values() if b.positions]
         self.text = f"allreduce of {self.keys!r} shapes {shapes} dtypes {dtypes} op={mpi_op.name}"
         self.fp = _fingerprint(self.text)
@@ -178,16 +180,30 @@ class _Plan:
                 part.view(np.uint8)[...] = np.frombuffer(memoryview(staged), np.uint8)
                 piece.release()
 
+    def pack(self, bucket: _Bucket, slot: memoryview, sources: list[Any]) -> None:
+        """Copy each (host) array of ``bucket`` into ``slot``, its bytes: one ``bytes.join`` of the arrays' buffers
+        (a tenth of ``numpy.concatenate``'s time at a few bytes each) when all are C-contiguous in the bucket's
+        dtype, else ``fill``'s ``concatenate``."""
+        arrays = [sources[p] for p in bucket.positions]
+        if bucket.native:
+            try:
+                slot[: bucket.count * bucket.dtype.itemsize] = b"".join(arrays)
+                return
+            except (BufferError, ValueError, TypeError):  # (not C-contiguous: no simple buffer)
+                pass
+        np.concatenate(arrays, axis=None, out=np.frombuffer(slot, bucket.dtype, bucket.count), casting="equiv")
+
     def results(self, buckets: list[np.ndarray[Any, Any]], device: dict[int, Array], rt: Runtime) -> list[Array]:
         """Each array's result: a view of its bucket (host) or the device Array given for it, refreshed."""
         out: list[Any] = [None] * self.n
         streams = set()
         over_host = Array._over_host
+        view = np.ndarray
         for bucket, buf in zip(self.buckets, buckets, strict=True):
-            if bucket.host:
-                for pos, shape, start, n in zip(bucket.positions, bucket.shapes, bucket.starts, bucket.counts,
-                                                strict=True):
-                    out[pos] = over_host(buf[start : start + n].reshape(shape), -1, -1, None)  # (keeps buf alive)
+            if bucket.host:  # (each a view of buf, which it keeps alive)
+                dtype, size = bucket.dtype, bucket.dtype.itemsize
+                for pos, shape, start in zip(bucket.positions, bucket.shapes, bucket.starts, strict=True):
+                    out[pos] = over_host(view(shape, dtype, buf, start * size), -1, -1, None)
                 continue
             for pos, shape, start, n, ordinal in zip(bucket.positions, bucket.shapes, bucket.starts, bucket.counts,
                                                      bucket.ordinals, strict=True):
@@ -225,6 +241,7 @@ def _attempt(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[str, 
 # Plans of calls on host numpy arrays, by (op, keys, shapes, dtypes): a training loop reduces the same arrays
 # every step, and the plan depends on nothing else (the arrays themselves are this call's, passed beside it).
 _PLANS: dict[Any, _Plan] = {}
+_NUMPY_ONLY = {np.ndarray}
 
 
 def _reused(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[_Plan, list[Any], bool]:
@@ -232,7 +249,7 @@ def _reused(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[_Plan,
     and whether all of them are host arrays; the plan reused when host numpy arrays of the same keys, shapes and
     dtypes were reduced before."""
     values = objs if type(objs) is list else (list(objs.values()) if type(objs) is dict else None)
-    if values is None or not isinstance(op, str) or not all(type(v) is np.ndarray for v in values):
+    if values is None or not isinstance(op, str) or set(map(type, values)) != _NUMPY_ONLY:
         plan = _Plan(fn, objs, op, sync, rt, split=True)
         return plan, plan.sources, all(isinstance(src, np.ndarray) for src in plan.sources)
     key = (op, None if type(objs) is list else tuple(objs), tuple([v.shape for v in values]),
@@ -317,8 +334,9 @@ def allreduce_arrays(
         raise AssertionError("unreachable") from exc  # (_agreed raised on every rank)
     fused = plan.fits and host  # (host data numpy reduces, all of it in the slot)
     if fused:  # this rank's payload in its slot, each bucket where the plan put it
+        view = slots.data
         for bucket in plan.buckets:
-            plan.fill(bucket, np.ndarray(bucket.count, bucket.dtype, slots, at + bucket.slot_at), sources, rt)
+            plan.pack(bucket, view[at + bucket.slot_at :], sources)
     how = _agreed(fn, comm_, due, slots, at, plan.text, plan.fp, _FUSED if fused else 0 if host else _DEVICE, None)
     if how == _DEVICE and plan.direct:  # (every rank alike: which arrays go alone must not depend on where they lie)
         plan = _Plan(fn, objs, op, sync, rt)
