@@ -14,12 +14,7 @@ agrees once, at creation, with one Allreduce of fingerprints (``agreed.agree``).
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import math
-import struct
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -29,228 +24,40 @@ from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, send_source
 from ..errors import CollectiveMismatchError
 from ..runtime.base import Runtime
-from ..transport import internal_stream, outgoing
 from ..transport.agreement import SLOT_BYTES, joined
 from ..transport.bigcount import INT_MAX, reduce
 from .agreed import agree
+from .bucket_plan import DIRECT_BYTES, PREFIX, Direct, Plan, fingerprint, is_container
 from .collective_call import setup
 from .lifecycle import PersistentLifecycle
-from .reduce_ops import ReduceOp, combine, parse_op, reduce_datatype
-from .validation import check_sync
+from .reduce_ops import combine
 
 __all__ = ["DIRECT_BYTES", "BucketedAllreduce", "allreduce_arrays", "is_container"]
 
 _NO_TAG = -1
-#: A host array of at least this many bytes is reduced by ``allreduce_arrays`` on its own, from its buffer, not
-#: copied into its dtype's bucket (docs/benchmarks.md has the measurement that chose it).
-DIRECT_BYTES = 128 * 1024
-_PREFIX = struct.Struct("<qq")  # a slot of the one-shot exchange: the plan's fingerprint, flags
 _FUSED = 1  # the slot holds this rank's whole payload
 _FAILED = 2  # this rank could not take part
 _DEVICE = 4  # this rank has a device array: every rank then buckets every array (none reduced on its own)
 
 
-class _Bucket:
-    """The arrays of one dtype, back to back: for each, where it sits in the container, its shape, its first
-    element in the bucket, its size, and (device arrays) its GPU and address."""
-
-    __slots__ = ("count", "counts", "datatype", "dtype", "host", "how", "native", "objs", "op", "ordinals",
-                 "positions", "ptrs", "shapes", "slot_at", "starts")
-
-    def __init__(self, dtype: np.dtype[Any], datatype: MPI.Datatype, how: ReduceOp) -> None:
-        self.dtype, self.datatype, self.how, self.op = dtype, datatype, how, how.mpi
-        self.slot_at = 0  # where the bucket starts in a slot of the fused exchange
-        self.positions: list[int] = []
-        self.shapes: list[tuple[int, ...]] = []
-        self.starts: list[int] = []
-        self.counts: list[int] = []
-        self.ordinals: list[int | None] = []
-        self.ptrs: list[int] = []
-        self.objs: list[Any] = []
-        self.count = 0
-        self.host = True  # every array in host memory
-        self.native = True  # every array of the bucket's dtype (none to convert from the other byte order)
-
-    def add(self, obj: Any, position: int, shape: tuple[int, ...], ordinal: int | None, ptr: int) -> None:
-        n = math.prod(shape)
-        self.positions.append(position)
-        self.shapes.append(shape)
-        self.starts.append(self.count)
-        self.counts.append(n)
-        self.ordinals.append(ordinal)
-        self.ptrs.append(ptr)
-        self.objs.append(obj)
-        self.count += n
-        self.host = self.host and ordinal is None
-
-
-def is_container(obj: Any) -> bool:
-    """A list, tuple or dict of arrays (the bucketed forms), not one array."""
-    return isinstance(obj, (list, tuple, Mapping))
-
-
-def _entries(fn: str, objs: Any) -> tuple[list[Any] | None, list[Any]]:
-    """``(keys or None for a list, values)``."""
-    if isinstance(objs, Mapping):
-        return list(objs.keys()), list(objs.values())
-    if isinstance(objs, (list, tuple)):
-        return None, list(objs)
-    raise TypeError(f"{fn}: expected a list or a dict of arrays, got {type(objs).__name__}")
-
-
-class _Direct:
-    """A large host array of a one-shot call, reduced on its own from its buffer: where it sits in the container,
-    its shape, native dtype, MPI datatype and op."""
-
-    __slots__ = ("datatype", "dtype", "op", "position", "shape")
-
-    def __init__(self, position: int, shape: tuple[int, ...], dtype: np.dtype[Any], datatype: MPI.Datatype,
-                 op: MPI.Op) -> None:
-        self.position, self.shape, self.dtype, self.datatype, self.op = position, shape, dtype, datatype, op
-
-
-class _Plan:
-    """What this rank reduces: buckets by dtype (and, ``split``, the large host arrays reduced on their own), the
-    text every rank compares and its fingerprint, and where each bucket goes in a slot when the whole fits."""
-
-    __slots__ = ("buckets", "direct", "fits", "fp", "kept", "keys", "mean", "n", "sources", "sync", "text")
-
-    def __init__(self, fn: str, objs: Any, op: Any, sync: Any, rt: Runtime, split: bool = False) -> None:
-        self.sync = check_sync(fn, sync)
-        mpi_op = parse_op(fn, op)
-        self.keys, values = _entries(fn, objs)
-        self.n = len(values)
-        self.mean = mpi_op.mean
-        buckets: dict[np.dtype[Any], _Bucket] = {}
-        self.direct: list[_Direct] = []
-        self.sources: list[Any] = []
-        shapes, dtypes = [], []
-        for i, obj in enumerate(values):
-            src = obj if type(obj) is np.ndarray else send_source(fn, obj, self.sync, rt)
-            self.sources.append(src)
-            if isinstance(src, DeviceSource):
-                dtype, shape, ordinal, ptr = src.desc.dtype, src.desc.shape, src.ordinal, src.desc.ptr
-                if not dtype.isnative and dtype.names is None:
-                    raise TypeError(f"{fn}: array {self._name(i)}: a device array of dtype {dtype.str} is not in "
-                                    "native byte order, and MPI reduces native values: convert it on the device first")
-            else:
-                dtype, shape, ordinal, ptr = src.dtype, src.shape, None, 0
-            native = dtype if dtype.isnative or dtype.names is not None else dtype.newbyteorder("=")
-            shapes.append(shape)
-            dtypes.append(native.str)
-            bucket = buckets.get(native)
-            if bucket is None:
-                try:
-                    datatype = reduce_datatype(fn, native, mpi_op)
-                    how = mpi_op.for_bool(fn) if native.kind == "b" else mpi_op
-                except TypeError as exc:
-                    raise TypeError(f"{exc} (array {self._name(i)})") from None
-                bucket = buckets[native] = _Bucket(native, datatype, how)
-            if split and ordinal is None and math.prod(shape) * native.itemsize >= DIRECT_BYTES:
-                self.direct.append(_Direct(i, shape, native, bucket.datatype, bucket.op))
-                continue
-            bucket.add(obj, i, shape, ordinal, ptr)
-            bucket.native = bucket.native and dtype == native
-        self.buckets = [b for b in buckets.values() if b.positions]
-        self.text = f"allreduce of {self.keys!r} shapes {shapes} dtypes {dtypes} op={mpi_op.name}"
-        self.fp = _fingerprint(self.text)
-        end = _PREFIX.size
-        for bucket in self.buckets:  # (each bucket 16-aligned in the slot, past the prefix)
-            bucket.slot_at = -(-end // 16) * 16
-            end = bucket.slot_at + bucket.count * bucket.dtype.itemsize
-        self.kept: list[Any] = [None] * (len(self.direct) + len(self.buckets))  # (see _take)
-        self.fits = (split and not self.direct and end <= SLOT_BYTES
-                     and all(b.how.local(b.dtype) for b in self.buckets))
-
-    def _name(self, i: int) -> str:
-        return f"{i}" if self.keys is None else repr(self.keys[i])
-
-    def fill(self, bucket: _Bucket, buf: np.ndarray[Any, Any], sources: list[Any], rt: Runtime) -> None:
-        """Copy each array of ``bucket`` (its current contents) into its place in ``buf``."""
-        if bucket.host:  # one numpy call (each array flattened in C order, converted to native byte order)
-            np.concatenate([sources[p] for p in bucket.positions], axis=None, out=buf, casting="equiv")
-            return
-        for pos, start, n in zip(bucket.positions, bucket.starts, bucket.counts, strict=True):
-            src, part = sources[pos], buf[start : start + n]
-            if isinstance(src, np.ndarray):
-                part[...] = src.reshape(-1)
-            elif n:
-                piece = outgoing(src, rt, direct=False, c_order=True)  # staged through pinned host memory
-                staged = (ctypes.c_char * piece.nbytes).from_address(piece.address)
-                part.view(np.uint8)[...] = np.frombuffer(memoryview(staged), np.uint8)
-                piece.release()
-
-    def pack(self, bucket: _Bucket, slot: memoryview, sources: list[Any]) -> None:
-        """Copy each (host) array of ``bucket`` into ``slot``, its bytes: one ``bytes.join`` of the arrays' buffers
-        (a tenth of ``numpy.concatenate``'s time at a few bytes each) when all are C-contiguous in the bucket's
-        dtype, else ``fill``'s ``concatenate``."""
-        arrays = [sources[p] for p in bucket.positions]
-        if bucket.native:
-            try:
-                slot[: bucket.count * bucket.dtype.itemsize] = b"".join(arrays)
-                return
-            except (BufferError, ValueError, TypeError):  # (not C-contiguous: no simple buffer)
-                pass
-        np.concatenate(arrays, axis=None, out=np.frombuffer(slot, bucket.dtype, bucket.count), casting="equiv")
-
-    def results(self, buckets: list[np.ndarray[Any, Any]], device: dict[int, Array], rt: Runtime) -> list[Array]:
-        """Each array's result: a view of its bucket (host) or the device Array given for it, refreshed."""
-        out: list[Any] = [None] * self.n
-        streams = set()
-        over_host = Array._over_host
-        view = np.ndarray
-        for bucket, buf in zip(self.buckets, buckets, strict=True):
-            if bucket.host:  # (each a view of buf, which it keeps alive)
-                dtype, size = bucket.dtype, bucket.dtype.itemsize
-                for pos, shape, start in zip(bucket.positions, bucket.shapes, bucket.starts, strict=True):
-                    out[pos] = over_host(view(shape, dtype, buf, start * size), -1, -1, None)
-                continue
-            for pos, shape, start, n, ordinal in zip(bucket.positions, bucket.shapes, bucket.starts, bucket.counts,
-                                                     bucket.ordinals, strict=True):
-                part = buf[start : start + n]
-                if ordinal is None:
-                    out[pos] = over_host(part.reshape(shape), -1, -1, None)  # (the view keeps the bucket alive)
-                    continue
-                stream = internal_stream(rt, ordinal)
-                arr = device.get(pos)
-                if arr is None:
-                    arr = Array.from_device(rt.alloc_device(part.nbytes, ordinal, stream, handed_out=True), shape,
-                                            bucket.dtype)
-                if part.nbytes:
-                    rt.copy_async(arr.descriptor.ptr, part.ctypes.data, part.nbytes, stream)
-                    streams.add(stream)
-                out[pos] = arr
-        for stream in streams:
-            rt.record_event(stream).synchronize()
-        return out
-
-    def container(self, arrays: list[Any]) -> Any:
-        return arrays if self.keys is None else dict(zip(self.keys, arrays, strict=True))
-
-    def divide(self, buckets: list[np.ndarray[Any, Any]], size: int) -> None:
-        if self.mean:
-            for bucket, buf in zip(self.buckets, buckets, strict=True):
-                np.true_divide(buf, bucket.dtype.type(size), out=buf)
-
-
-def _attempt(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[str, _Plan, bool]:
-    plan = _Plan(fn, objs, op, sync, rt)
+def _attempt(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[str, Plan, bool]:
+    plan = Plan(fn, objs, op, sync, rt)
     return plan.text, plan, False
 
 
 # Plans of calls on host numpy arrays, by (op, keys, shapes, dtypes): a training loop reduces the same arrays
 # every step, and the plan depends on nothing else (the arrays themselves are this call's, passed beside it).
-_PLANS: dict[Any, _Plan] = {}
+_PLANS: dict[Any, Plan] = {}
 _NUMPY_ONLY = {np.ndarray}
 
 
-def _reused(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[_Plan, list[Any], bool]:
+def _reused(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[Plan, list[Any], bool]:
     """This call's plan (split: large host arrays reduced on their own), its arrays (``plan.sources``'s order),
     and whether all of them are host arrays; the plan reused when host numpy arrays of the same keys, shapes and
     dtypes were reduced before."""
     values = objs if type(objs) is list else (list(objs.values()) if type(objs) is dict else None)
     if values is None or not isinstance(op, str) or set(map(type, values)) != _NUMPY_ONLY:
-        plan = _Plan(fn, objs, op, sync, rt, split=True)
+        plan = Plan(fn, objs, op, sync, rt, split=True)
         return plan, plan.sources, all(isinstance(src, np.ndarray) for src in plan.sources)
     key = (op, None if type(objs) is list else tuple(objs), tuple([v.shape for v in values]),
            tuple([v.dtype for v in values]))
@@ -258,13 +65,9 @@ def _reused(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[_Plan,
     if cached is None:
         if len(_PLANS) >= 64:
             _PLANS.clear()
-        cached = _PLANS[key] = _Plan(fn, objs, op, sync, rt, split=True)
+        cached = _PLANS[key] = Plan(fn, objs, op, sync, rt, split=True)
         cached.sources = []  # (the cached plan is shared: this call's arrays are its own)
     return cached, values, True
-
-
-def _fingerprint(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
 
 
 def _agreed(fn: str, comm: MPI.Intracomm, due: Any, slots: np.ndarray[Any, Any], at: int, text: str,
@@ -273,9 +76,9 @@ def _agreed(fn: str, comm: MPI.Intracomm, due: Any, slots: np.ndarray[Any, Any],
     payload when fused): ``_FUSED`` when every rank carried its whole call; otherwise the payloads still have to
     be reduced, ``_DEVICE`` when some rank has a device array (else 0). Any difference or failure is an error on
     every rank."""
-    _PREFIX.pack_into(slots.data, at, fp, flags)
+    PREFIX.pack_into(slots.data, at, fp, flags)
     joined(fn, comm, due, "Allgather", MPI.IN_PLACE, [slots, SLOT_BYTES, MPI.BYTE])
-    unpack_from, view = _PREFIX.unpack_from, slots.data
+    unpack_from, view = PREFIX.unpack_from, slots.data
     votes = [unpack_from(view, r) for r in range(0, len(slots), SLOT_BYTES)]  # (fingerprint, flags) by rank
     if all(v[0] == fp and not v[1] & _FAILED for v in votes):
         if all(v[1] & _FUSED for v in votes):
@@ -330,7 +133,7 @@ def allreduce_arrays(
         plan, sources, host = _reused(fn, objs, op, sync, rt)
     except Exception as exc:
         text = f"could not take part ({type(exc).__name__}: {exc})"
-        _agreed(fn, comm_, due, slots, at, text, _fingerprint(text), _FAILED, exc)
+        _agreed(fn, comm_, due, slots, at, text, fingerprint(text), _FAILED, exc)
         raise AssertionError("unreachable") from exc  # (_agreed raised on every rank)
     fused = plan.fits and host  # (host data numpy reduces, all of it in the slot)
     if fused:  # this rank's payload in its slot, each bucket where the plan put it
@@ -339,13 +142,10 @@ def allreduce_arrays(
             plan.pack(bucket, view[at + bucket.slot_at :], sources)
     how = _agreed(fn, comm_, due, slots, at, plan.text, plan.fp, _FUSED if fused else 0 if host else _DEVICE, None)
     if how == _DEVICE and plan.direct:  # (every rank alike: which arrays go alone must not depend on where they lie)
-        plan = _Plan(fn, objs, op, sync, rt)
+        plan = Plan(fn, objs, op, sync, rt)
         sources = plan.sources
     if how == _FUSED:
-        parts = [[np.ndarray(b.count, b.dtype, slots, r * SLOT_BYTES + b.slot_at) for r in range(size)]
-                 for b in plan.buckets]
-        return plan.container(plan.results([combine(b.how, p, size) for b, p in zip(plan.buckets, parts,
-                                                                                    strict=True)], {}, rt))
+        return plan.container(_reduced_here(plan, slots, size))
     out: list[Any] = [None] * plan.n
     kept = plan.kept
     for i, d in enumerate(plan.direct):
@@ -371,6 +171,44 @@ def allreduce_arrays(
     return plan.container(out)
 
 
+def _reduced_here(plan: Plan, slots: np.ndarray[Any, Any], size: int) -> list[Any]:
+    """The results of a fused call, reduced from every rank's slot in numpy: into the previous fused call's
+    buffers and Arrays when nothing refers to them any more (making 16 Arrays over new views costs more than
+    the whole reduction), else new ones, kept for the next call."""
+    prev, plan.prev = plan.prev, None  # (taken: a concurrent call with the same plan makes its own)
+    sums = [combine(b.how, [np.ndarray(b.count, b.dtype, slots, r * SLOT_BYTES + b.slot_at) for r in range(size)],
+                    size) for b in plan.buckets]
+    if prev is not None and _references(prev) == prev[3]:
+        for buf, new in zip(prev[0], sums, strict=True):
+            buf[...] = new
+        plan.prev = prev
+        return list(prev[1])
+    kept = (sums, *_over(plan, sums))
+    plan.prev = (*kept, _references(kept))  # (counted with no other reference held: not even a loop variable's)
+    return list(kept[1])
+
+
+def _over(plan: Plan, sums: list[np.ndarray[Any, Any]]) -> tuple[list[Any], list[Any]]:
+    """An Array over a view of its bucket for each array, and the views."""
+    arrays: list[Any] = [None] * plan.n
+    views: list[Any] = [None] * plan.n
+    over_host, view = Array._over_host, np.ndarray
+    for bucket, buf in zip(plan.buckets, sums, strict=True):
+        dtype, itemsize = bucket.dtype, bucket.dtype.itemsize
+        for pos, shape, start in zip(bucket.positions, bucket.shapes, bucket.starts, strict=True):
+            views[pos] = view(shape, dtype, buf, start * itemsize)
+            arrays[pos] = over_host(views[pos], -1, -1, None)
+    return arrays, views
+
+
+def _references(kept: tuple[Any, ...]) -> tuple[int, ...]:
+    """How many references there are to the buffers, Arrays and views of a fused call's results: the same as when
+    they were made means that the caller holds none of them (nor any view of them: a view of an Array refers to
+    the Array, one of a view or of a buffer to the buffer)."""
+    getrefcount = sys.getrefcount
+    return tuple(map(getrefcount, kept[0])) + tuple(map(getrefcount, kept[1])) + tuple(map(getrefcount, kept[2]))
+
+
 def _take(kept: list[Any], i: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     """The memory of result ``i`` of a call: the previous call's when nothing refers to it any more (its Arrays
     and every view of it dropped: the references are the list's, this function's and getrefcount's own), so
@@ -381,7 +219,7 @@ def _take(kept: list[Any], i: int, shape: tuple[int, ...], dtype: np.dtype[Any])
     return buf
 
 
-def _direct(comm: MPI.Intracomm, d: _Direct, src: np.ndarray[Any, Any], result: np.ndarray[Any, Any],
+def _direct(comm: MPI.Intracomm, d: Direct, src: np.ndarray[Any, Any], result: np.ndarray[Any, Any],
             max_message_bytes: int) -> None:
     """Array ``d`` reduced into ``result`` (C-ordered, its shape and native dtype) from its own buffer (a copy
     only when not C-contiguous in native byte order), with a blocking Allreduce: docs/benchmarks.md has why not
