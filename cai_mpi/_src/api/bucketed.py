@@ -116,8 +116,10 @@ def allreduce_arrays(
     Returns:
         The same container (a list, or a dict with the same keys) of Arrays, each in its input's dtype in native
         byte order, in C order: host results are host memory of their own (small arrays views of one buffer per
-        dtype; memory a later call may reuse once nothing refers to it any more); a device input's result is on
-        its device (device arrays are staged through host memory and reduced there).
+        dtype), never changed by a later call while anything refers to them; once the caller has dropped every
+        reference (weak references do not count), a later call with the same arrays may reuse their memory, and
+        the Arrays themselves. A device input's result is on its device (device arrays are staged through host
+        memory and reduced there).
 
     Raises:
         CollectiveMismatchError: on every rank, when the ranks' keys, shapes, dtypes or ops differ (naming every
