@@ -230,3 +230,31 @@ def test_a_list_subclass_and_a_tuple_take_the_uncached_paths() -> None:
     small = cai_mpi.allreduce_arrays((values("u8", rank, 2), values("c8", rank, 2)), op="sum")
     same(small[0], total("u8", 2))
     same(small[1], total("c8", 2))
+
+
+@pytest.mark.parametrize("op", ["sum", "mean"])
+@pytest.mark.parametrize("container", ["list", "dict"])
+def test_bucketed_allreduce_init_with_large_arrays(op: str, container: str) -> None:
+    """The persistent form gives each host array of DIRECT_BYTES its own persistent Allreduce (bound to the
+    array, or to a staging copy of a strided or byte-swapped one), the smaller ones their buckets: reused 20
+    times with the contents changed, the same Arrays every use; a reshaped array is refused afterwards."""
+    n = DIRECT // 8
+    arrays = [values("f8", rank, n), values("f8", rank, 2 * n)[::2], values(">f4", rank, 2 * n),
+              values("f4", rank, n - 1), values("f8", rank, (2, 3))]
+    objs: Any = arrays if container == "list" else {f"a{i}": x for i, x in enumerate(arrays)}
+    with cai_mpi.allreduce_init(objs, op=op) as red:
+        assert [d.position for d in red._plan.direct] == [0, 1, 2]
+        first = None
+        for step in range(20):
+            for x in arrays:
+                x[...] = values(x.dtype, rank, x.shape, step)
+            got = red()
+            items = got if container == "list" else [got[f"a{i}"] for i in range(len(arrays))]
+            for a, x in zip(items, arrays, strict=True):
+                want = total(x.dtype, x.shape, step)
+                same(a, want if op == "sum" else np.true_divide(want, want.dtype.type(size), dtype=want.dtype))
+            first = first or items
+            assert all(a is b for a, b in zip(items, first, strict=True))
+        arrays[0].shape = (n // 2, 2)
+        with pytest.raises(ValueError, match="reshaped"):
+            red()

@@ -176,3 +176,25 @@ def test_allreduce_arrays_large_on_device_on_some_ranks_only(gpu: tuple[Runtime,
     mean = cai_mpi.allreduce_arrays([small, values(rank, 2, "f4")], op="mean", comm=comm)
     assert np.array_equal(host(mean[0]), sum(values(r, 3) for r in range(size)) / size)
     assert np.array_equal(host(mean[1]), np.float32(sum(values(r, 2, "f4") for r in range(size))) / np.float32(size))
+
+
+def test_bucketed_allreduce_init_large_on_device_on_some_ranks_only(gpu: tuple[Runtime, MPI.Comm]) -> None:
+    """The persistent form with a large array on the device on ranks > 0 and on the host on rank 0: every rank
+    buckets it (none binds it alone), reused with the contents changed."""
+    from cai_mpi._src.api.bucketed import DIRECT_BYTES
+
+    rt, comm = gpu
+    n = DIRECT_BYTES // 8
+    big: Any = values(rank, n) if rank == 0 else DoubleDeviceArray(rt, values(rank, n))
+    other = values(rank, n + 3)
+    with cai_mpi.allreduce_init([big, other], comm=comm) as red:
+        assert not red._plan.direct
+        for step in range(3):
+            if rank == 0:
+                big[...] = values(rank, n, step=step)
+            else:
+                slow_write(rt, big, values(rank, n, step=step))
+            other[...] = values(rank, n + 3, step=step)
+            got = red()
+            assert np.array_equal(host(got[0]), sum(values(r, n, step=step) for r in range(size)))
+            assert np.array_equal(host(got[1]), sum(values(r, n + 3, step=step) for r in range(size)))

@@ -15,6 +15,7 @@ agrees once, at creation, with one Allreduce of fingerprints (``agreed.agree``).
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -41,8 +42,8 @@ _DEVICE = 4  # this rank has a device array: every rank then buckets every array
 
 
 def _attempt(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[str, Plan, bool]:
-    plan = Plan(fn, objs, op, sync, rt)
-    return plan.text, plan, False
+    plan = Plan(fn, objs, op, sync, rt, split=True)
+    return plan.text, plan, not all(isinstance(src, np.ndarray) for src in plan.sources)
 
 
 # Plans of calls on host numpy arrays, by (op, keys, shapes, dtypes): a training loop reduces the same arrays
@@ -240,20 +241,25 @@ class BucketedAllreduce(PersistentLifecycle):
 
     Used as a ``PersistentCollective`` is (``start``, ``wait``, call, ``close``, context manager): each use copies
     the arrays' current contents into one bucket per dtype and runs one MPI-4 persistent Allreduce per bucket;
-    ``wait()`` returns the same container of Arrays at every use, over memory allocated once at creation (host
-    results are views of the buckets; device results are device buffers, copied into at each use): the next use
+    a host array of ``DIRECT_BYTES`` or more has its own, bound to its buffer (no copy; a copy only when it is
+    not C-contiguous in native byte order), unless some rank holds a device array. ``wait()`` returns the same
+    container of Arrays at every use, over memory allocated once at creation (host results are views of the
+    buckets or arrays of their own; device results are device buffers, copied into at each use): the next use
     overwrites them. ``close()`` is collective; shapes are fixed at creation (an array reshaped or reallocated
     since is refused with ``ValueError``, as is any use after ``close()``).
     """
 
-    __slots__ = ("_device", "_plan", "_recv", "_result", "_rt", "_send")
+    __slots__ = ("_alone", "_device", "_plan", "_recv", "_result", "_rt", "_send")
 
     def __init__(self, objs: Any, op: Any, comm: Any, sync: Any) -> None:
         fn = "allreduce_init"
         self._begin_life(fn, "bucketed allreduce")
         _pc, comm_, _root, rt, _cfg, due = setup(fn, comm, None, None)
         self._comm, self._rt = comm_, rt
-        self._plan, _dev = agree(fn, comm_, due, lambda: _attempt(fn, objs, op, sync, rt))
+        plan, device = agree(fn, comm_, due, lambda: _attempt(fn, objs, op, sync, rt))
+        if device and plan.direct:  # (every rank alike: which arrays go alone must not depend on where they lie)
+            plan = Plan(fn, objs, op, sync, rt)
+        self._plan = plan
         self._send = [np.empty(b.count, b.dtype) for b in self._plan.buckets]
         self._recv = [np.empty(b.count, b.dtype) for b in self._plan.buckets]
         for bucket, s, r in zip(self._plan.buckets, self._send, self._recv, strict=True):
@@ -261,14 +267,38 @@ class BucketedAllreduce(PersistentLifecycle):
                     bucket.datatype]
             rbuf = [MPI.buffer.fromaddress(r.ctypes.data if r.size else 0, r.nbytes), bucket.count, bucket.datatype]
             self._reqs.append(comm_.Allreduce_init(sbuf, rbuf, bucket.op))
+        values = list(objs.values()) if isinstance(objs, Mapping) else list(objs)
+        self._alone = [self._bind(d, values[d.position], plan.sources[d.position]) for d in plan.direct]
         self._device: dict[int, Array] = {}
         self._result = self._plan.results(self._recv, self._device, rt)
+        for d, (_obj, _ptr, _staging, result) in zip(plan.direct, self._alone, strict=True):
+            self._result[d.position] = Array._over_host(result, -1, -1, None)
         self._device = {i: a for i, a in enumerate(self._result) if not a.is_host}
         self._open()
+
+    def _bind(self, d: Direct, obj: Any, src: np.ndarray[Any, Any]) -> tuple[Any, int, Any, np.ndarray[Any, Any]]:
+        """A large host array's own persistent Allreduce, from its buffer (or a staging copy of it) into a result
+        array: ``(the array, the address bound, the staging array or None, the result)``."""
+        staging = None if src.dtype == d.dtype and src.flags.c_contiguous else np.empty(d.shape, d.dtype)
+        send = src if staging is None else staging
+        result = np.empty(d.shape, d.dtype)
+        n = result.size
+        sbuf = [MPI.buffer.fromaddress(send.ctypes.data, send.nbytes, readonly=True), n, d.datatype]
+        rbuf = [MPI.buffer.fromaddress(result.ctypes.data, result.nbytes), n, d.datatype]
+        self._reqs.append(self._comm.Allreduce_init(sbuf, rbuf, d.op))
+        return obj, src.ctypes.data, staging, result
 
     def _begin(self) -> list[MPI.Request]:
         """Every array's current contents copied into its bucket, then every bucket's persistent Allreduce."""
         plan, rt = self._plan, self._rt
+        for d, (obj, ptr0, staging, _result) in zip(plan.direct, self._alone, strict=True):
+            src = obj if type(obj) is np.ndarray else send_source(self._fn, obj, plan.sync, rt)
+            shape = src.desc.shape if isinstance(src, DeviceSource) else src.shape
+            if shape != d.shape or isinstance(src, DeviceSource) or (
+                    staging is None and (src.ctypes.data != ptr0 or src.dtype != d.dtype)):
+                raise self._changed("an array was reshaped, reallocated or retyped", d.shape, shape)
+            if staging is not None:
+                np.copyto(staging, src, casting="equiv")
         ordered: list[Any] = [None] * plan.n
         for bucket in plan.buckets:
             for obj, pos, shape0, ptr0 in zip(bucket.objs, bucket.positions, bucket.shapes, bucket.ptrs, strict=True):
@@ -287,12 +317,15 @@ class BucketedAllreduce(PersistentLifecycle):
         """The container of results (the same Arrays at every use), the mean divided and device copies made."""
         plan = self._plan
         plan.divide(self._recv, self._comm.Get_size())
+        for d, (_obj, _ptr, _staging, result) in zip(plan.direct, self._alone, strict=True):
+            if plan.mean:
+                np.true_divide(result, d.dtype.type(self._comm.Get_size()), out=result)
         if self._device:
             plan.results(self._recv, self._device, self._rt)
         return plan.container(list(self._result))
 
     def _memory(self) -> Any:
-        return (self._send, self._recv)
+        return (self._send, self._recv, self._alone)
 
     def __repr__(self) -> str:
         return f"<cai_mpi persistent bucketed allreduce of {self._plan.n} arrays {self._state()}>"
