@@ -288,17 +288,23 @@ class BucketedAllreduce(PersistentLifecycle):
         self._reqs.append(self._comm.Allreduce_init(sbuf, rbuf, d.op))
         return obj, src.ctypes.data, staging, result
 
-    def _begin(self) -> list[MPI.Request]:
-        """Every array's current contents copied into its bucket, then every bucket's persistent Allreduce."""
-        plan, rt = self._plan, self._rt
+    def _check_alone(self) -> None:
+        """The arrays with their own Allreduce are still where and what they were bound as (staged ones copied)."""
+        plan = self._plan
         for d, (obj, ptr0, staging, _result) in zip(plan.direct, self._alone, strict=True):
-            src = obj if type(obj) is np.ndarray else send_source(self._fn, obj, plan.sync, rt)
+            src = obj if type(obj) is np.ndarray else send_source(self._fn, obj, plan.sync, self._rt)
             shape = src.desc.shape if isinstance(src, DeviceSource) else src.shape
             if shape != d.shape or isinstance(src, DeviceSource) or (
                     staging is None and (src.ctypes.data != ptr0 or src.dtype != d.dtype)):
                 raise self._changed("an array was reshaped, reallocated or retyped", d.shape, shape)
             if staging is not None:
                 np.copyto(staging, src, casting="equiv")
+
+    def _begin(self) -> list[MPI.Request]:
+        """Every array's current contents copied into its bucket, then every bucket's persistent Allreduce."""
+        plan, rt = self._plan, self._rt
+        if self._alone:
+            self._check_alone()
         ordered: list[Any] = [None] * plan.n
         for bucket in plan.buckets:
             for obj, pos, shape0, ptr0 in zip(bucket.objs, bucket.positions, bucket.shapes, bucket.ptrs, strict=True):
@@ -317,8 +323,8 @@ class BucketedAllreduce(PersistentLifecycle):
         """The container of results (the same Arrays at every use), the mean divided and device copies made."""
         plan = self._plan
         plan.divide(self._recv, self._comm.Get_size())
-        for d, (_obj, _ptr, _staging, result) in zip(plan.direct, self._alone, strict=True):
-            if plan.mean:
+        if plan.mean and self._alone:
+            for d, (_obj, _ptr, _staging, result) in zip(plan.direct, self._alone, strict=True):
                 np.true_divide(result, d.dtype.type(self._comm.Get_size()), out=result)
         if self._device:
             plan.results(self._recv, self._device, self._rt)
