@@ -152,8 +152,9 @@ def allreduce_arrays(
         return plan.container(_reduced_here(plan, slots, size))
     out: list[Any] = [None] * plan.n
     kept = plan.kept
-    for i, d in enumerate(plan.direct):
-        _direct(comm_, d, sources[d.position], _take(kept, i, d.shape, d.dtype), cfg.max_message_bytes)
+    alone = [_take(kept, i, d.shape, d.dtype) for i, d in enumerate(plan.direct)]
+    for d, result in zip(plan.direct, alone, strict=True):
+        _direct(comm_, d, sources[d.position], result, cfg.max_message_bytes)
     buffers = []
     for i, bucket in enumerate(plan.buckets, len(plan.direct)):
         buf = _take(kept, i, (bucket.count,), bucket.dtype)
@@ -168,7 +169,7 @@ def allreduce_arrays(
     for i, arr in enumerate(plan.results(buffers, {}, rt)):
         if arr is not None:
             out[i] = arr
-    for d, result in zip(plan.direct, kept, strict=False):
+    for d, result in zip(plan.direct, alone, strict=True):
         if plan.mean:
             np.true_divide(result, d.dtype.type(size), out=result)
         out[d.position] = Array._over_host(result, -1, -1, None)
