@@ -1,6 +1,6 @@
-"""The plan of a bucketed allreduce (``bucketed``): what one rank reduces, grouped by dtype into buckets, and, for
-the one-shot ``allreduce_arrays``, which large host arrays are reduced on their own and where each bucket sits
-in the slot of the call's one exchange; the copies into buckets and the result Arrays over them."""
+"""The plan of a bucketed allreduce (``bucketed``): what one rank reduces, grouped by dtype into buckets, which
+large host arrays are reduced on their own (``split``) and, for the one-shot ``allreduce_arrays``, where each
+bucket sits in the slot of the call's one exchange; the copies into buckets and the result Arrays over them."""
 
 from __future__ import annotations
 
@@ -83,8 +83,8 @@ def _entries(fn: str, objs: Any) -> tuple[list[Any] | None, list[Any]]:
 
 
 class Direct:
-    """A large host array of a one-shot call, reduced on its own from its buffer: where it sits in the container,
-    its shape, native dtype, MPI datatype and op."""
+    """A large host array, reduced on its own from its buffer: where it sits in the container, its shape, native
+    dtype, MPI datatype and op."""
 
     __slots__ = ("datatype", "dtype", "op", "position", "shape")
 
