@@ -22,6 +22,8 @@ calls = {
     "alltoall_array": lambda c: cai_mpi.alltoall_array([np.arange(2)] * c.Get_size(), comm=c, timeout=0.5),
     "reduce_array": lambda c: cai_mpi.reduce_array(np.arange(3), root=0, comm=c, timeout=0.5),
     "allreduce_array": lambda c: cai_mpi.allreduce_array(np.arange(3), comm=c, timeout=0.5),
+    "allreduce_arrays": lambda c: cai_mpi.allreduce_arrays([np.arange(3), np.ones(2, np.float32)], comm=c,
+                                                           timeout=0.5),
 }
 comms = {name: world.Dup() for name in calls}  # one per collective: a timed-out one leaves its own out of step
 for c in comms.values():
@@ -45,7 +47,7 @@ def test_collectives_that_a_rank_never_joins_time_out() -> None:
     assert done.returncode != 0 and done.seconds < 60, done.output
     lines = [line for line in done.stdout.splitlines() if ": " in line]
     for name in ("bcast_array", "gather_array", "allgather_array", "scatter_array", "alltoall_array", "reduce_array",
-                 "allreduce_array"):
+                 "allreduce_array", "allreduce_arrays"):
         said = next((line for line in lines if line.startswith(name + ":")), None)
         assert said is not None, done.output
         waited = float(said.split("TimeoutError after ")[1].split(" s")[0])

@@ -153,3 +153,48 @@ def test_bucketed_allreduce_of_device_and_host_arrays(gpu: tuple[Runtime, MPI.Co
             items = got if container == "list" else [got[k] for k in "abc"]
             assert np.array_equal(host(items[0]), sum(values(r, 6, "f4", step) for r in range(size)))
             assert np.array_equal(host(items[2]), wants[2])
+
+
+@pytest.mark.parametrize("container", ["list", "dict"])
+def test_allreduce_arrays_large_on_device_on_some_ranks_only(gpu: tuple[Runtime, MPI.Comm], container: str) -> None:
+    """A large array on the device on ranks > 0 and on the host on rank 0: every rank buckets it (as the device
+    ranks must), none reduces it alone from its buffer; beside a small host array and a fused-sized call."""
+    from cai_mpi._src.api.bucketed import DIRECT_BYTES
+
+    rt, comm = gpu
+    n = DIRECT_BYTES // 8
+    big: Any = values(rank, n) if rank == 0 else DoubleDeviceArray(rt, values(rank, n))
+    arrays = [big, values(rank, 4, "i4"), values(rank, n + 1, "f8")]
+    objs: Any = arrays if container == "list" else dict(zip("abc", arrays, strict=True))
+    got = cai_mpi.allreduce_arrays(objs, comm=comm)
+    items = got if container == "list" else [got[k] for k in "abc"]
+    assert items[0].device == ("host" if rank == 0 else 0)
+    assert np.array_equal(host(items[0]), sum(values(r, n) for r in range(size)))
+    assert np.array_equal(host(items[1]), sum(values(r, 4, "i4") for r in range(size)))
+    assert np.array_equal(host(items[2]), sum(values(r, n + 1) for r in range(size)))
+    small: Any = values(rank, 3) if rank == 0 else DoubleDeviceArray(rt, values(rank, 3))
+    mean = cai_mpi.allreduce_arrays([small, values(rank, 2, "f4")], op="mean", comm=comm)
+    assert np.array_equal(host(mean[0]), sum(values(r, 3) for r in range(size)) / size)
+    assert np.array_equal(host(mean[1]), np.float32(sum(values(r, 2, "f4") for r in range(size))) / np.float32(size))
+
+
+def test_bucketed_allreduce_init_large_on_device_on_some_ranks_only(gpu: tuple[Runtime, MPI.Comm]) -> None:
+    """The persistent form with a large array on the device on ranks > 0 and on the host on rank 0: every rank
+    buckets it (none binds it alone), reused with the contents changed."""
+    from cai_mpi._src.api.bucketed import DIRECT_BYTES
+
+    rt, comm = gpu
+    n = DIRECT_BYTES // 8
+    big: Any = values(rank, n) if rank == 0 else DoubleDeviceArray(rt, values(rank, n))
+    other = values(rank, n + 3)
+    with cai_mpi.allreduce_init([big, other], comm=comm) as red:
+        assert not red._plan.direct
+        for step in range(3):
+            if rank == 0:
+                big[...] = values(rank, n, step=step)
+            else:
+                slow_write(rt, big, values(rank, n, step=step))
+            other[...] = values(rank, n + 3, step=step)
+            got = red()
+            assert np.array_equal(host(got[0]), sum(values(r, n, step=step) for r in range(size)))
+            assert np.array_equal(host(got[1]), sum(values(r, n + 3, step=step) for r in range(size)))

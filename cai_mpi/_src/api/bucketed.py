@@ -2,16 +2,19 @@
 
 The arrays of a list or dict are grouped by dtype; each group is copied back to back into one contiguous
 bucket, reduced with one MPI Allreduce (``allreduce_arrays``) or one MPI-4 persistent Allreduce bound once to
-the bucket (``allreduce_init`` of a list or dict), and the results are views of the bucket. One agreement
-Allreduce checks that every rank reduces the same arrays (keys, shapes, dtypes, op). Device arrays are copied
-into and out of the host buckets (staged), whatever the MPI.
+the bucket (``allreduce_init`` of a list or dict), and the results are views of the bucket. Device arrays are
+copied into and out of the host buckets (staged), whatever the MPI.
+
+``allreduce_arrays`` makes one exchange of fixed-size slots per call (an Allgather: each rank's plan
+fingerprint, and its whole payload when that fits, which every rank then reduces in numpy: the call is that one
+collective); above a slot, host arrays of ``DIRECT_BYTES`` or more are reduced on their own from their buffers
+(a copy into a bucket costs more than the collective it saves) and the others by buckets. The persistent form
+agrees once, at creation, with one Allreduce of fingerprints (``agreed.agree``).
 """
 
 from __future__ import annotations
 
-import copy
-import ctypes
-import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,180 +23,73 @@ from mpi4py import MPI
 
 from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, send_source
+from ..errors import CollectiveMismatchError
 from ..runtime.base import Runtime
-from ..transport import internal_stream, outgoing
+from ..transport.agreement import SLOT_BYTES, joined
 from ..transport.bigcount import INT_MAX, reduce
 from .agreed import agree
+from .bucket_plan import DIRECT_BYTES, PREFIX, Direct, Plan, fingerprint, is_container
 from .collective_call import setup
 from .lifecycle import PersistentLifecycle
-from .reduce_ops import parse_op, reduce_datatype
-from .validation import check_sync
+from .reduce_ops import combine
 
-__all__ = ["BucketedAllreduce", "allreduce_arrays", "is_container"]
+__all__ = ["DIRECT_BYTES", "BucketedAllreduce", "allreduce_arrays", "is_container"]
 
 _NO_TAG = -1
+_FUSED = 1  # the slot holds this rank's whole payload
+_FAILED = 2  # this rank could not take part
+_DEVICE = 4  # this rank has a device array: every rank then buckets every array (none reduced on its own)
 
 
-class _Bucket:
-    """The arrays of one dtype, back to back: for each, where it sits in the container, its shape, its first
-    element in the bucket, its size, and (device arrays) its GPU and address."""
-
-    __slots__ = ("count", "counts", "datatype", "dtype", "host", "objs", "op", "ordinals", "positions", "ptrs",
-                 "shapes", "starts")
-
-    def __init__(self, dtype: np.dtype[Any], datatype: MPI.Datatype, op: MPI.Op) -> None:
-        self.dtype, self.datatype, self.op = dtype, datatype, op
-        self.positions: list[int] = []
-        self.shapes: list[tuple[int, ...]] = []
-        self.starts: list[int] = []
-        self.counts: list[int] = []
-        self.ordinals: list[int | None] = []
-        self.ptrs: list[int] = []
-        self.objs: list[Any] = []
-        self.count = 0
-        self.host = True  # every array in host memory
-
-    def add(self, obj: Any, position: int, shape: tuple[int, ...], ordinal: int | None, ptr: int) -> None:
-        n = math.prod(shape)
-        self.positions.append(position)
-        self.shapes.append(shape)
-        self.starts.append(self.count)
-        self.counts.append(n)
-        self.ordinals.append(ordinal)
-        self.ptrs.append(ptr)
-        self.objs.append(obj)
-        self.count += n
-        self.host = self.host and ordinal is None
-
-
-def is_container(obj: Any) -> bool:
-    """A list, tuple or dict of arrays (the bucketed forms), not one array."""
-    return isinstance(obj, (list, tuple, Mapping))
-
-
-def _entries(fn: str, objs: Any) -> tuple[list[Any] | None, list[Any]]:
-    """``(keys or None for a list, values)``."""
-    if isinstance(objs, Mapping):
-        return list(objs.keys()), list(objs.values())
-    if isinstance(objs, (list, tuple)):
-        return None, list(objs)
-    raise TypeError(f"{fn}: expected a list or a dict of arrays, got {type(objs).__name__}")
-
-
-class _Plan:
-    """What this rank reduces: buckets by dtype, and the text every rank compares."""
-
-    __slots__ = ("buckets", "keys", "mean", "n", "sources", "sync", "text")
-
-    def __init__(self, fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> None:
-        self.sync = check_sync(fn, sync)
-        mpi_op = parse_op(fn, op)
-        self.keys, values = _entries(fn, objs)
-        self.n = len(values)
-        self.mean = mpi_op.mean
-        buckets: dict[np.dtype[Any], _Bucket] = {}
-        self.sources: list[Any] = []
-        shapes, dtypes = [], []
-        for i, obj in enumerate(values):
-            src = obj if type(obj) is np.ndarray else send_source(fn, obj, self.sync, rt)
-            self.sources.append(src)
-            if isinstance(src, DeviceSource):
-                dtype, shape, ordinal, ptr = src.desc.dtype, src.desc.shape, src.ordinal, src.desc.ptr
-                if not dtype.isnative and dtype.names is None:
-                    raise TypeError(f"{fn}: array {self._name(i)}: a device array of dtype {dtype.str} is not in "
-                                    "native byte order, and MPI reduces native values: convert it on the device first")
-            else:
-                dtype, shape, ordinal, ptr = src.dtype, src.shape, None, 0
-            native = dtype if dtype.isnative or dtype.names is not None else dtype.newbyteorder("=")
-            bucket = buckets.get(native)
-            if bucket is None:
-                try:
-                    datatype = reduce_datatype(fn, native, mpi_op)
-                    mop = mpi_op.for_bool(fn).mpi if native.kind == "b" else mpi_op.mpi
-                except TypeError as exc:
-                    raise TypeError(f"{exc} (array {self._name(i)})") from None
-                bucket = buckets[native] = _Bucket(native, datatype, mop)
-            bucket.add(obj, i, shape, ordinal, ptr)
-            shapes.append(shape)
-            dtypes.append(native.str)
-        self.buckets = list(buckets.values())
-        self.text = f"allreduce of {self.keys!r} shapes {shapes} dtypes {dtypes} op={mpi_op.name}"
-
-    def _name(self, i: int) -> str:
-        return f"{i}" if self.keys is None else repr(self.keys[i])
-
-    def fill(self, bucket: _Bucket, buf: np.ndarray[Any, Any], sources: list[Any], rt: Runtime) -> None:
-        """Copy each array of ``bucket`` (its current contents) into its place in ``buf``."""
-        if bucket.host:  # one numpy call (each array flattened in C order, converted to native byte order)
-            np.concatenate([sources[p] for p in bucket.positions], axis=None, out=buf, casting="equiv")
-            return
-        for pos, start, n in zip(bucket.positions, bucket.starts, bucket.counts, strict=True):
-            src, part = sources[pos], buf[start : start + n]
-            if isinstance(src, np.ndarray):
-                part[...] = src.reshape(-1)
-            elif n:
-                piece = outgoing(src, rt, direct=False, c_order=True)  # staged through pinned host memory
-                staged = (ctypes.c_char * piece.nbytes).from_address(piece.address)
-                part.view(np.uint8)[...] = np.frombuffer(memoryview(staged), np.uint8)
-                piece.release()
-
-    def results(self, buckets: list[np.ndarray[Any, Any]], device: dict[int, Array], rt: Runtime) -> list[Array]:
-        """Each array's result: a view of its bucket (host) or the device Array given for it, refreshed."""
-        out: list[Any] = [None] * self.n
-        streams = set()
-        for bucket, buf in zip(self.buckets, buckets, strict=True):
-            for pos, shape, start, n, ordinal in zip(bucket.positions, bucket.shapes, bucket.starts, bucket.counts,
-                                                     bucket.ordinals, strict=True):
-                part = buf[start : start + n]
-                if ordinal is None:
-                    out[pos] = Array.from_host(part.reshape(shape))  # (the view keeps the bucket alive)
-                    continue
-                stream = internal_stream(rt, ordinal)
-                arr = device.get(pos)
-                if arr is None:
-                    arr = Array.from_device(rt.alloc_device(part.nbytes, ordinal, stream, handed_out=True), shape,
-                                            bucket.dtype)
-                if part.nbytes:
-                    rt.copy_async(arr.descriptor.ptr, part.ctypes.data, part.nbytes, stream)
-                    streams.add(stream)
-                out[pos] = arr
-        for stream in streams:
-            rt.record_event(stream).synchronize()
-        return out
-
-    def container(self, arrays: list[Any]) -> Any:
-        return arrays if self.keys is None else dict(zip(self.keys, arrays, strict=True))
-
-    def divide(self, buckets: list[np.ndarray[Any, Any]], size: int) -> None:
-        if self.mean:
-            for bucket, buf in zip(self.buckets, buckets, strict=True):
-                np.true_divide(buf, bucket.dtype.type(size), out=buf)
-
-
-def _attempt(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[str, _Plan, bool]:
-    plan = _Plan(fn, objs, op, sync, rt)
-    return plan.text, plan, False
+def _attempt(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[str, Plan, bool]:
+    plan = Plan(fn, objs, op, sync, rt, split=True)
+    return plan.text, plan, not all(isinstance(src, np.ndarray) for src in plan.sources)
 
 
 # Plans of calls on host numpy arrays, by (op, keys, shapes, dtypes): a training loop reduces the same arrays
-# every step, and the plan depends on nothing else (the arrays themselves are this call's).
-_PLANS: dict[Any, _Plan] = {}
+# every step, and the plan depends on nothing else (the arrays themselves are this call's, passed beside it).
+_PLANS: dict[Any, Plan] = {}
+_NUMPY_ONLY = {np.ndarray}
 
 
-def _reused(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[str, _Plan, bool]:
+def _reused(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[Plan, list[Any], bool]:
+    """This call's plan (split: large host arrays reduced on their own), its arrays (``plan.sources``'s order),
+    and whether all of them are host arrays; the plan reused when host numpy arrays of the same keys, shapes and
+    dtypes were reduced before."""
     values = objs if type(objs) is list else (list(objs.values()) if type(objs) is dict else None)
-    if values is None or not isinstance(op, str) or not all(type(v) is np.ndarray for v in values):
-        return _attempt(fn, objs, op, sync, rt)
+    if values is None or not isinstance(op, str) or set(map(type, values)) != _NUMPY_ONLY:
+        plan = Plan(fn, objs, op, sync, rt, split=True)
+        return plan, plan.sources, all(isinstance(src, np.ndarray) for src in plan.sources)
     key = (op, None if type(objs) is list else tuple(objs), tuple([v.shape for v in values]),
            tuple([v.dtype for v in values]))
     cached = _PLANS.get(key)
     if cached is None:
         if len(_PLANS) >= 64:
             _PLANS.clear()
-        cached = _PLANS[key] = _Plan(fn, objs, op, sync, rt)
-    plan = copy.copy(cached)  # (the cached plan is shared; this call's arrays are its own)
-    plan.sources = values
-    return plan.text, plan, False
+        cached = _PLANS[key] = Plan(fn, objs, op, sync, rt, split=True)
+        cached.sources = []  # (the cached plan is shared: this call's arrays are its own)
+    return cached, values, True
+
+
+def _agreed(fn: str, comm: MPI.Intracomm, due: Any, slots: np.ndarray[Any, Any], at: int, text: str,
+            fp: int, flags: int, error: BaseException | None) -> int:
+    """The call's one exchange (an Allgather of ``SLOT_BYTES`` per rank: the plan's fingerprint, flags, and the
+    payload when fused): ``_FUSED`` when every rank carried its whole call; otherwise the payloads still have to
+    be reduced, ``_DEVICE`` when some rank has a device array (else 0). Any difference or failure is an error on
+    every rank."""
+    PREFIX.pack_into(slots.data, at, fp, flags)
+    joined(fn, comm, due, "Allgather", MPI.IN_PLACE, [slots, SLOT_BYTES, MPI.BYTE])
+    unpack_from, view = PREFIX.unpack_from, slots.data
+    votes = [unpack_from(view, r) for r in range(0, len(slots), SLOT_BYTES)]  # (fingerprint, flags) by rank
+    if all(v[0] == fp and not v[1] & _FAILED for v in votes):
+        if all(v[1] & _FUSED for v in votes):
+            return _FUSED
+        return _DEVICE if any(v[1] & _DEVICE for v in votes) else 0
+    texts = comm.allgather(text)  # (the error path only: pickled strings are fine)
+    if error is not None:
+        raise error
+    had = "; ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
+    raise CollectiveMismatchError(f"{fn}: every rank must reduce the same keys, shapes, dtypes and op, but {had}")
 
 
 def allreduce_arrays(
@@ -202,8 +98,10 @@ def allreduce_arrays(
 ) -> Any:
     """Reduce many arrays at once, element by element; every rank gets the results.
 
-    The arrays are grouped by dtype and each group is reduced with one MPI Allreduce over a contiguous bucket
-    (plus one small agreement Allreduce for the whole call), not one collective per array.
+    One exchange of fixed-size slots checks that every rank reduces the same arrays; when the whole payload is
+    small host data it travels in that exchange and each rank reduces it in numpy (the call is one collective).
+    Otherwise each large host array (``DIRECT_BYTES`` or more) is reduced on its own, straight from its buffer,
+    and the other arrays are grouped by dtype into contiguous buckets, one MPI Allreduce per bucket.
 
     Args:
         objs: a list or a dict of arrays (anything ``send_array`` takes, mixed dtypes and shapes); every rank
@@ -218,8 +116,12 @@ def allreduce_arrays(
 
     Returns:
         The same container (a list, or a dict with the same keys) of Arrays, each in its input's dtype in native
-        byte order: host arrays are views of one buffer per dtype; a device input's result is on its device
-        (device arrays are staged through host memory and reduced there).
+        byte order, in C order: host results are host memory of their own (small arrays views of one buffer per
+        dtype), never changed by a later call while anything refers to them; once the caller has dropped every
+        reference (weak references do not count), a later call with the same arrays may reuse their memory, and
+        the Arrays themselves (so the memory of the last results stays allocated, for each of up to 64 layouts
+        of host numpy arrays reduced). A device input's result is on its device (device arrays are staged
+        through host memory and reduced there).
 
     Raises:
         CollectiveMismatchError: on every rank, when the ranks' keys, shapes, dtypes or ops differ (naming every
@@ -228,20 +130,112 @@ def allreduce_arrays(
     """
     fn = "allreduce_arrays"
     _pc, comm_, _root, rt, cfg, due = setup(fn, comm, None, timeout)
-    plan: _Plan
-    plan, _device = agree(fn, comm_, due, lambda: _reused(fn, objs, op, sync, rt))
+    size = comm_.Get_size()
+    slots = np.empty(SLOT_BYTES * size, np.uint8)
+    at = comm_.Get_rank() * SLOT_BYTES
+    try:
+        plan, sources, host = _reused(fn, objs, op, sync, rt)
+    except Exception as exc:
+        text = f"could not take part ({type(exc).__name__}: {exc})"
+        _agreed(fn, comm_, due, slots, at, text, fingerprint(text), _FAILED, exc)
+        raise AssertionError("unreachable") from exc  # (_agreed raised on every rank)
+    fused = plan.fits and host  # (host data numpy reduces, all of it in the slot)
+    if fused:  # this rank's payload in its slot, each bucket where the plan put it
+        view = slots.data
+        for bucket in plan.buckets:
+            plan.pack(bucket, view[at + bucket.slot_at :], sources)
+    how = _agreed(fn, comm_, due, slots, at, plan.text, plan.fp, _FUSED if fused else 0 if host else _DEVICE, None)
+    if how == _DEVICE and plan.direct:  # (every rank alike: which arrays go alone must not depend on where they lie)
+        plan = Plan(fn, objs, op, sync, rt)
+        sources = plan.sources
+    if how == _FUSED:
+        return plan.container(_reduced_here(plan, slots, size))
+    out: list[Any] = [None] * plan.n
+    kept = plan.kept
+    alone = [_take(kept, i, d.shape, d.dtype) for i, d in enumerate(plan.direct)]
+    for d, result in zip(plan.direct, alone, strict=True):
+        _direct(comm_, d, sources[d.position], result, cfg.max_message_bytes)
     buffers = []
-    for bucket in plan.buckets:
-        buf = np.empty(bucket.count, bucket.dtype)
-        plan.fill(bucket, buf, plan.sources, rt)
+    for i, bucket in enumerate(plan.buckets, len(plan.direct)):
+        buf = _take(kept, i, (bucket.count,), bucket.dtype)
+        plan.fill(bucket, buf, sources, rt)
         if bucket.count * bucket.dtype.itemsize <= cfg.max_message_bytes and bucket.count <= INT_MAX:
             comm_.Allreduce(MPI.IN_PLACE, [buf, bucket.datatype], bucket.op)  # the common case, one call
         else:
             address = buf.ctypes.data
             reduce(comm_, address, address, bucket.count, bucket.datatype, bucket.op, None, cfg.max_message_bytes)
         buffers.append(buf)
-    plan.divide(buffers, comm_.Get_size())
-    return plan.container(plan.results(buffers, {}, rt))
+    plan.divide(buffers, size)
+    for i, arr in enumerate(plan.results(buffers, {}, rt)):
+        if arr is not None:
+            out[i] = arr
+    for d, result in zip(plan.direct, alone, strict=True):
+        if plan.mean:
+            np.true_divide(result, d.dtype.type(size), out=result)
+        out[d.position] = Array._over_host(result, -1, -1, None)
+    return plan.container(out)
+
+
+def _reduced_here(plan: Plan, slots: np.ndarray[Any, Any], size: int) -> list[Any]:
+    """The results of a fused call, reduced from every rank's slot in numpy: into the previous fused call's
+    buffers and Arrays when nothing refers to them any more (making 16 Arrays over new views costs more than
+    the whole reduction), else new ones, kept for the next call."""
+    prev, plan.prev = plan.prev, None  # (taken: a concurrent call with the same plan makes its own)
+    sums = [combine(b.how, [np.ndarray(b.count, b.dtype, slots, r * SLOT_BYTES + b.slot_at) for r in range(size)],
+                    size) for b in plan.buckets]
+    if prev is not None and _references(prev) == prev[3]:
+        for buf, new in zip(prev[0], sums, strict=True):
+            buf[...] = new
+        plan.prev = prev
+        return list(prev[1])
+    kept = (sums, *_over(plan, sums))
+    plan.prev = (*kept, _references(kept))  # (counted with no other reference held: not even a loop variable's)
+    return list(kept[1])
+
+
+def _over(plan: Plan, sums: list[np.ndarray[Any, Any]]) -> tuple[list[Any], list[Any]]:
+    """An Array over a view of its bucket for each array, and the views."""
+    arrays: list[Any] = [None] * plan.n
+    views: list[Any] = [None] * plan.n
+    over_host, view = Array._over_host, np.ndarray
+    for bucket, buf in zip(plan.buckets, sums, strict=True):
+        dtype, itemsize = bucket.dtype, bucket.dtype.itemsize
+        for pos, shape, start in zip(bucket.positions, bucket.shapes, bucket.starts, strict=True):
+            views[pos] = view(shape, dtype, buf, start * itemsize)
+            arrays[pos] = over_host(views[pos], -1, -1, None)
+    return arrays, views
+
+
+def _references(kept: tuple[Any, ...]) -> tuple[int, ...]:
+    """How many references there are to the buffers, Arrays and views of a fused call's results: the same as when
+    they were made means that the caller holds none of them (nor any view of them: a view of an Array refers to
+    the Array, one of a view or of a buffer to the buffer)."""
+    getrefcount = sys.getrefcount
+    return tuple(map(getrefcount, kept[0])) + tuple(map(getrefcount, kept[1])) + tuple(map(getrefcount, kept[2]))
+
+
+def _take(kept: list[Any], i: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """The memory of result ``i`` of a call: the previous call's when nothing refers to it any more (its Arrays
+    and every view of it dropped: the references are the list's, this function's and getrefcount's own), so
+    that a training loop's calls reuse the same pages instead of faulting in new ones each step."""
+    buf: np.ndarray[Any, Any] = kept[i]
+    if buf is None or sys.getrefcount(buf) > 3:
+        buf = kept[i] = np.empty(shape, dtype)
+    return buf
+
+
+def _direct(comm: MPI.Intracomm, d: Direct, src: np.ndarray[Any, Any], result: np.ndarray[Any, Any],
+            max_message_bytes: int) -> None:
+    """Array ``d`` reduced into ``result`` (C-ordered, its shape and native dtype) from its own buffer (a copy
+    only when not C-contiguous in native byte order), with a blocking Allreduce: docs/benchmarks.md has why not
+    Iallreduce for all of them and one Waitall."""
+    if src.dtype != d.dtype or not src.flags.c_contiguous:
+        src = np.ascontiguousarray(src, d.dtype)
+    count = result.size
+    if count * d.dtype.itemsize <= max_message_bytes and count <= INT_MAX:
+        comm.Allreduce([src, count, d.datatype], [result, count, d.datatype], d.op)
+    else:
+        reduce(comm, src.ctypes.data, result.ctypes.data, count, d.datatype, d.op, None, max_message_bytes)
 
 
 class BucketedAllreduce(PersistentLifecycle):
@@ -249,20 +243,25 @@ class BucketedAllreduce(PersistentLifecycle):
 
     Used as a ``PersistentCollective`` is (``start``, ``wait``, call, ``close``, context manager): each use copies
     the arrays' current contents into one bucket per dtype and runs one MPI-4 persistent Allreduce per bucket;
-    ``wait()`` returns the same container of Arrays at every use, over memory allocated once at creation (host
-    results are views of the buckets; device results are device buffers, copied into at each use): the next use
+    a host array of ``DIRECT_BYTES`` or more has its own, bound to its buffer (no copy; a copy only when it is
+    not C-contiguous in native byte order), unless some rank holds a device array. ``wait()`` returns the same
+    container of Arrays at every use, over memory allocated once at creation (host results are views of the
+    buckets or arrays of their own; device results are device buffers, copied into at each use): the next use
     overwrites them. ``close()`` is collective; shapes are fixed at creation (an array reshaped or reallocated
     since is refused with ``ValueError``, as is any use after ``close()``).
     """
 
-    __slots__ = ("_device", "_plan", "_recv", "_result", "_rt", "_send")
+    __slots__ = ("_alone", "_device", "_plan", "_recv", "_result", "_rt", "_send")
 
     def __init__(self, objs: Any, op: Any, comm: Any, sync: Any) -> None:
         fn = "allreduce_init"
         self._begin_life(fn, "bucketed allreduce")
         _pc, comm_, _root, rt, _cfg, due = setup(fn, comm, None, None)
         self._comm, self._rt = comm_, rt
-        self._plan, _dev = agree(fn, comm_, due, lambda: _attempt(fn, objs, op, sync, rt))
+        plan, device = agree(fn, comm_, due, lambda: _attempt(fn, objs, op, sync, rt))
+        if device and plan.direct:  # (every rank alike: which arrays go alone must not depend on where they lie)
+            plan = Plan(fn, objs, op, sync, rt)
+        self._plan = plan
         self._send = [np.empty(b.count, b.dtype) for b in self._plan.buckets]
         self._recv = [np.empty(b.count, b.dtype) for b in self._plan.buckets]
         for bucket, s, r in zip(self._plan.buckets, self._send, self._recv, strict=True):
@@ -270,14 +269,44 @@ class BucketedAllreduce(PersistentLifecycle):
                     bucket.datatype]
             rbuf = [MPI.buffer.fromaddress(r.ctypes.data if r.size else 0, r.nbytes), bucket.count, bucket.datatype]
             self._reqs.append(comm_.Allreduce_init(sbuf, rbuf, bucket.op))
+        values = list(objs.values()) if isinstance(objs, Mapping) else list(objs)
+        self._alone = [self._bind(d, values[d.position], plan.sources[d.position]) for d in plan.direct]
         self._device: dict[int, Array] = {}
         self._result = self._plan.results(self._recv, self._device, rt)
+        for d, (_obj, _ptr, _staging, result) in zip(plan.direct, self._alone, strict=True):
+            self._result[d.position] = Array._over_host(result, -1, -1, None)
         self._device = {i: a for i, a in enumerate(self._result) if not a.is_host}
         self._open()
+
+    def _bind(self, d: Direct, obj: Any, src: np.ndarray[Any, Any]) -> tuple[Any, int, Any, np.ndarray[Any, Any]]:
+        """A large host array's own persistent Allreduce, from its buffer (or a staging copy of it) into a result
+        array: ``(the array, the address bound, the staging array or None, the result)``."""
+        staging = None if src.dtype == d.dtype and src.flags.c_contiguous else np.empty(d.shape, d.dtype)
+        send = src if staging is None else staging
+        result = np.empty(d.shape, d.dtype)
+        n = result.size
+        sbuf = [MPI.buffer.fromaddress(send.ctypes.data, send.nbytes, readonly=True), n, d.datatype]
+        rbuf = [MPI.buffer.fromaddress(result.ctypes.data, result.nbytes), n, d.datatype]
+        self._reqs.append(self._comm.Allreduce_init(sbuf, rbuf, d.op))
+        return obj, src.ctypes.data, staging, result
+
+    def _check_alone(self) -> None:
+        """The arrays with their own Allreduce are still where and what they were bound as (staged ones copied)."""
+        plan = self._plan
+        for d, (obj, ptr0, staging, _result) in zip(plan.direct, self._alone, strict=True):
+            src = obj if type(obj) is np.ndarray else send_source(self._fn, obj, plan.sync, self._rt)
+            shape = src.desc.shape if isinstance(src, DeviceSource) else src.shape
+            if shape != d.shape or isinstance(src, DeviceSource) or (
+                    staging is None and (src.ctypes.data != ptr0 or src.dtype != d.dtype)):
+                raise self._changed("an array was reshaped, reallocated or retyped", d.shape, shape)
+            if staging is not None:
+                np.copyto(staging, src, casting="equiv")
 
     def _begin(self) -> list[MPI.Request]:
         """Every array's current contents copied into its bucket, then every bucket's persistent Allreduce."""
         plan, rt = self._plan, self._rt
+        if self._alone:
+            self._check_alone()
         ordered: list[Any] = [None] * plan.n
         for bucket in plan.buckets:
             for obj, pos, shape0, ptr0 in zip(bucket.objs, bucket.positions, bucket.shapes, bucket.ptrs, strict=True):
@@ -296,12 +325,15 @@ class BucketedAllreduce(PersistentLifecycle):
         """The container of results (the same Arrays at every use), the mean divided and device copies made."""
         plan = self._plan
         plan.divide(self._recv, self._comm.Get_size())
+        if plan.mean and self._alone:
+            for d, (_obj, _ptr, _staging, result) in zip(plan.direct, self._alone, strict=True):
+                np.true_divide(result, d.dtype.type(self._comm.Get_size()), out=result)
         if self._device:
             plan.results(self._recv, self._device, self._rt)
         return plan.container(list(self._result))
 
     def _memory(self) -> Any:
-        return (self._send, self._recv)
+        return (self._send, self._recv, self._alone)
 
     def __repr__(self) -> str:
         return f"<cai_mpi persistent bucketed allreduce of {self._plan.n} arrays {self._state()}>"

@@ -1,0 +1,218 @@
+"""The plan of a bucketed allreduce (``bucketed``): what one rank reduces, grouped by dtype into buckets, which
+large host arrays are reduced on their own (``split``) and, for the one-shot ``allreduce_arrays``, where each
+bucket sits in the slot of the call's one exchange; the copies into buckets and the result Arrays over them."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..arrays.array import Array
+from ..arrays.operands import DeviceSource, send_source
+from ..runtime.base import Runtime
+from ..transport import internal_stream, outgoing
+from ..transport.agreement import SLOT_BYTES
+from .reduce_ops import ReduceOp, parse_op, reduce_datatype
+from .validation import check_sync
+
+__all__ = ["DIRECT_BYTES", "PREFIX", "Bucket", "Direct", "Plan", "fingerprint", "is_container"]
+
+#: A host array of at least this many bytes is reduced by ``allreduce_arrays`` on its own, from its buffer, not
+#: copied into its dtype's bucket (docs/benchmarks.md has the measurement that chose it).
+DIRECT_BYTES = 128 * 1024
+PREFIX = struct.Struct("<qq")  # a slot of the one-shot exchange starts with: the plan's fingerprint, flags
+
+
+def fingerprint(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+class Bucket:
+    """The arrays of one dtype, back to back: for each, where it sits in the container, its shape, its first
+    element in the bucket, its size, and (device arrays) its GPU and address."""
+
+    __slots__ = ("count", "counts", "datatype", "dtype", "host", "how", "native", "objs", "op", "ordinals",
+                 "positions", "ptrs", "shapes", "slot_at", "starts")
+
+    def __init__(self, dtype: np.dtype[Any], datatype: MPI.Datatype, how: ReduceOp) -> None:
+        self.dtype, self.datatype, self.how, self.op = dtype, datatype, how, how.mpi
+        self.slot_at = 0  # where the bucket starts in a slot of the fused exchange
+        self.positions: list[int] = []
+        self.shapes: list[tuple[int, ...]] = []
+        self.starts: list[int] = []
+        self.counts: list[int] = []
+        self.ordinals: list[int | None] = []
+        self.ptrs: list[int] = []
+        self.objs: list[Any] = []
+        self.count = 0
+        self.host = True  # every array in host memory
+        self.native = True  # every array of the bucket's dtype (none to convert from the other byte order)
+
+    def add(self, obj: Any, position: int, shape: tuple[int, ...], ordinal: int | None, ptr: int) -> None:
+        n = math.prod(shape)
+        self.positions.append(position)
+        self.shapes.append(shape)
+        self.starts.append(self.count)
+        self.counts.append(n)
+        self.ordinals.append(ordinal)
+        self.ptrs.append(ptr)
+        self.objs.append(obj)
+        self.count += n
+        self.host = self.host and ordinal is None
+
+
+def is_container(obj: Any) -> bool:
+    """A list, tuple or dict of arrays (the bucketed forms), not one array."""
+    return isinstance(obj, (list, tuple, Mapping))
+
+
+def _entries(fn: str, objs: Any) -> tuple[list[Any] | None, list[Any]]:
+    """``(keys or None for a list, values)``."""
+    if isinstance(objs, Mapping):
+        return list(objs.keys()), list(objs.values())
+    if isinstance(objs, (list, tuple)):
+        return None, list(objs)
+    raise TypeError(f"{fn}: expected a list or a dict of arrays, got {type(objs).__name__}")
+
+
+class Direct:
+    """A large host array, reduced on its own from its buffer: where it sits in the container, its shape, native
+    dtype, MPI datatype and op."""
+
+    __slots__ = ("datatype", "dtype", "op", "position", "shape")
+
+    def __init__(self, position: int, shape: tuple[int, ...], dtype: np.dtype[Any], datatype: MPI.Datatype,
+                 op: MPI.Op) -> None:
+        self.position, self.shape, self.dtype, self.datatype, self.op = position, shape, dtype, datatype, op
+
+
+class Plan:
+    """What this rank reduces: buckets by dtype (and, ``split``, the large host arrays reduced on their own), the
+    text every rank compares and its fingerprint, and where each bucket goes in a slot when the whole fits."""
+
+    __slots__ = ("buckets", "direct", "fits", "fp", "kept", "keys", "mean", "n", "prev", "sources", "sync", "text")
+
+    def __init__(self, fn: str, objs: Any, op: Any, sync: Any, rt: Runtime, split: bool = False) -> None:
+        self.sync = check_sync(fn, sync)
+        mpi_op = parse_op(fn, op)
+        self.keys, values = _entries(fn, objs)
+        self.n = len(values)
+        self.mean = mpi_op.mean
+        buckets: dict[np.dtype[Any], Bucket] = {}
+        self.direct: list[Direct] = []
+        self.sources: list[Any] = []
+        shapes, dtypes = [], []
+        for i, obj in enumerate(values):
+            src = obj if type(obj) is np.ndarray else send_source(fn, obj, self.sync, rt)
+            self.sources.append(src)
+            if isinstance(src, DeviceSource):
+                dtype, shape, ordinal, ptr = src.desc.dtype, src.desc.shape, src.ordinal, src.desc.ptr
+                if not dtype.isnative and dtype.names is None:
+                    raise TypeError(f"{fn}: array {self._name(i)}: a device array of dtype {dtype.str} is not in "
+                                    "native byte order, and MPI reduces native values: convert it on the device first")
+            else:
+                dtype, shape, ordinal, ptr = src.dtype, src.shape, None, 0
+            native = dtype if dtype.isnative or dtype.names is not None else dtype.newbyteorder("=")
+            shapes.append(shape)
+            dtypes.append(native.str)
+            bucket = buckets.get(native)
+            if bucket is None:
+                try:
+                    datatype = reduce_datatype(fn, native, mpi_op)
+                    how = mpi_op.for_bool(fn) if native.kind == "b" else mpi_op
+                except TypeError as exc:
+                    raise TypeError(f"{exc} (array {self._name(i)})") from None
+                bucket = buckets[native] = Bucket(native, datatype, how)
+            if split and ordinal is None and math.prod(shape) * native.itemsize >= DIRECT_BYTES:
+                self.direct.append(Direct(i, shape, native, bucket.datatype, bucket.op))
+                continue
+            bucket.add(obj, i, shape, ordinal, ptr)
+            bucket.native = bucket.native and dtype == native
+        self.buckets = [b for b in buckets.values() if b.positions]
+        self.text = f"allreduce of {self.keys!r} shapes {shapes} dtypes {dtypes} op={mpi_op.name}"
+        self.fp = fingerprint(self.text)
+        end = PREFIX.size
+        for bucket in self.buckets:  # (each bucket 16-aligned in the slot, past the prefix)
+            bucket.slot_at = -(-end // 16) * 16
+            end = bucket.slot_at + bucket.count * bucket.dtype.itemsize
+        self.kept: list[Any] = [None] * (len(self.direct) + len(self.buckets))  # (see _take)
+        self.prev: tuple[Any, ...] | None = None  # (see _reduced_here)
+        self.fits = (split and not self.direct and end <= SLOT_BYTES
+                     and all(b.how.local(b.dtype) for b in self.buckets))
+
+    def _name(self, i: int) -> str:
+        return f"{i}" if self.keys is None else repr(self.keys[i])
+
+    def fill(self, bucket: Bucket, buf: np.ndarray[Any, Any], sources: list[Any], rt: Runtime) -> None:
+        """Copy each array of ``bucket`` (its current contents) into its place in ``buf``."""
+        if bucket.host:  # one numpy call (each array flattened in C order, converted to native byte order)
+            np.concatenate([sources[p] for p in bucket.positions], axis=None, out=buf, casting="equiv")
+            return
+        for pos, start, n in zip(bucket.positions, bucket.starts, bucket.counts, strict=True):
+            src, part = sources[pos], buf[start : start + n]
+            if isinstance(src, np.ndarray):
+                part[...] = src.reshape(-1)
+            elif n:
+                piece = outgoing(src, rt, direct=False, c_order=True)  # staged through pinned host memory
+                staged = (ctypes.c_char * piece.nbytes).from_address(piece.address)
+                part.view(np.uint8)[...] = np.frombuffer(memoryview(staged), np.uint8)
+                piece.release()
+
+    def pack(self, bucket: Bucket, slot: memoryview, sources: list[Any]) -> None:
+        """Copy each (host) array of ``bucket`` into ``slot``, its bytes: one ``bytes.join`` of the arrays' buffers
+        (a tenth of ``numpy.concatenate``'s time at a few bytes each) when all are C-contiguous in the bucket's
+        dtype, else ``fill``'s ``concatenate``."""
+        arrays = [sources[p] for p in bucket.positions]
+        if bucket.native:
+            try:
+                slot[: bucket.count * bucket.dtype.itemsize] = b"".join(arrays)
+                return
+            except (BufferError, ValueError, TypeError):  # (not C-contiguous: no simple buffer)
+                pass
+        np.concatenate(arrays, axis=None, out=np.frombuffer(slot, bucket.dtype, bucket.count), casting="equiv")
+
+    def results(self, buckets: list[np.ndarray[Any, Any]], device: dict[int, Array], rt: Runtime) -> list[Array]:
+        """Each array's result: a view of its bucket (host) or the device Array given for it, refreshed."""
+        out: list[Any] = [None] * self.n
+        streams = set()
+        over_host = Array._over_host
+        view = np.ndarray
+        for bucket, buf in zip(self.buckets, buckets, strict=True):
+            if bucket.host:  # (each a view of buf, which it keeps alive)
+                dtype, size = bucket.dtype, bucket.dtype.itemsize
+                for pos, shape, start in zip(bucket.positions, bucket.shapes, bucket.starts, strict=True):
+                    out[pos] = over_host(view(shape, dtype, buf, start * size), -1, -1, None)
+                continue
+            for pos, shape, start, n, ordinal in zip(bucket.positions, bucket.shapes, bucket.starts, bucket.counts,
+                                                     bucket.ordinals, strict=True):
+                part = buf[start : start + n]
+                if ordinal is None:
+                    out[pos] = over_host(part.reshape(shape), -1, -1, None)  # (the view keeps the bucket alive)
+                    continue
+                stream = internal_stream(rt, ordinal)
+                arr = device.get(pos)
+                if arr is None:
+                    arr = Array.from_device(rt.alloc_device(part.nbytes, ordinal, stream, handed_out=True), shape,
+                                            bucket.dtype)
+                if part.nbytes:
+                    rt.copy_async(arr.descriptor.ptr, part.ctypes.data, part.nbytes, stream)
+                    streams.add(stream)
+                out[pos] = arr
+        for stream in streams:
+            rt.record_event(stream).synchronize()
+        return out
+
+    def container(self, arrays: list[Any]) -> Any:
+        return arrays if self.keys is None else dict(zip(self.keys, arrays, strict=True))
+
+    def divide(self, buckets: list[np.ndarray[Any, Any]], size: int) -> None:
+        if self.mean:
+            for bucket, buf in zip(self.buckets, buckets, strict=True):
+                np.true_divide(buf, bucket.dtype.type(size), out=buf)

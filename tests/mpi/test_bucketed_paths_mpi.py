@@ -1,0 +1,260 @@
+"""The paths of the one-shot ``allreduce_arrays``, each on both sides of its boundary, against numpy, exactly:
+the fused exchange (the whole call in one slot, reduced locally), the buckets (small arrays copied together, one
+Allreduce per dtype) and the large host arrays reduced on their own (``DIRECT_BYTES``), with the memory of one
+call's results reused by the next only once nothing refers to it. Passes at any world size >= 2.
+
+Values are small integers (also in floating dtypes), so every sum is exact in whatever order MPI or numpy adds.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cai_mpi
+from cai_mpi._src.api import bucketed
+from cai_mpi._src.transport.agreement import SLOT_BYTES
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+# elements of one float64 array that fill a slot exactly: the 16-byte prefix, then the payload
+FITS = (SLOT_BYTES - 16) // 8
+DIRECT = bucketed.DIRECT_BYTES
+
+
+def values(dtype: Any, r: int, shape: Any = (3, 4), step: int = 0) -> np.ndarray[Any, Any]:
+    shape = (shape,) if isinstance(shape, int) else shape
+    n = int(np.prod(shape))
+    base = (np.arange(n) % 7 + r + 1 + step).reshape(shape)
+    if np.dtype(dtype).kind == "b":
+        return ((base + r) % 3 == 0).reshape(shape)
+    if np.dtype(dtype).kind == "c":
+        return np.asarray(base + 1j * (base % 3)).astype(dtype)
+    return base.astype(dtype)
+
+
+def every(dtype: Any, shape: Any, step: int = 0) -> list[np.ndarray[Any, Any]]:
+    return [values(dtype, r, shape, step) for r in range(size)]
+
+
+def same(got: Any, want: np.ndarray[Any, Any]) -> None:
+    arr = np.asarray(got)
+    native = want.dtype.newbyteorder("=")
+    assert arr.shape == want.shape and arr.dtype == native, (arr.shape, arr.dtype, want.shape, native)
+    assert np.array_equal(arr, want), f"{arr} != {want}"
+
+
+def total(dtype: Any, shape: Any, step: int = 0) -> np.ndarray[Any, Any]:
+    return np.sum(every(dtype, shape, step), axis=0, dtype=np.dtype(dtype).newbyteorder("="))
+
+
+def plan_of(objs: Any, op: str = "sum") -> Any:
+    """The cached plan of a call just made on host numpy arrays (which path it took)."""
+    values_ = list(objs.values()) if isinstance(objs, dict) else objs
+    key = (op, None if isinstance(objs, list) else tuple(objs), tuple(v.shape for v in values_),
+           tuple(v.dtype for v in values_))
+    return bucketed._PLANS[key]
+
+
+@pytest.mark.parametrize("n, fused", [(FITS, True), (FITS + 1, False)])
+def test_the_slot_boundary(n: int, fused: bool) -> None:
+    """A float64 array filling the slot exactly travels in the exchange; one element more takes the buckets."""
+    objs = [values("f8", rank, n)]
+    got = cai_mpi.allreduce_arrays(objs)
+    same(got[0], total("f8", n))
+    assert plan_of(objs).fits is fused and not plan_of(objs).direct
+
+
+def test_the_slot_holds_every_bucket_aligned() -> None:
+    """Mixed dtypes in one slot: each dtype's bucket starts 16-aligned; a layout one element over does not fit."""
+    shapes = [(3,), (2, 5), (), (0,), (4, 1)]
+    dtypes = ["f8", "f4", "i2", "f8", ">i4", "c16", "u1"]
+    for extra, fits in [(0, True), (200, False)]:
+        objs = {f"k{i}": values(dt, rank, shapes[i % len(shapes)]) for i, dt in enumerate(dtypes)}
+        objs["big"] = values("f8", rank, 100 + extra)
+        got = cai_mpi.allreduce_arrays(objs)
+        assert type(got) is dict and list(got) == list(objs)
+        for i, dt in enumerate(dtypes):
+            same(got[f"k{i}"], total(dt, shapes[i % len(shapes)]))
+        same(got["big"], total("f8", 100 + extra))
+        assert plan_of(objs).fits is fits
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "mean"])
+@pytest.mark.parametrize("n", [4, FITS + 1, DIRECT // 8])
+def test_ops_on_every_path(op: str, n: int) -> None:
+    """The same ops give the same results fused (4), bucketed (FITS + 1) and direct (DIRECT // 8 float64)."""
+    arrays = [values("f8", rank, n) % 3 + 1, values("f4", rank, (2, 3)) % 3 + 1]
+    got = cai_mpi.allreduce_arrays(arrays, op=op)
+    for a, x in zip(got, arrays, strict=True):
+        parts = [(values(x.dtype, r, x.shape) % 3 + 1).astype(x.dtype) for r in range(size)]
+        if op in ("sum", "mean"):
+            want = np.sum(parts, axis=0, dtype=x.dtype)
+            if op == "mean":
+                want = np.true_divide(want, x.dtype.type(size), dtype=x.dtype)
+        else:
+            want = {"prod": np.prod, "min": np.min, "max": np.max}[op](parts, axis=0).astype(x.dtype)
+        same(a, want)
+
+
+@pytest.mark.parametrize("op, ufunc", [("min", np.logical_and), ("max", np.logical_or), (MPI.LXOR, np.logical_xor),
+                                       (MPI.LAND, np.logical_and)])
+@pytest.mark.parametrize("n", [5, SLOT_BYTES, DIRECT])
+def test_bool_ops_on_every_path(op: Any, ufunc: Any, n: int) -> None:
+    got = cai_mpi.allreduce_arrays({"flags": values(bool, rank, n), "x": values("i4", rank, 3)}, op=op)
+    want = every(bool, n)[0]
+    for part in every(bool, n)[1:]:
+        want = ufunc(want, part)
+    same(got["flags"], want)
+    if not isinstance(op, str):
+        return
+    same(got["x"], {"min": np.min, "max": np.max}[op](every("i4", 3), axis=0))
+
+
+@pytest.mark.parametrize("nbytes", [DIRECT - 8, DIRECT])
+def test_the_direct_boundary(nbytes: int) -> None:
+    """A float64 array of DIRECT_BYTES is reduced on its own, one element less goes in its bucket; strided,
+    F-ordered and byte-swapped large arrays too, and zero-size and 0-d small ones beside them."""
+    n = nbytes // 8
+    arrays = [values("f8", rank, n), np.asfortranarray(values("f4", rank, (2, n))),
+              values("f8", rank, 2 * n)[::2], values(">i8", rank, n), values("f8", rank, ()),
+              values("f4", rank, (0, 3)), values("f8", rank, 7)]
+    got = cai_mpi.allreduce_arrays(arrays)
+    same(got[0], total("f8", n))
+    same(got[1], total("f4", (2, n)))
+    same(got[2], np.sum([values("f8", r, 2 * n)[::2] for r in range(size)], axis=0))
+    same(got[3], total(">i8", n))
+    same(got[4], total("f8", ()))
+    same(got[5], values("f4", rank, (0, 3)))
+    same(got[6], total("f8", 7))
+    direct = [d.position for d in plan_of(arrays).direct]
+    assert direct == ([0, 1, 2, 3] if nbytes == DIRECT else [])  # (the (2, n) float32 array is 8 * n bytes too)
+
+
+def test_results_are_kept_while_referred_to_and_reused_after() -> None:
+    """A call never overwrites an earlier call's results that are still held (as Arrays or as numpy views); once
+    dropped, their memory serves the next call."""
+    n = DIRECT // 8
+    arrays = [values("f8", rank, n), values("f4", rank, 9)]
+    first = cai_mpi.allreduce_arrays(arrays)
+    view = np.asarray(first[1])[2:]
+    del first[1]
+    for step in range(1, 4):
+        arrays[0][...] = values("f8", rank, n, step)
+        arrays[1][...] = values("f4", rank, 9, step)
+        got = cai_mpi.allreduce_arrays(arrays)
+        same(got[0], total("f8", n, step))
+        same(got[1], total("f4", 9, step))
+        same(first[0], total("f8", n))
+        same(view, total("f4", 9)[2:])
+    address = np.asarray(got[0]).ctypes.data
+    del got
+    again = cai_mpi.allreduce_arrays(arrays)
+    same(again[0], total("f8", n, 3))
+    assert np.asarray(again[0]).ctypes.data == address
+
+
+@pytest.mark.parametrize("hold", ["array", "asarray", "view of a view", "__array__", "dlpack"])
+def test_fused_results_held_in_any_form_are_never_overwritten(hold: str) -> None:
+    """The fused path hands back the previous call's Arrays and buffers only when nothing refers to them: an Array
+    held, or any numpy view of one, keeps its values; once everything is dropped, the same Arrays come back."""
+    arrays = [values("f8", rank, 3), values("f4", rank, (2, 2)), values("f8", rank, ())]
+    first = cai_mpi.allreduce_arrays(arrays)
+    assert plan_of(arrays).fits
+    held = {"array": lambda a: a, "asarray": np.asarray, "view of a view": lambda a: np.asarray(a)[1:],
+            "__array__": lambda a: a.__array__(), "dlpack": np.from_dlpack}[hold](first[1])
+    want = np.asarray(held).copy()
+    del first
+    for step in range(1, 4):
+        for x in arrays:
+            x[...] = values(x.dtype, rank, x.shape, step)
+        got = cai_mpi.allreduce_arrays(arrays)
+        same(got[0], total("f8", 3, step))
+        same(got[1], total("f4", (2, 2), step))
+        same(got[2], total("f8", (), step))
+        assert np.array_equal(np.asarray(held), want)
+        last = weakref.ref(got[0])
+        del got
+    del held
+    arrays[0][...] = values("f8", rank, 3, 9)
+    again = cai_mpi.allreduce_arrays(arrays)
+    assert again[0] is last()  # (the last call's, kept by the plan and dropped by the caller: reused)
+    same(again[0], total("f8", 3, 9))
+    same(again[1], total("f4", (2, 2), 3))
+
+
+@pytest.mark.parametrize("n", [3, FITS + 1, DIRECT])
+def test_a_mismatch_on_one_rank_is_an_error_on_every_rank(n: int) -> None:
+    objs = [values("f8", rank, n), values("f4", rank, (n if rank else n + 1,))]
+    with pytest.raises(cai_mpi.CollectiveMismatchError, match=r"rank 0.*rank 1"):
+        cai_mpi.allreduce_arrays(objs)
+    same(cai_mpi.allreduce_arrays([values("f8", rank, n)])[0], total("f8", n))  # (and the comm still works)
+
+
+@pytest.mark.parametrize("n", [3, DIRECT])
+def test_a_failure_on_one_rank_is_an_error_on_every_rank(n: int) -> None:
+    """Rank 0 asks for the mean of integers: it raises its own TypeError, the others name it."""
+    arrays = [values("f8", rank, n), values("i4" if rank == 0 else "f4", rank, 2)]
+    if rank == 0:
+        with pytest.raises(TypeError, match="mean"):
+            cai_mpi.allreduce_arrays(arrays, op="mean")
+    else:
+        with pytest.raises(cai_mpi.CollectiveMismatchError, match="rank 0: could not take part"):
+            cai_mpi.allreduce_arrays(arrays, op="mean")
+
+
+@pytest.mark.parametrize("n", [3, DIRECT])
+def test_timeout_when_every_rank_joins_and_other_communicators(n: int) -> None:
+    comm = world.Split(rank % 2, rank)
+    arrays = [values("f8", rank, n), values("f4", rank, 4)]
+    got = cai_mpi.allreduce_arrays(arrays, comm=comm, timeout=60)
+    members = range(rank % 2, size, 2)
+    same(got[0], np.sum([values("f8", r, n) for r in members], axis=0))
+    same(got[1], np.sum([values("f4", r, 4) for r in members], axis=0))
+    comm.Free()
+
+
+def test_a_list_subclass_and_a_tuple_take_the_uncached_paths() -> None:
+    """Containers other than a plain list or dict are planned afresh each call, on every path alike."""
+    n = DIRECT // 8
+    got = cai_mpi.allreduce_arrays((values("f8", rank, n), values("i2", rank, 3)))
+    assert type(got) is list
+    same(got[0], total("f8", n))
+    same(got[1], total("i2", 3))
+    small = cai_mpi.allreduce_arrays((values("u8", rank, 2), values("c8", rank, 2)), op="sum")
+    same(small[0], total("u8", 2))
+    same(small[1], total("c8", 2))
+
+
+@pytest.mark.parametrize("op", ["sum", "mean"])
+@pytest.mark.parametrize("container", ["list", "dict"])
+def test_bucketed_allreduce_init_with_large_arrays(op: str, container: str) -> None:
+    """The persistent form gives each host array of DIRECT_BYTES its own persistent Allreduce (bound to the
+    array, or to a staging copy of a strided or byte-swapped one), the smaller ones their buckets: reused 20
+    times with the contents changed, the same Arrays every use; a reshaped array is refused afterwards."""
+    n = DIRECT // 8
+    arrays = [values("f8", rank, n), values("f8", rank, 2 * n)[::2], values(">f4", rank, 2 * n),
+              values("f4", rank, n - 1), values("f8", rank, (2, 3))]
+    objs: Any = arrays if container == "list" else {f"a{i}": x for i, x in enumerate(arrays)}
+    with cai_mpi.allreduce_init(objs, op=op) as red:
+        assert [d.position for d in red._plan.direct] == [0, 1, 2]
+        first = None
+        for step in range(20):
+            for x in arrays:
+                x[...] = values(x.dtype, rank, x.shape, step)
+            got = red()
+            items = got if container == "list" else [got[f"a{i}"] for i in range(len(arrays))]
+            for a, x in zip(items, arrays, strict=True):
+                want = total(x.dtype, x.shape, step)
+                same(a, want if op == "sum" else np.true_divide(want, want.dtype.type(size), dtype=want.dtype))
+            first = first or items
+            assert all(a is b for a, b in zip(items, first, strict=True))
+        arrays[0].shape = (n // 2, 2)
+        with pytest.raises(ValueError, match="reshaped"):
+            red()
