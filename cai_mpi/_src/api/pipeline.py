@@ -2,9 +2,13 @@
 that reach every stage.
 
 Stage ``r`` of ``comm`` receives from ``r - 1`` and sends to ``r + 1``. Items travel with
-``isend_array``/``irecv_array`` on a private duplicate of ``comm``; a second duplicate carries the
-control messages: credits (how many items a stage has received, sent back upstream once per half window,
-``depth // 2`` items, so a stream of small items does not cost a control message per item) and failure
+``isend_array``/``irecv_array`` on a private duplicate of ``comm`` (their headers and payloads on cai_mpi's own
+duplicates of it), except a run of items that keep the shape, dtype and ``meta`` of the one before, in host
+memory in C order: once an item has described them, the next ones travel as bare payloads, posted ahead by the
+receiving stage into buffers of the known size (the way a channel moves its messages), until an item that
+differs (the sender first sends an empty message that says so, and the described item after it). A second
+duplicate carries the control messages: credits (how many items a stage has received, sent back upstream once
+per half window, ``depth // 2`` items, so a stream of small items does not cost a control message per item) and failure
 notices (sent by a failing stage to every other one). A sender never has more than ``depth`` items sent and
 not yet received downstream. Leaving the ``with`` block is collective: the stages agree on whether any of
 them failed, receive whatever is still in flight, and free the duplicates, so nothing is left unmatched.
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-import traceback
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -24,20 +28,34 @@ import numpy as np
 from mpi4py import MPI
 
 from ..arrays.array import Array
+from ..config import config
 from ..errors import PipelineError, TimeoutError
 from ..progress.backoff import Backoff
 from ..progress.deadlines import Deadline, deadline
 from ..progress.driving import idle
 from ..progress.requests import PostedRequest, Request
+from ..runtime import get_runtime
 from ..transport.privcomm import private_comms
 from .p2p import irecv_array, isend_array, recv_array
+from .pipeline_wire import (
+    CREDIT,
+    DESCRIBED,
+    END,
+    FAST,
+    HOST,
+    ITEM,
+    NOTICE,
+    NOTICE_BYTES,
+    SWITCH,
+    bare_memory,
+    encode_notice,
+    failure_from,
+)
+from .validation import check_meta, receive_device
 
 __all__ = ["Pipeline"]
 
-_ITEM, _END = 0, 1  # tags on the data duplicate
-_CREDIT, _NOTICE = 0, 1  # tags on the control duplicate
-_NOTICE_BYTES = 64 << 10
-_TEXT_CHARS = 16 << 10  # of a failing stage's message, and of the end of its traceback, that a notice carries
+_SPIN = 20e-6  # seconds a wait polls before it pauses (yields, then sleeps) between polls
 # What each stage tells the others on leaving: the failing stage (else the size), messages sent downstream
 # (items and the end of the stream), messages received from upstream, credits sent, whether a receive is
 # still posted upstream.
@@ -104,6 +122,22 @@ class Pipeline:
         self._data.Set_name(f"cai_mpi-pipeline-data({comm.Get_name()})")
         self._ctl.Set_name(f"cai_mpi-pipeline-control({comm.Get_name()})")
         private_comms(self._data)  # collective on first use: make it now, while every stage is here
+        # Bare payloads go only to a stage that receives into host memory (no GPU of its own): it says so once.
+        host = np.array([self.first or receive_device("Pipeline", None, get_runtime()) is None], np.int64)
+        downstream = np.zeros(1, np.int64)
+        self._ctl.Sendrecv(host, MPI.PROC_NULL if self.first else self.stage - 1, HOST,
+                           downstream, MPI.PROC_NULL if self.last else self.stage + 1, HOST)
+        self._fast_edge = not self.last and bool(downstream[0])
+        self._fast_limit = config().max_message_bytes
+        # What the next stage holds (sender) / this stage holds (receiver) as the description of bare payloads:
+        # (shape, dtype, meta) -- meta as its header encoding on the sender, as JSON text (or None) on the receiver.
+        self._told: tuple[tuple[int, ...], np.dtype[Any], bytes] | None = None
+        self._held: tuple[tuple[int, ...], np.dtype[Any], str | None] | None = None
+        self._bare_sends: deque[MPI.Request] = deque()
+        self._bare: MPI.Request | None = None  # the bare payload receive posted ahead
+        self._bare_buf: np.ndarray[Any, Any] | None = None
+        self._bare_status = MPI.Status()
+        self._fast_sent = self._fast_received = 0
         self._sent = self._acked = self._received = self._credits_sent = self._credits_read = self._credited = 0
         # Credits go back once per half window, not per item. The bound holds as before (a credit is a count of
         # items received, and the sender stays within depth of the last one it read); a sender blocked at depth
@@ -116,10 +150,10 @@ class Pipeline:
         self._prefetch: Request[Array] | None = None
         self._meta: dict[str, Any] | None = None  # of the item this stage works on, for failure reports
         self._credit = np.zeros(1, np.int64)
-        self._credit_req = None if self.last else self._ctl.Irecv(self._credit, self.stage + 1, _CREDIT)
-        self._notice = bytearray(_NOTICE_BYTES)
+        self._credit_req = None if self.last else self._ctl.Irecv(self._credit, self.stage + 1, CREDIT)
+        self._notice = bytearray(NOTICE_BYTES)
         self._notice_status = MPI.Status()
-        self._notice_req = self._ctl.Irecv(self._notice, MPI.ANY_SOURCE, _NOTICE)
+        self._notice_req = self._ctl.Irecv(self._notice, MPI.ANY_SOURCE, NOTICE)
         self._notices_received = 0
         self._left = False
 
@@ -138,11 +172,33 @@ class Pipeline:
             self._wait(lambda: self._sent - self._acked < self.depth, "a credit from the next stage")
         if meta is None and isinstance(obj, Array):
             meta = obj.meta
-        sends = self._sends
-        sends.append(isend_array(obj, self.stage + 1, _ITEM, self._data, meta=meta))
+        host = bare_memory(obj) if self._fast_edge else None
+        told = self._told
+        if host is not None and host.nbytes <= self._fast_limit:
+            if told is not None and host.shape == told[0] and host.dtype == told[1] and (
+                    told[2] == b"" if meta is None else check_meta("Pipeline.send", meta) == told[2]):
+                bare = self._bare_sends
+                bare.append(self._data.Isend([host, MPI.BYTE], self.stage + 1, FAST))
+                self._sent += 1
+                self._fast_sent += 1
+                if len(bare) > self.depth or not idle():
+                    self._reap()
+                return
+            self._switch()
+            self._sends.append(isend_array(obj, self.stage + 1, DESCRIBED, self._data, meta=meta))
+            self._told = (host.shape, host.dtype, check_meta("Pipeline.send", meta))
+        else:
+            self._switch()
+            self._sends.append(isend_array(obj, self.stage + 1, ITEM, self._data, meta=meta))
         self._sent += 1
-        if len(sends) > self.depth or not idle():  # forget completed sends; drive the cai_mpi requests that need it
+        if len(self._sends) > self.depth or not idle():  # forget completed sends; drive the requests that need it
             self._reap()
+
+    def _switch(self) -> None:
+        """The next stage holds a description: tell it that a self-describing message comes next."""
+        if self._told is not None:
+            self._told = None
+            self._bare_sends.append(self._data.Isend([b"", MPI.BYTE], self.stage + 1, SWITCH))
 
     def recv(self) -> Array | None:
         """The next item from the previous stage, or None at the end of the stream."""
@@ -150,24 +206,59 @@ class Pipeline:
             raise ValueError(f"Pipeline.recv: stage {self.stage} is the first stage: there is no previous stage")
         if self._ended:
             return None
+        bare = self._bare
+        if bare is not None:  # this stage holds a description: a bare payload (or an empty message) comes next
+            status = self._bare_status
+            if not bare.Test(status):
+                self._wait(lambda: bare.Test(status), "an item from the previous stage")
+            self._bare = None
+            tag = status.Get_tag()
+            if tag == FAST:
+                held = self._held
+                assert held is not None and self._bare_buf is not None
+                item = Array._over_host(self._bare_buf, self.stage - 1, ITEM,
+                                        None if held[2] is None else json.loads(held[2]))
+                self._fast_received += 1
+                return self._arrived(item)
+            if tag == END:
+                self._received += 1
+                self._ended = True
+                return None
+            self._held = None  # SWITCH: a self-describing message comes next
         if self._prefetch is None:
             self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)
         pending = self._prefetch
-        arrived, item = pending.test()
+        arrived, got = pending.test()
         if not arrived:
             self._wait(lambda: pending.test()[0], "an item from the previous stage")
-            item = pending.wait()
-        assert item is not None
+            got = pending.wait()
+        assert got is not None
         self._prefetch = None
-        self._received += 1
-        if item.tag == _END:
+        if got.tag == END:
+            self._received += 1
             self._ended = True
             return None
+        if got.tag == DESCRIBED:  # bare payloads of its shape, dtype and meta may follow
+            got.tag = ITEM
+            self._held = (got.shape, got.dtype, None if got.meta is None else json.dumps(got.meta))
+        return self._arrived(got)
+
+    def _arrived(self, item: Array) -> Array:
+        """Count an item in, credit it when a half window is in, and post the next receive, while you work."""
+        self._received += 1
         if self._received - self._credited >= self._credit_every:
             self._credit_back()
-        self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)  # the next one, while you work
+        self._post_next()
         self._meta = item.meta
         return item
+
+    def _post_next(self) -> None:
+        held = self._held
+        if held is not None:
+            self._bare_buf = buf = np.empty(held[0], held[1])
+            self._bare = self._data.Irecv([buf, MPI.BYTE], self.stage - 1, MPI.ANY_TAG)
+        else:
+            self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)
 
     def __iter__(self) -> Iterator[Array]:
         while (item := self.recv()) is not None:
@@ -178,8 +269,16 @@ class Pipeline:
         nothing on the last stage."""
         if not self._closed:
             self._closed = True
-            self._sends.append(isend_array(np.empty(0, np.uint8), self.stage + 1, _END, self._data))
+            self._send_end()
             self._sent += 1
+
+    def _send_end(self) -> None:
+        """The end of the stream (or an empty message for a receive posted downstream that nothing else matches),
+        bare while the next stage holds a description."""
+        if self._told is not None:
+            self._bare_sends.append(self._data.Isend([b"", MPI.BYTE], self.stage + 1, END))
+        else:
+            self._sends.append(isend_array(np.empty(0, np.uint8), self.stage + 1, END, self._data))
 
     # -- waiting, credits and failures ---------------------------------------------------------------------
 
@@ -189,6 +288,13 @@ class Pipeline:
 
         Between polls, ``_backoff``.
         """
+        stop = time.perf_counter() + _SPIN
+        while True:  # polls only, keeping the core: most waits end within microseconds
+            self._reap()
+            if done():
+                return
+            if time.perf_counter() >= stop:
+                break
         due = deadline("Pipeline", self._timeout)
         backoff = _backoff(due)
         while True:
@@ -206,17 +312,20 @@ class Pipeline:
         while self._credit_req is not None and self._credit_req.Test():
             self._acked = max(self._acked, int(self._credit[0]))
             self._credits_read += 1
-            self._credit_req = self._ctl.Irecv(self._credit, self.stage + 1, _CREDIT)
+            self._credit_req = self._ctl.Irecv(self._credit, self.stage + 1, CREDIT)
         sends = self._sends
         while sends and sends[0].test()[0]:  # (test raises what a failed send raises)
             sends.popleft()
+        bare = self._bare_sends
+        while bare and bare[0].Test():  # (they complete in order)
+            bare.popleft()
         self._forget_sent_control()
 
     def _credit_back(self) -> None:
         """Tell the previous stage how many items this one has received (one message per ``_credit_every``)."""
         self._forget_sent_control()
         count = np.array([self._received], np.int64)
-        self._control.append(self._ctl.Isend(count, self.stage - 1, _CREDIT))
+        self._control.append(self._ctl.Isend(count, self.stage - 1, CREDIT))
         self._credits_sent += 1
         self._credited = self._received
         self._keep = count  # the buffer lives until the next credit replaces it (MPI holds its own reference)
@@ -231,36 +340,14 @@ class Pipeline:
     def _check_notice(self) -> None:
         if self._notice_req.Test(self._notice_status):
             self._notices_received += 1
-            raise self._failure_from(self._notice[: self._notice_status.Get_count(MPI.BYTE)])
-
-    def _failure_from(self, raw: bytes | bytearray) -> PipelineError:
-        notice = json.loads(bytes(raw))
-        kind, message = notice["type"], notice["message"]
-        return PipelineError(f"Pipeline: stage {notice['rank']} failed: {kind}: {message}", notice["rank"],
-                             notice["meta"], error_type=kind, error_message=message,
-                             error_traceback=notice["traceback"])
+            raise failure_from(self._notice[: self._notice_status.Get_count(MPI.BYTE)])
 
     def _notify(self, error: BaseException, *, own: bool = True) -> None:
-        """Tell every other stage that this one failed (they raise PipelineError, wherever they wait), with the
-        error's type, message and (``own``: an exception this stage raised) traceback."""
-        kind = type(error)
-        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-        text = "".join(traceback.format_exception(kind, error, error.__traceback__)) if own else ""
-        message, text = str(error)[:_TEXT_CHARS], text[-_TEXT_CHARS:]
-        meta = self._meta
-        while True:
-            notice = {"rank": self.stage, "meta": meta, "type": name, "message": message, "traceback": text}
-            try:
-                raw = json.dumps(notice).encode()
-            except (TypeError, ValueError):
-                meta = None
-                continue
-            if len(raw) <= _NOTICE_BYTES:
-                break
-            meta, message, text = None, message[: len(message) // 2], text[len(text) // 2 :]  # (escaped non-ASCII)
+        """Tell every other stage that this one failed (they raise PipelineError, wherever they wait)."""
+        raw = encode_notice(self.stage, self._meta, error, own)
         for rank in range(self._size):
             if rank != self.stage:
-                self._control.append(self._ctl.Isend(raw, rank, _NOTICE))
+                self._control.append(self._ctl.Isend(raw, rank, NOTICE))
 
     # -- leaving ---------------------------------------------------------------------------------------------
 
@@ -279,7 +366,7 @@ class Pipeline:
                 failed_here = True
                 self._notify(RuntimeError("it left the pipeline before the end of its stream"), own=False)
         mine = np.array([self.stage if failed_here else self._size, self._sent, self._received, self._credits_sent,
-                         self._prefetch is not None], np.int64)
+                         self._prefetch is not None or self._bare is not None], np.int64)
         everyone = np.empty((self._size, len(mine)), np.int64)
         agreed = self._ctl.Iallgather(mine, everyone)
         due = self._leaving_deadline()
@@ -324,11 +411,14 @@ class Pipeline:
         if self._control:
             PostedRequest(list(self._control), None)._abandon(error)
             self._control = deque()
-        for req in (self._credit_req, self._notice_req):
+        if self._bare_sends:
+            PostedRequest(list(self._bare_sends), None)._abandon(error)
+            self._bare_sends = deque()
+        for req in (self._credit_req, self._notice_req, self._bare):
             if req is not None and req != MPI.REQUEST_NULL:
                 req.Cancel()
                 req.Wait()
-        self._credit_req = None
+        self._credit_req = self._bare = None
         return error
 
     def _settle(self, everyone: np.ndarray[Any, Any]) -> PipelineError | None:
@@ -337,16 +427,13 @@ class Pipeline:
         me = self.stage
         # A receive posted downstream that nothing sent will ever match gets an empty message.
         if not self.last and everyone[me + 1, _POSTED] and self._sent == everyone[me + 1, _RECEIVED]:
-            self._sends.append(isend_array(np.empty(0, np.uint8), me + 1, _END, self._data))
+            self._send_end()
         if not self.first:
             missing = int(everyone[me - 1, _SENT]) - self._received
-            if self._prefetch is not None:
+            if self._prefetch is not None or self._bare is not None:
                 missing = max(missing, 1)  # (the stage above sent one more to match it, as just above)
-                self._prefetch.wait()
-                self._prefetch = None
-                missing -= 1
             for _ in range(missing):
-                recv_array(me - 1, MPI.ANY_TAG, self._data, device="host")
+                self._drain_one()
         if not self.last:  # credit messages sent from downstream; self._credits_read of them read so far
             missing = int(everyone[me + 1, _CREDITS]) - self._credits_read
             assert self._credit_req is not None
@@ -358,13 +445,36 @@ class Pipeline:
                 self._credit_req.Wait()
             self._credit_req = None
             for _ in range(missing):
-                self._ctl.Recv(np.zeros(1, np.int64), me + 1, _CREDIT)
+                self._ctl.Recv(np.zeros(1, np.int64), me + 1, CREDIT)
         reports = self._notices(sum(1 for r in range(self._size) if everyone[r, _FAILED] != self._size and r != me))
         while self._sends:  # everything sent has been (or is being) received downstream
             self._sends.popleft().wait()
+        MPI.Request.Waitall(list(self._bare_sends))
+        self._bare_sends = deque()
         MPI.Request.Waitall(list(self._control))
         self._control = deque()
         return min(reports, key=lambda r: r.rank) if reports else None
+
+    def _drain_one(self) -> None:
+        """Receive (and drop) the next message of the stream still in flight to this stage, whichever way it comes."""
+        while True:
+            if self._bare is None and self._prefetch is None and self._held is not None:
+                self._post_next()
+            if self._bare is not None:
+                self._bare.Wait(self._bare_status)
+                self._bare = None
+                if self._bare_status.Get_tag() != SWITCH:
+                    return
+                self._held = None
+                continue
+            if self._prefetch is not None:
+                got = self._prefetch.wait()
+                self._prefetch = None
+            else:
+                got = recv_array(self.stage - 1, MPI.ANY_TAG, self._data, device="host")
+            if got.tag == DESCRIBED:
+                self._held = (got.shape, got.dtype, None)
+            return
 
     def _notices(self, expected: int) -> list[PipelineError]:
         """Read the ``expected`` failure notices sent to this stage (one may have been read already)."""
@@ -372,16 +482,16 @@ class Pipeline:
         if self._notices_received or expected > 0:
             if not self._notices_received:
                 self._notice_req.Wait(self._notice_status)
-            reports.append(self._failure_from(self._notice[: self._notice_status.Get_count(MPI.BYTE)]))
+            reports.append(failure_from(self._notice[: self._notice_status.Get_count(MPI.BYTE)]))
             expected -= 1
         else:
             self._notice_req.Cancel()
             self._notice_req.Wait()
         for _ in range(expected):
             status = MPI.Status()
-            buf = bytearray(_NOTICE_BYTES)
-            self._ctl.Recv(buf, MPI.ANY_SOURCE, _NOTICE, status)
-            reports.append(self._failure_from(buf[: status.Get_count(MPI.BYTE)]))
+            buf = bytearray(NOTICE_BYTES)
+            self._ctl.Recv(buf, MPI.ANY_SOURCE, NOTICE, status)
+            reports.append(failure_from(buf[: status.Get_count(MPI.BYTE)]))
         return reports
 
     def __repr__(self) -> str:
