@@ -204,3 +204,35 @@ def test_host_items_to_a_stage_with_a_gpu_land_on_its_gpu_self_described() -> No
                     pipe.send(a)
             assert pipe._fast_received == 0
         assert pipe._fast_sent == 0
+
+
+@pytest.mark.parametrize("depth", [1, 2, 5])
+def test_memory_of_a_bare_item_someone_still_holds_is_never_reused(depth: int) -> None:
+    n = 40
+    held: dict[int, Any] = {}
+    with cai_mpi.Pipeline(depth=depth) as pipe:
+        if pipe.first:
+            for i in range(n):
+                pipe.send(np.full((2, 3), i, np.int32))
+        else:
+            for i, a in enumerate(pipe):
+                if not pipe.last:
+                    pipe.send(a)
+                # keep some items in every way one can hold their memory, drop the rest
+                if i % 6 == 0:
+                    held[i] = a
+                elif i % 6 == 1:
+                    held[i] = a.numpy()
+                elif i % 6 == 2:
+                    held[i] = np.asarray(a)
+                elif i % 6 == 3:
+                    held[i] = np.asarray(a)[1:]  # a view of the memory
+                del a
+            assert pipe._fast_received == n - 1
+    if not pipe.first:
+        assert sorted(held) == [i for i in range(n) if i % 6 < 4]
+        for i, h in held.items():
+            want = np.full((2, 3), i, np.int32)[1:] if i % 6 == 3 else np.full((2, 3), i, np.int32)
+            assert np.array_equal(np.asarray(h), want), (i, np.asarray(h))
+    else:
+        assert pipe._fast_sent == n - 1

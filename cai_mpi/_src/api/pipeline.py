@@ -21,6 +21,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from sys import getrefcount
 from types import TracebackType
 from typing import Any
 
@@ -55,6 +56,7 @@ from .validation import check_meta, receive_device
 
 __all__ = ["Pipeline"]
 
+_RING = 4  # the most buffers (and persistent receives) of a held description
 _SPIN = 20e-6  # seconds a wait polls before it pauses (yields, then sleeps) between polls
 # What each stage tells the others on leaving: the failing stage (else the size), messages sent downstream
 # (items and the end of the stream), messages received from upstream, credits sent, whether a receive is
@@ -136,6 +138,9 @@ class Pipeline:
         self._bare_sends: deque[MPI.Request] = deque()
         self._bare: MPI.Request | None = None  # the bare payload receive posted ahead
         self._bare_buf: np.ndarray[Any, Any] | None = None
+        # Buffers of the held description with a persistent receive each, reused once no one holds the item that
+        # landed there (its reference count is back to what the ring itself holds): [buffer, request, count].
+        self._ring: list[list[Any]] = []
         self._bare_status = MPI.Status()
         self._fast_sent = self._fast_received = 0
         self._sent = self._acked = self._received = self._credits_sent = self._credits_read = self._credited = 0
@@ -149,8 +154,14 @@ class Pipeline:
         self._control: deque[MPI.Request] = deque()  # credits and notices in flight, oldest first
         self._prefetch: Request[Array] | None = None
         self._meta: dict[str, Any] | None = None  # of the item this stage works on, for failure reports
+        # Credits travel on persistent requests (a start costs a fraction of an Isend or Irecv): one receive, and one
+        # send whose buffer is rewritten once the previous credit has gone (else a credit goes as its own Isend).
         self._credit = np.zeros(1, np.int64)
-        self._credit_req = None if self.last else self._ctl.Irecv(self._credit, self.stage + 1, CREDIT)
+        self._credit_req = None if self.last else self._ctl.Recv_init(self._credit, self.stage + 1, CREDIT)
+        if self._credit_req is not None:
+            self._credit_req.Start()
+        self._credit_out = np.zeros(1, np.int64)
+        self._credit_send = None if self.first else self._ctl.Send_init(self._credit_out, self.stage - 1, CREDIT)
         self._notice = bytearray(NOTICE_BYTES)
         self._notice_status = MPI.Status()
         self._notice_req = self._ctl.Irecv(self._notice, MPI.ANY_SOURCE, NOTICE)
@@ -224,7 +235,7 @@ class Pipeline:
                 self._received += 1
                 self._ended = True
                 return None
-            self._held = None  # SWITCH: a self-describing message comes next
+            self._unhold()  # SWITCH: a self-describing message comes next
         if self._prefetch is None:
             self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)
         pending = self._prefetch
@@ -254,11 +265,35 @@ class Pipeline:
 
     def _post_next(self) -> None:
         held = self._held
-        if held is not None:
-            self._bare_buf = buf = np.empty(held[0], held[1])
-            self._bare = self._data.Irecv([buf, MPI.BYTE], self.stage - 1, MPI.ANY_TAG)
-        else:
+        if held is None:
             self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)
+            return
+        ring = self._ring
+        for entry in ring:
+            if getrefcount(entry[0]) == entry[2]:
+                self._bare_buf = entry[0]
+                self._bare = entry[1]
+                entry[1].Start()
+                return
+        buf = np.empty(held[0], held[1])
+        if len(ring) < _RING:
+            entry = [buf, self._data.Recv_init([buf, MPI.BYTE], self.stage - 1, MPI.ANY_TAG), 0]
+            del buf
+            entry[2] = getrefcount(entry[0])
+            ring.append(entry)
+            self._bare_buf = entry[0]
+            self._bare = entry[1]
+            entry[1].Start()
+        else:  # every buffer of the ring is still in use: a buffer of its own
+            self._bare_buf = buf
+            self._bare = self._data.Irecv([buf, MPI.BYTE], self.stage - 1, MPI.ANY_TAG)
+
+    def _unhold(self) -> None:
+        """No description held any more: free the ring's requests (none is active: the last one took the SWITCH)."""
+        self._held = None
+        for entry in self._ring:
+            entry[1].Free()
+        self._ring = []
 
     def __iter__(self) -> Iterator[Array]:
         while (item := self.recv()) is not None:
@@ -312,7 +347,7 @@ class Pipeline:
         while self._credit_req is not None and self._credit_req.Test():
             self._acked = max(self._acked, int(self._credit[0]))
             self._credits_read += 1
-            self._credit_req = self._ctl.Irecv(self._credit, self.stage + 1, CREDIT)
+            self._credit_req.Start()
         sends = self._sends
         while sends and sends[0].test()[0]:  # (test raises what a failed send raises)
             sends.popleft()
@@ -323,12 +358,16 @@ class Pipeline:
 
     def _credit_back(self) -> None:
         """Tell the previous stage how many items this one has received (one message per ``_credit_every``)."""
-        self._forget_sent_control()
-        count = np.array([self._received], np.int64)
-        self._control.append(self._ctl.Isend(count, self.stage - 1, CREDIT))
+        req = self._credit_send
+        assert req is not None
+        if req.Test():  # (an inactive persistent request tests complete)
+            self._credit_out[0] = self._received
+            req.Start()
+        else:
+            self._forget_sent_control()
+            self._control.append(self._ctl.Isend(np.array([self._received], np.int64), self.stage - 1, CREDIT))
         self._credits_sent += 1
         self._credited = self._received
-        self._keep = count  # the buffer lives until the next credit replaces it (MPI holds its own reference)
 
     def _forget_sent_control(self) -> None:
         """Drop the control messages sent, oldest first (they complete in order; testing only the oldest keeps
@@ -418,7 +457,15 @@ class Pipeline:
             if req is not None and req != MPI.REQUEST_NULL:
                 req.Cancel()
                 req.Wait()
-        self._credit_req = self._bare = None
+        if self._credit_req is not None:
+            self._credit_req.Free()
+        sending = self._credit_send
+        if sending is not None and not sending.Test():
+            PostedRequest([sending], None, keep=self._credit_out)._abandon(error)  # (not freed: MPI still sends it)
+        elif sending is not None:
+            sending.Free()
+        self._credit_req = self._credit_send = self._bare = None
+        self._unhold()
         return error
 
     def _settle(self, everyone: np.ndarray[Any, Any]) -> PipelineError | None:
@@ -443,6 +490,7 @@ class Pipeline:
             else:
                 self._credit_req.Cancel()
                 self._credit_req.Wait()
+            self._credit_req.Free()
             self._credit_req = None
             for _ in range(missing):
                 self._ctl.Recv(np.zeros(1, np.int64), me + 1, CREDIT)
@@ -453,6 +501,11 @@ class Pipeline:
         self._bare_sends = deque()
         MPI.Request.Waitall(list(self._control))
         self._control = deque()
+        if self._credit_send is not None:
+            self._credit_send.Wait()
+            self._credit_send.Free()
+            self._credit_send = None
+        self._unhold()
         return min(reports, key=lambda r: r.rank) if reports else None
 
     def _drain_one(self) -> None:
@@ -465,7 +518,7 @@ class Pipeline:
                 self._bare = None
                 if self._bare_status.Get_tag() != SWITCH:
                     return
-                self._held = None
+                self._unhold()
                 continue
             if self._prefetch is not None:
                 got = self._prefetch.wait()
