@@ -30,7 +30,7 @@ from ..arrays.array import Array
 from ..config import config
 from ..errors import TimeoutError
 from ..progress.deadlines import deadline
-from ..progress.driving import idle
+from ..progress.driving import PENDING
 from ..progress.requests import Request
 from ..runtime import get_runtime
 from ..transport.privcomm import private_comms
@@ -166,7 +166,7 @@ class Pipeline(Leaving):
         if self._closed:
             raise ValueError(f"Pipeline.send: stage {self.stage} already closed its stream")
         if self._sent - self._acked >= self.depth:
-            self._wait(lambda: self._sent - self._acked < self.depth, "a credit from the next stage")
+            self._wait(self._room, "a credit from the next stage")
         if meta is None and isinstance(obj, Array):
             meta = obj.meta
         host = bare_memory(obj) if self._fast_edge else None
@@ -178,7 +178,7 @@ class Pipeline(Leaving):
                 bare.append(self._data.Isend([host, MPI.BYTE], self.stage + 1, FAST))
                 self._sent += 1
                 self._fast_sent += 1
-                if len(bare) > self.depth or not idle():
+                if len(bare) > self.depth or PENDING:
                     self._reap()
                 return
             self._switch()
@@ -188,7 +188,7 @@ class Pipeline(Leaving):
             self._switch()
             self._sends.append(isend_array(obj, self.stage + 1, ITEM, self._data, meta=meta))
         self._sent += 1
-        if len(self._sends) > self.depth or not idle():  # forget completed sends; drive the requests that need it
+        if len(self._sends) > self.depth or PENDING:  # forget completed sends; drive the requests that need it
             self._reap()
 
     def _switch(self) -> None:
@@ -310,8 +310,9 @@ class Pipeline(Leaving):
         Between polls, ``wait_pauses``.
         """
         stop = time.perf_counter() + _SPIN
-        while True:  # polls only, keeping the core: most waits end within microseconds
-            self._reap()
+        while True:  # polls only what it waits for (and requests that need driving): most waits end within microseconds
+            if PENDING:
+                self._reap()
             if done():
                 return
             if time.perf_counter() >= stop:
@@ -328,12 +329,21 @@ class Pipeline(Leaving):
                 raise TimeoutError(f"Pipeline: stage {self.stage} waited {due.seconds:g} s for {what}", due.seconds,
                                    False)
 
-    def _reap(self) -> None:
-        """Account returned credits; forget completed sends (testing them also drives every cai_mpi request)."""
-        while self._credit_req is not None and self._credit_req.Test():
+    def _room(self) -> bool:
+        """Whether the window has room for another item, once the credits that came are read."""
+        self._read_credits()
+        return self._sent - self._acked < self.depth
+
+    def _read_credits(self) -> None:
+        req = self._credit_req
+        while req is not None and req.Test():
             self._acked = max(self._acked, int(self._credit[0]))
             self._credits_read += 1
-            self._credit_req.Start()
+            req.Start()
+
+    def _reap(self) -> None:
+        """Account returned credits; forget completed sends (testing them also drives every cai_mpi request)."""
+        self._read_credits()
         sends = self._sends
         while sends and sends[0].test()[0]:  # (test raises what a failed send raises)
             sends.popleft()
