@@ -236,3 +236,27 @@ def test_memory_of_a_bare_item_someone_still_holds_is_never_reused(depth: int) -
             assert np.array_equal(np.asarray(h), want), (i, np.asarray(h))
     else:
         assert pipe._fast_sent == n - 1
+
+
+def test_items_held_from_an_earlier_pipeline_are_never_overwritten_by_a_later_one() -> None:
+    """Buffers of a ring that ended with no item in them held are kept for the next ring of that shape and dtype,
+    and only those: what the user still holds from the first pipeline stays as it arrived."""
+    held: list[tuple[int, Any]] = []
+    for run in range(3):
+        with cai_mpi.Pipeline(depth=2) as pipe:
+            if pipe.first:
+                for i in range(10):
+                    pipe.send(np.full(1000, 100 * run + i, np.int64))
+            else:
+                for i, a in enumerate(pipe):
+                    if not pipe.last:
+                        pipe.send(a)
+                    if i % 3 == 0:
+                        held.append((100 * run + i, a if i % 2 else a.numpy()))
+                assert pipe._fast_received == 9
+    if rank == 0:
+        assert held == []
+    else:
+        assert [v for v, _ in held] == [100 * run + i for run in range(3) for i in (0, 3, 6, 9)]
+        for v, h in held:
+            assert np.array_equal(np.asarray(h), np.full(1000, v, np.int64)), (v, np.asarray(h)[:3])

@@ -54,6 +54,10 @@ from .validation import check_meta, receive_device
 __all__ = ["Pipeline"]
 
 _RING = 4  # the most buffers (and persistent receives) of a held description
+# Buffers of rings that ended with no item in them held, for the next ring of the same shape and dtype (a new
+# Pipeline for every batch of items would otherwise fault in fresh pages for every ring); at most _KEPT_BYTES.
+_kept: dict[tuple[tuple[int, ...], np.dtype[Any]], list[np.ndarray[Any, Any]]] = {}
+_KEPT_BYTES = 64 << 20
 _SPIN = 20e-6  # seconds a wait polls before it pauses (yields, then sleeps) between polls
 
 class Pipeline(Leaving):
@@ -261,8 +265,9 @@ class Pipeline(Leaving):
                 self._bare = entry[1]
                 entry[1].Start()
                 return
-        buf = np.empty(held[0], held[1])
         if len(ring) < _RING:
+            kept = _kept.get(held[:2])
+            buf = kept.pop() if kept else np.empty(held[0], held[1])
             entry = [buf, self._data.Recv_init([buf, MPI.BYTE], self.stage - 1, MPI.ANY_TAG), 0]
             del buf
             entry[2] = getrefcount(entry[0])
@@ -271,14 +276,17 @@ class Pipeline(Leaving):
             self._bare = entry[1]
             entry[1].Start()
         else:  # every buffer of the ring is still in use: a buffer of its own
-            self._bare_buf = buf
+            self._bare_buf = buf = np.empty(held[0], held[1])
             self._bare = self._data.Irecv([buf, MPI.BYTE], self.stage - 1, MPI.ANY_TAG)
 
     def _unhold(self) -> None:
         """No description held any more: free the ring's requests (none is active: the last one took the SWITCH)."""
-        self._held = None
-        for entry in self._ring:
-            entry[1].Free()
+        self._held = self._bare_buf = None
+        for buf, req, mine in self._ring:
+            free = getrefcount(buf) == mine + 1  # (+1: the loop's own name for it)
+            req.Free()
+            if free and sum(b.nbytes for k in _kept.values() for b in k) + buf.nbytes <= _KEPT_BYTES:
+                _kept.setdefault((buf.shape, buf.dtype), []).append(buf)
         self._ring = []
 
     def __iter__(self) -> Iterator[Array]:
