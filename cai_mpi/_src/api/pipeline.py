@@ -55,7 +55,8 @@ __all__ = ["Pipeline"]
 
 _RING = 4  # the most buffers (and persistent receives) of a held description
 # Buffers of rings that ended with no item in them held, for the next ring of the same shape and dtype (a new
-# Pipeline for every batch of items would otherwise fault in fresh pages for every ring); at most _KEPT_BYTES.
+# Pipeline for every batch of items would otherwise fault in fresh pages for every ring); at most _KEPT_BYTES, and
+# no more than CAI_MPI_POOL_BYTES (the receive pool's budget of idle memory).
 _kept: dict[tuple[tuple[int, ...], np.dtype[Any]], list[np.ndarray[Any, Any]]] = {}
 _KEPT_BYTES = 64 << 20
 _SPIN = 20e-6  # seconds a wait polls before it pauses (yields, then sleeps) between polls
@@ -282,10 +283,11 @@ class Pipeline(Leaving):
     def _unhold(self) -> None:
         """No description held any more: free the ring's requests (none is active: the last one took the SWITCH)."""
         self._held = self._bare_buf = None
+        budget = min(_KEPT_BYTES, config().pool_bytes) if self._ring else 0
         for buf, req, mine in self._ring:
             free = getrefcount(buf) == mine + 1  # (+1: the loop's own name for it)
             req.Free()
-            if free and sum(b.nbytes for k in _kept.values() for b in k) + buf.nbytes <= _KEPT_BYTES:
+            if free and sum(b.nbytes for k in _kept.values() for b in k) + buf.nbytes <= budget:
                 _kept.setdefault((buf.shape, buf.dtype), []).append(buf)
         self._ring = []
 
