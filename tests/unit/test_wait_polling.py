@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cai_mpi._src.api.pipeline import _backoff
+from cai_mpi._src.api.pipeline_leave import wait_pauses
 from cai_mpi._src.progress import backoff, driving
 from cai_mpi._src.progress.deadlines import Deadline
 
@@ -80,7 +80,7 @@ def test_it_returns_as_soon_as_the_operation_completes(clock: Clock) -> None:
 
 
 def test_a_pipeline_wait_backs_off_to_a_tenth_of_a_millisecond_and_gives_up_at_its_deadline(clock: Clock) -> None:
-    backoff = _backoff(due_in(clock, 0.01))
+    backoff = wait_pauses(due_in(clock, 0.01))
     start = clock.now
     while backoff.pause():
         pass
@@ -94,6 +94,6 @@ def test_a_pipeline_wait_backs_off_to_a_tenth_of_a_millisecond_and_gives_up_at_i
 
 
 def test_without_a_deadline_a_pipeline_wait_never_gives_up(clock: Clock) -> None:
-    backoff = _backoff(None)
+    backoff = wait_pauses(None)
     assert all(backoff.pause() for _ in range(5000))  # well past the spinning phase: sleeping, never done
     assert clock.pauses and max(clock.pauses) == pytest.approx(1e-4)

@@ -2,9 +2,13 @@
 that reach every stage.
 
 Stage ``r`` of ``comm`` receives from ``r - 1`` and sends to ``r + 1``. Items travel with
-``isend_array``/``irecv_array`` on a private duplicate of ``comm``; a second duplicate carries the
-control messages: credits (how many items a stage has received, sent back upstream once per half window,
-``depth // 2`` items, so a stream of small items does not cost a control message per item) and failure
+``isend_array``/``irecv_array`` on a private duplicate of ``comm`` (their headers and payloads on cai_mpi's own
+duplicates of it), except a run of items that keep the shape, dtype and ``meta`` of the one before, in host
+memory in C order: once an item has described them, the next ones travel as bare payloads, posted ahead by the
+receiving stage into buffers of the known size (the way a channel moves its messages), until an item that
+differs (the sender first sends an empty message that says so, and the described item after it). A second
+duplicate carries the control messages: credits (how many items a stage has received, sent back upstream once
+per half window, ``depth // 2`` items, so a stream of small items does not cost a control message per item) and failure
 notices (sent by a failing stage to every other one). A sender never has more than ``depth`` items sent and
 not yet received downstream. Leaving the ``with`` block is collective: the stages agree on whether any of
 them failed, receive whatever is still in flight, and free the duplicates, so nothing is left unmatched.
@@ -13,44 +17,52 @@ them failed, receive whatever is still in flight, and free the duplicates, so no
 from __future__ import annotations
 
 import json
-import math
-import traceback
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from types import TracebackType
+from sys import getrefcount
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from ..arrays.array import Array
-from ..errors import PipelineError, TimeoutError
-from ..progress.backoff import Backoff
-from ..progress.deadlines import Deadline, deadline
-from ..progress.driving import idle
-from ..progress.requests import PostedRequest, Request
+from ..config import config
+from ..errors import TimeoutError
+from ..progress.deadlines import deadline
+from ..progress.driving import PENDING
+from ..progress.requests import Request
+from ..runtime import get_runtime
 from ..transport.privcomm import private_comms
-from .p2p import irecv_array, isend_array, recv_array
+from .p2p import irecv_array, isend_array
+from .pipeline_leave import Leaving, wait_pauses
+from .pipeline_wire import (
+    CREDIT,
+    DESCRIBED,
+    END,
+    FAST,
+    HOST,
+    ITEM,
+    NOTICE,
+    NOTICE_BYTES,
+    SWITCH,
+    bare_memory,
+    failure_from,
+)
+from .validation import check_meta, receive_device
 
 __all__ = ["Pipeline"]
 
-_ITEM, _END = 0, 1  # tags on the data duplicate
-_CREDIT, _NOTICE = 0, 1  # tags on the control duplicate
-_NOTICE_BYTES = 64 << 10
-_TEXT_CHARS = 16 << 10  # of a failing stage's message, and of the end of its traceback, that a notice carries
-# What each stage tells the others on leaving: the failing stage (else the size), messages sent downstream
-# (items and the end of the stream), messages received from upstream, credits sent, whether a receive is
-# still posted upstream.
-_FAILED, _SENT, _RECEIVED, _CREDITS, _POSTED = range(5)
+_RING = 4  # the most buffers (and persistent receives) of a held description
+# Buffers of rings that ended with no item in them held, for the next ring of the same shape and dtype (a new
+# Pipeline for every batch of items would otherwise fault in fresh pages for every ring); at most _KEPT_BYTES, and
+# no more than CAI_MPI_POOL_BYTES (the receive pool's budget of idle memory).
+_kept: dict[tuple[tuple[int, ...], np.dtype[Any]], list[np.ndarray[Any, Any]]] = {}
+_KEPT_BYTES = 64 << 20
+_SPIN = 20e-6  # seconds a wait polls before it pauses (yields, then sleeps) between polls
 
 
-def _backoff(due: Deadline | None) -> Backoff:
-    """A stage's waits between polls: a millisecond of yields (an item or a credit usually comes sooner than any
-    ``time.sleep``, even of 0, returns), then sleeps backing off to 100 microseconds, never past ``due``."""
-    return Backoff(spin=1e-3, step=1e-6, most=1e-4, until=math.inf if due is None else due.at)
-
-
-class Pipeline:
+class Pipeline(Leaving):
     """A chain of the ranks of ``comm``: stage ``r`` receives from ``r - 1`` and sends to ``r + 1``.
 
     Constructing one is collective over ``comm``, and so is leaving its ``with`` block. ``send`` blocks
@@ -104,6 +116,25 @@ class Pipeline:
         self._data.Set_name(f"cai_mpi-pipeline-data({comm.Get_name()})")
         self._ctl.Set_name(f"cai_mpi-pipeline-control({comm.Get_name()})")
         private_comms(self._data)  # collective on first use: make it now, while every stage is here
+        # Bare payloads go only to a stage that receives into host memory (no GPU of its own): it says so once.
+        host = np.array([self.first or receive_device("Pipeline", None, get_runtime()) is None], np.int64)
+        downstream = np.zeros(1, np.int64)
+        self._ctl.Sendrecv(host, MPI.PROC_NULL if self.first else self.stage - 1, HOST,
+                           downstream, MPI.PROC_NULL if self.last else self.stage + 1, HOST)
+        self._fast_edge = not self.last and bool(downstream[0])
+        self._fast_limit = config().max_message_bytes
+        # What the next stage holds (sender) / this stage holds (receiver) as the description of bare payloads:
+        # (shape, dtype, meta) -- meta as its header encoding on the sender, as JSON text (or None) on the receiver.
+        self._told: tuple[tuple[int, ...], np.dtype[Any], bytes] | None = None
+        self._held: tuple[tuple[int, ...], np.dtype[Any], str | None] | None = None
+        self._bare_sends: deque[MPI.Request] = deque()
+        self._bare: MPI.Request | None = None  # the bare payload receive posted ahead
+        self._bare_buf: np.ndarray[Any, Any] | None = None
+        # Buffers of the held description with a persistent receive each, reused once no one holds the item that
+        # landed there (its reference count is back to what the ring itself holds): [buffer, request, count].
+        self._ring: list[list[Any]] = []
+        self._bare_status = MPI.Status()
+        self._fast_sent = self._fast_received = 0
         self._sent = self._acked = self._received = self._credits_sent = self._credits_read = self._credited = 0
         # Credits go back once per half window, not per item. The bound holds as before (a credit is a count of
         # items received, and the sender stays within depth of the last one it read); a sender blocked at depth
@@ -115,11 +146,17 @@ class Pipeline:
         self._control: deque[MPI.Request] = deque()  # credits and notices in flight, oldest first
         self._prefetch: Request[Array] | None = None
         self._meta: dict[str, Any] | None = None  # of the item this stage works on, for failure reports
+        # Credits travel on persistent requests (a start costs a fraction of an Isend or Irecv): one receive, and one
+        # send whose buffer is rewritten once the previous credit has gone (else a credit goes as its own Isend).
         self._credit = np.zeros(1, np.int64)
-        self._credit_req = None if self.last else self._ctl.Irecv(self._credit, self.stage + 1, _CREDIT)
-        self._notice = bytearray(_NOTICE_BYTES)
+        self._credit_req = None if self.last else self._ctl.Recv_init(self._credit, self.stage + 1, CREDIT)
+        if self._credit_req is not None:
+            self._credit_req.Start()
+        self._credit_out = np.zeros(1, np.int64)
+        self._credit_send = None if self.first else self._ctl.Send_init(self._credit_out, self.stage - 1, CREDIT)
+        self._notice = bytearray(NOTICE_BYTES)
         self._notice_status = MPI.Status()
-        self._notice_req = self._ctl.Irecv(self._notice, MPI.ANY_SOURCE, _NOTICE)
+        self._notice_req = self._ctl.Irecv(self._notice, MPI.ANY_SOURCE, NOTICE)
         self._notices_received = 0
         self._left = False
 
@@ -128,21 +165,45 @@ class Pipeline:
     def send(self, obj: Any, *, meta: dict[str, Any] | None = None) -> None:
         """Send ``obj`` (anything ``send_array`` takes) to the next stage; a forwarded Array keeps its meta.
 
-        Blocks while ``depth`` items are sent and not yet received downstream.
+        Blocks while ``depth`` items are sent and not yet received downstream. An item with the shape, dtype
+        and ``meta`` of the one this stage sent before (host memory of numbers in C order, to a stage without
+        a GPU of its own) goes without its description, at about the cost of a raw ``Isend``.
         """
         if self.last:
             raise ValueError(f"Pipeline.send: stage {self.stage} is the last stage: there is no next stage")
         if self._closed:
             raise ValueError(f"Pipeline.send: stage {self.stage} already closed its stream")
         if self._sent - self._acked >= self.depth:
-            self._wait(lambda: self._sent - self._acked < self.depth, "a credit from the next stage")
+            self._wait(self._room, "a credit from the next stage")
         if meta is None and isinstance(obj, Array):
             meta = obj.meta
-        sends = self._sends
-        sends.append(isend_array(obj, self.stage + 1, _ITEM, self._data, meta=meta))
+        host = bare_memory(obj) if self._fast_edge else None
+        told = self._told
+        if host is not None and host.nbytes <= self._fast_limit:
+            if told is not None and host.shape == told[0] and host.dtype == told[1] and (
+                    told[2] == b"" if meta is None else check_meta("Pipeline.send", meta) == told[2]):
+                bare = self._bare_sends
+                bare.append(self._data.Isend([host, MPI.BYTE], self.stage + 1, FAST))
+                self._sent += 1
+                self._fast_sent += 1
+                if len(bare) > self.depth or PENDING:
+                    self._reap()
+                return
+            self._switch()
+            self._sends.append(isend_array(obj, self.stage + 1, DESCRIBED, self._data, meta=meta))
+            self._told = (host.shape, host.dtype, check_meta("Pipeline.send", meta))
+        else:
+            self._switch()
+            self._sends.append(isend_array(obj, self.stage + 1, ITEM, self._data, meta=meta))
         self._sent += 1
-        if len(sends) > self.depth or not idle():  # forget completed sends; drive the cai_mpi requests that need it
+        if len(self._sends) > self.depth or PENDING:  # forget completed sends; drive the requests that need it
             self._reap()
+
+    def _switch(self) -> None:
+        """The next stage holds a description: tell it that a self-describing message comes next."""
+        if self._told is not None:
+            self._told = None
+            self._bare_sends.append(self._data.Isend([b"", MPI.BYTE], self.stage + 1, SWITCH))
 
     def recv(self) -> Array | None:
         """The next item from the previous stage, or None at the end of the stream."""
@@ -150,24 +211,88 @@ class Pipeline:
             raise ValueError(f"Pipeline.recv: stage {self.stage} is the first stage: there is no previous stage")
         if self._ended:
             return None
+        bare = self._bare
+        if bare is not None:  # this stage holds a description: a bare payload (or an empty message) comes next
+            status = self._bare_status
+            if not bare.Test(status):
+                self._wait(lambda: bare.Test(status), "an item from the previous stage")
+            self._bare = None
+            tag = status.Get_tag()
+            if tag == FAST:
+                held = self._held
+                assert held is not None and self._bare_buf is not None
+                item = Array._over_host(self._bare_buf, self.stage - 1, ITEM,
+                                        None if held[2] is None else json.loads(held[2]))
+                self._fast_received += 1
+                return self._arrived(item)
+            if tag == END:
+                self._received += 1
+                self._ended = True
+                return None
+            self._unhold()  # SWITCH: a self-describing message comes next
         if self._prefetch is None:
             self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)
         pending = self._prefetch
-        arrived, item = pending.test()
+        arrived, got = pending.test()
         if not arrived:
             self._wait(lambda: pending.test()[0], "an item from the previous stage")
-            item = pending.wait()
-        assert item is not None
+            got = pending.wait()
+        assert got is not None
         self._prefetch = None
-        self._received += 1
-        if item.tag == _END:
+        if got.tag == END:
+            self._received += 1
             self._ended = True
             return None
+        if got.tag == DESCRIBED:  # bare payloads of its shape, dtype and meta may follow
+            got.tag = ITEM
+            self._held = (got.shape, got.dtype, None if got.meta is None else json.dumps(got.meta))
+        return self._arrived(got)
+
+    def _arrived(self, item: Array) -> Array:
+        """Count an item in, credit it when a half window is in, and post the next receive, while you work."""
+        self._received += 1
         if self._received - self._credited >= self._credit_every:
             self._credit_back()
-        self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)  # the next one, while you work
+        self._post_next()
         self._meta = item.meta
         return item
+
+    def _post_next(self) -> None:
+        held = self._held
+        if held is None:
+            self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)
+            return
+        ring = self._ring
+        for entry in ring:
+            if getrefcount(entry[0]) == entry[2]:
+                self._bare_buf = entry[0]
+                self._bare = entry[1]
+                entry[1].Start()
+                return
+        if len(ring) < _RING:
+            kept = _kept.get(held[:2])
+            buf = kept.pop() if kept else np.empty(held[0], held[1])
+            entry = [buf, self._data.Recv_init([buf, MPI.BYTE], self.stage - 1, MPI.ANY_TAG), 0]
+            del buf
+            entry[2] = getrefcount(entry[0])
+            ring.append(entry)
+            self._bare_buf = entry[0]
+            self._bare = entry[1]
+            entry[1].Start()
+        else:  # every buffer of the ring is still in use: a buffer of its own
+            self._bare_buf = buf = np.empty(held[0], held[1])
+            self._bare = self._data.Irecv([buf, MPI.BYTE], self.stage - 1, MPI.ANY_TAG)
+
+    def _unhold(self) -> None:
+        """No description held any more: free the ring's requests (none is active: the last one took the SWITCH)."""
+        self._held = self._bare_buf = None
+        budget = min(_KEPT_BYTES, config().pool_bytes) if self._ring else 0
+        for buf, req, mine in self._ring:
+            free = getrefcount(buf) == mine + 1  # (+1: the loop's own name for it)
+            req.Free()
+            if free and sum(b.nbytes for k in _kept.values() for b in k) + buf.nbytes <= budget:
+                _kept.setdefault((buf.shape, buf.dtype), []).append(buf)
+        self._ring = []
 
     def __iter__(self) -> Iterator[Array]:
         while (item := self.recv()) is not None:
@@ -178,8 +303,16 @@ class Pipeline:
         nothing on the last stage."""
         if not self._closed:
             self._closed = True
-            self._sends.append(isend_array(np.empty(0, np.uint8), self.stage + 1, _END, self._data))
+            self._send_end()
             self._sent += 1
+
+    def _send_end(self) -> None:
+        """The end of the stream (or an empty message for a receive posted downstream that nothing else matches),
+        bare while the next stage holds a description."""
+        if self._told is not None:
+            self._bare_sends.append(self._data.Isend([b"", MPI.BYTE], self.stage + 1, END))
+        else:
+            self._sends.append(isend_array(np.empty(0, np.uint8), self.stage + 1, END, self._data))
 
     # -- waiting, credits and failures ---------------------------------------------------------------------
 
@@ -187,10 +320,18 @@ class Pipeline:
         """Until ``done()``, keep everything moving and watch for a failure anywhere; past the timeout (``what``
         did not come), TimeoutError, which reaches the other stages as this stage's failure.
 
-        Between polls, ``_backoff``.
+        Between polls, ``wait_pauses``.
         """
+        stop = time.perf_counter() + _SPIN
+        while True:  # polls only what it waits for (and requests that need driving): most waits end within microseconds
+            if PENDING:
+                self._reap()
+            if done():
+                return
+            if time.perf_counter() >= stop:
+                break
         due = deadline("Pipeline", self._timeout)
-        backoff = _backoff(due)
+        backoff = wait_pauses(due)
         while True:
             self._reap()  # first: a credit read here ends the wait without another pause
             if done():
@@ -201,25 +342,41 @@ class Pipeline:
                 raise TimeoutError(f"Pipeline: stage {self.stage} waited {due.seconds:g} s for {what}", due.seconds,
                                    False)
 
-    def _reap(self) -> None:
-        """Account returned credits; forget completed sends (testing them also drives every cai_mpi request)."""
-        while self._credit_req is not None and self._credit_req.Test():
+    def _room(self) -> bool:
+        """Whether the window has room for another item, once the credits that came are read."""
+        self._read_credits()
+        return self._sent - self._acked < self.depth
+
+    def _read_credits(self) -> None:
+        req = self._credit_req
+        while req is not None and req.Test():
             self._acked = max(self._acked, int(self._credit[0]))
             self._credits_read += 1
-            self._credit_req = self._ctl.Irecv(self._credit, self.stage + 1, _CREDIT)
+            req.Start()
+
+    def _reap(self) -> None:
+        """Account returned credits; forget completed sends (testing them also drives every cai_mpi request)."""
+        self._read_credits()
         sends = self._sends
         while sends and sends[0].test()[0]:  # (test raises what a failed send raises)
             sends.popleft()
+        bare = self._bare_sends
+        while bare and bare[0].Test():  # (they complete in order)
+            bare.popleft()
         self._forget_sent_control()
 
     def _credit_back(self) -> None:
         """Tell the previous stage how many items this one has received (one message per ``_credit_every``)."""
-        self._forget_sent_control()
-        count = np.array([self._received], np.int64)
-        self._control.append(self._ctl.Isend(count, self.stage - 1, _CREDIT))
+        req = self._credit_send
+        assert req is not None
+        if req.Test():  # (an inactive persistent request tests complete)
+            self._credit_out[0] = self._received
+            req.Start()
+        else:
+            self._forget_sent_control()
+            self._control.append(self._ctl.Isend(np.array([self._received], np.int64), self.stage - 1, CREDIT))
         self._credits_sent += 1
         self._credited = self._received
-        self._keep = count  # the buffer lives until the next credit replaces it (MPI holds its own reference)
 
     def _forget_sent_control(self) -> None:
         """Drop the control messages sent, oldest first (they complete in order; testing only the oldest keeps
@@ -231,158 +388,10 @@ class Pipeline:
     def _check_notice(self) -> None:
         if self._notice_req.Test(self._notice_status):
             self._notices_received += 1
-            raise self._failure_from(self._notice[: self._notice_status.Get_count(MPI.BYTE)])
-
-    def _failure_from(self, raw: bytes | bytearray) -> PipelineError:
-        notice = json.loads(bytes(raw))
-        kind, message = notice["type"], notice["message"]
-        return PipelineError(f"Pipeline: stage {notice['rank']} failed: {kind}: {message}", notice["rank"],
-                             notice["meta"], error_type=kind, error_message=message,
-                             error_traceback=notice["traceback"])
-
-    def _notify(self, error: BaseException, *, own: bool = True) -> None:
-        """Tell every other stage that this one failed (they raise PipelineError, wherever they wait), with the
-        error's type, message and (``own``: an exception this stage raised) traceback."""
-        kind = type(error)
-        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-        text = "".join(traceback.format_exception(kind, error, error.__traceback__)) if own else ""
-        message, text = str(error)[:_TEXT_CHARS], text[-_TEXT_CHARS:]
-        meta = self._meta
-        while True:
-            notice = {"rank": self.stage, "meta": meta, "type": name, "message": message, "traceback": text}
-            try:
-                raw = json.dumps(notice).encode()
-            except (TypeError, ValueError):
-                meta = None
-                continue
-            if len(raw) <= _NOTICE_BYTES:
-                break
-            meta, message, text = None, message[: len(message) // 2], text[len(text) // 2 :]  # (escaped non-ASCII)
-        for rank in range(self._size):
-            if rank != self.stage:
-                self._control.append(self._ctl.Isend(raw, rank, _NOTICE))
-
-    # -- leaving ---------------------------------------------------------------------------------------------
+            raise failure_from(self._notice[: self._notice_status.Get_count(MPI.BYTE)])
 
     def __enter__(self) -> Pipeline:
         return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        failed_here = error is not None and not isinstance(error, PipelineError)
-        if failed_here:
-            assert error is not None
-            self._notify(error)
-        elif error is None:
-            self.close()
-            if not self._ended:  # left before the end of its stream: upstream would wait for it forever
-                self._left = True
-                failed_here = True
-                self._notify(RuntimeError("it left the pipeline before the end of its stream"), own=False)
-        mine = np.array([self.stage if failed_here else self._size, self._sent, self._received, self._credits_sent,
-                         self._prefetch is not None], np.int64)
-        everyone = np.empty((self._size, len(mine)), np.int64)
-        agreed = self._ctl.Iallgather(mine, everyone)
-        due = self._leaving_deadline()
-        backoff = _backoff(due)
-        while not agreed.Test():  # meanwhile sends of this stage that still need driving (staging) go on
-            self._reap()
-            if not backoff.pause():
-                assert due is not None
-                raise self._gave_up(agreed, (mine, everyone), due) from error
-        report = self._settle(everyone)
-        self._data.Free()
-        self._ctl.Free()
-        failing = int(everyone[:, _FAILED].min())
-        if failing == self._size or (failed_here and not self._left):
-            return  # no failure; or this stage's own exception goes on unchanged
-        if isinstance(error, PipelineError) and error.rank == failing:
-            return  # the report this stage already raised goes on (raising a copy would print it twice)
-        if self._left and failing == self.stage:
-            report = PipelineError(f"Pipeline: stage {self.stage} left the pipeline before the end of its stream",
-                                   self.stage)
-        elif report is None or report.rank != failing:
-            report = PipelineError(f"Pipeline: stage {failing} failed", failing)
-        raise report from None  # (error, if any, is the report of a stage that failed later: this one replaces it)
-
-    def _leaving_deadline(self) -> Deadline | None:
-        """How long leaving waits for every stage to leave. A stage leaves once its stream has ended: behind the
-        last item still on its way to it, and at most ``depth`` + 1 items per stage can be; when no stage's wait
-        times out, the next arrives within ``timeout``. So no healthy pipeline waits longer than ``timeout`` once
-        per stage and item in flight (work a stage does after its stream ended counts too)."""
-        due = deadline("Pipeline", self._timeout)
-        return None if due is None else Deadline(due.seconds * self._size * (self.depth + 1))
-
-    def _gave_up(self, agreed: MPI.Request, buffers: Any, due: Deadline) -> TimeoutError:
-        """Some stage did not leave in time: keep what MPI may still touch (the agreement, which completes if the
-        others leave later, and the control messages in flight) alive, withdraw this stage's control receives, and
-        leave the pipeline's communicators as they are (out of step: not freed)."""
-        error = TimeoutError(
-            f"Pipeline: stage {self.stage} waited {due.seconds:g} s for every stage to leave the pipeline (leaving is "
-            f"collective over {self._size} stages); the pipeline is abandoned: its pending messages finish in the "
-            "background, and the communicator you gave it stays usable", due.seconds, False)
-        PostedRequest([agreed], None, keep=buffers)._abandon(error)
-        if self._control:
-            PostedRequest(list(self._control), None)._abandon(error)
-            self._control = deque()
-        for req in (self._credit_req, self._notice_req):
-            if req is not None and req != MPI.REQUEST_NULL:
-                req.Cancel()
-                req.Wait()
-        self._credit_req = None
-        return error
-
-    def _settle(self, everyone: np.ndarray[Any, Any]) -> PipelineError | None:
-        """Receive what is still in flight to this stage, wait for what it sent, and return the failure report
-        of the lowest failing stage (each failing stage sent one to everyone)."""
-        me = self.stage
-        # A receive posted downstream that nothing sent will ever match gets an empty message.
-        if not self.last and everyone[me + 1, _POSTED] and self._sent == everyone[me + 1, _RECEIVED]:
-            self._sends.append(isend_array(np.empty(0, np.uint8), me + 1, _END, self._data))
-        if not self.first:
-            missing = int(everyone[me - 1, _SENT]) - self._received
-            if self._prefetch is not None:
-                missing = max(missing, 1)  # (the stage above sent one more to match it, as just above)
-                self._prefetch.wait()
-                self._prefetch = None
-                missing -= 1
-            for _ in range(missing):
-                recv_array(me - 1, MPI.ANY_TAG, self._data, device="host")
-        if not self.last:  # credit messages sent from downstream; self._credits_read of them read so far
-            missing = int(everyone[me + 1, _CREDITS]) - self._credits_read
-            assert self._credit_req is not None
-            if missing > 0:
-                self._credit_req.Wait()
-                missing -= 1
-            else:
-                self._credit_req.Cancel()
-                self._credit_req.Wait()
-            self._credit_req = None
-            for _ in range(missing):
-                self._ctl.Recv(np.zeros(1, np.int64), me + 1, _CREDIT)
-        reports = self._notices(sum(1 for r in range(self._size) if everyone[r, _FAILED] != self._size and r != me))
-        while self._sends:  # everything sent has been (or is being) received downstream
-            self._sends.popleft().wait()
-        MPI.Request.Waitall(list(self._control))
-        self._control = deque()
-        return min(reports, key=lambda r: r.rank) if reports else None
-
-    def _notices(self, expected: int) -> list[PipelineError]:
-        """Read the ``expected`` failure notices sent to this stage (one may have been read already)."""
-        reports = []
-        if self._notices_received or expected > 0:
-            if not self._notices_received:
-                self._notice_req.Wait(self._notice_status)
-            reports.append(self._failure_from(self._notice[: self._notice_status.Get_count(MPI.BYTE)]))
-            expected -= 1
-        else:
-            self._notice_req.Cancel()
-            self._notice_req.Wait()
-        for _ in range(expected):
-            status = MPI.Status()
-            buf = bytearray(_NOTICE_BYTES)
-            self._ctl.Recv(buf, MPI.ANY_SOURCE, _NOTICE, status)
-            reports.append(self._failure_from(buf[: status.Get_count(MPI.BYTE)]))
-        return reports
 
     def __repr__(self) -> str:
         return (f"<cai_mpi.Pipeline stage {self.stage} of {self._size}, depth {self.depth}, "

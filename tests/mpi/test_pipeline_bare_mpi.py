@@ -1,0 +1,262 @@
+"""Pipeline items that travel as bare payloads (a run of items with the shape, dtype and meta of the one before,
+host memory of numbers in C order) and the self-describing messages they fall back to: every item arrives intact,
+in order, with its own shape, dtype and meta, whichever way it came. Every rank is a stage; passes at any world
+size >= 2."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cai_mpi
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+
+
+def stream() -> list[tuple[Any, dict[str, Any] | None]]:
+    """Runs of same-described items, each run ended by a change of shape, dtype, meta, layout or kind."""
+    items: list[tuple[Any, dict[str, Any] | None]] = []
+    items += [(np.arange(4.0) + i, None) for i in range(5)]  # one described, four bare
+    items += [(np.arange(6.0).reshape(2, 3) * i, None) for i in range(3)]  # a new shape
+    items += [(np.arange(6, dtype="<i4").reshape(2, 3) - i, None) for i in range(3)]  # a new dtype
+    items += [(np.arange(6, dtype=">i4").reshape(2, 3) + i, None) for i in range(2)]  # the byte order
+    items += [(np.zeros((0, 3)), None) for _ in range(3)]  # zero-size
+    items += [(np.array(float(i)), None) for i in range(3)]  # 0-d
+    items += [(np.full(3, i, np.int16), {"run": 1}) for i in range(3)]  # a meta, kept
+    items += [(np.full(3, i, np.int16), {"run": 2, "i": i}) for i in range(2)]  # meta that changes every item
+    items += [(np.full(3, i, np.int16), None) for i in range(2)]  # meta dropped
+    items += [(np.asfortranarray(np.arange(6.0).reshape(2, 3) + i), None) for i in range(2)]  # F order
+    items += [(np.arange(12.0)[::2] + i, None) for i in range(2)]  # strided
+    items += [(np.array([i, i + 1], "datetime64[s]"), None) for i in range(2)]  # not numbers
+    items += [(np.array([True, False]) ^ bool(i % 2), None) for i in range(3)]  # bool
+    items += [(np.arange(3) * (1 + 1j) * i, None) for i in range(3)]  # complex
+    items += [(np.arange(4.0) + i, None) for i in range(3)]  # the first shape again
+    return items
+
+
+def bare_rule(items: list[tuple[Any, dict[str, Any] | None]]) -> int:
+    """How many of ``items``, sent in this order, go bare: each one that is host memory of numbers in C order with
+    the shape, dtype and meta of the item sent just before it, itself such memory."""
+    count, before = 0, None
+    for x, meta in items:
+        h = np.asarray(x)
+        ok = h.flags.c_contiguous and h.dtype.kind in "biufc"
+        now = (h.shape, h.dtype, meta) if ok else None
+        count += now is not None and now == before
+        before = now
+    return count
+
+
+def same(a: cai_mpi.Array, x: Any) -> bool:
+    h = np.asarray(a)
+    return h.shape == x.shape and h.dtype == x.dtype and np.array_equal(h, x)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_bare_runs_and_their_fallbacks_arrive_intact_in_order(depth: int) -> None:
+    items = stream()
+    kept: list[cai_mpi.Array] = []
+    forwarded: list[tuple[Any, dict[str, Any] | None]] = []
+    with cai_mpi.Pipeline(depth=depth) as pipe:
+        if pipe.first:
+            for x, meta in items:
+                pipe.send(x, meta=meta)
+        else:
+            for a in pipe:
+                if pipe.last:
+                    kept.append(a)
+                else:
+                    forwarded.append((a, a.meta))
+                    pipe.send(a)
+    if not pipe.last:
+        sent = items if pipe.first else forwarded
+        assert pipe._fast_sent == bare_rule(sent), (pipe._fast_sent, bare_rule(sent))
+    if rank == 1:  # the first edge: what stage 0 sent bare, this stage received bare
+        assert pipe._fast_received == bare_rule(items) > 0
+    if rank == size - 1:
+        assert len(kept) == len(items)
+        for i, (a, (x, meta)) in enumerate(zip(kept, items, strict=True)):  # (checked once all have arrived:
+            assert same(a, x), (i, np.asarray(a), x)  # no item's memory is reused for a later one)
+            assert a.meta == meta and a.source == rank - 1 and a.tag == 0, (i, a.meta, a.tag)
+
+
+def test_a_meta_of_a_bare_run_is_each_items_own() -> None:
+    with cai_mpi.Pipeline(depth=2) as pipe:
+        if pipe.first:
+            for i in range(4):
+                pipe.send(np.full(2, i), meta={"tags": ["a"]})
+        else:
+            got = list(pipe)
+            for a in got:
+                a.meta["tags"].append("touched")  # the receiver's own dict: later items keep theirs
+            assert [a.meta for a in got] == [{"tags": ["a", "touched"]}] * 4
+            assert [np.asarray(a).tolist() for a in got] == [[i, i] for i in range(4)]
+            assert pipe._fast_received == 3
+            if not pipe.last:
+                for a in got:
+                    pipe.send(a, meta={"tags": ["a"]})
+
+
+def test_an_item_changed_in_place_after_its_run_was_described_is_sent_as_it_is_now() -> None:
+    x = np.zeros(5)
+    meta = {"k": 1}
+    with cai_mpi.Pipeline(depth=1) as pipe:
+        if pipe.first:
+            for i in range(4):
+                meta["k"] = i // 2  # the same dict object, changed: a new description
+                pipe.send(np.full(5, float(i)), meta=meta)
+            pipe.send(x)
+        else:
+            got = list(pipe)
+            if not pipe.last:
+                for a in got:
+                    pipe.send(a)
+            else:
+                assert [a.meta for a in got] == [{"k": 0}, {"k": 0}, {"k": 1}, {"k": 1}, None]
+                assert [np.asarray(a).tolist() for a in got] == [[float(i)] * 5 for i in range(4)] + [[0.0] * 5]
+            assert pipe._fast_received == 2
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_a_failure_in_a_bare_run_reaches_every_stage_and_leaves_nothing_unmatched(where: str) -> None:
+    failing = 0 if where == "first" else size - 1
+    outcome: Any = None
+    try:
+        with cai_mpi.Pipeline(depth=4) as pipe:
+            if pipe.first:
+                for i in range(60):
+                    if rank == failing and i == 20:
+                        raise KeyError("stage 0 broke")
+                    pipe.send(np.full(8, i))
+            else:
+                for a in pipe:
+                    if rank == failing and int(np.asarray(a)[0]) == 5:
+                        raise KeyError(f"stage {rank} broke")
+                    if not pipe.last:
+                        pipe.send(a)
+    except (cai_mpi.PipelineError, KeyError) as exc:
+        outcome = exc
+    if rank == failing:
+        assert type(outcome) is KeyError
+    else:
+        assert isinstance(outcome, cai_mpi.PipelineError) and outcome.rank == failing, outcome
+    # plain point-to-point on the same communicator: nothing of the pipeline is left to match it
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    req = cai_mpi.isend_array(np.full(2, rank), nxt, tag=32)
+    assert np.asarray(cai_mpi.recv_array(prv, tag=32)).tolist() == [prv, prv]
+    req.wait()
+    comm.Barrier()
+
+
+def test_a_stage_that_leaves_early_in_a_bare_run_is_reported_and_the_rest_is_drained() -> None:
+    outcome: Any = None
+    try:
+        with cai_mpi.Pipeline(depth=3) as pipe:
+            if pipe.first:
+                for i in range(40):
+                    pipe.send(np.full(3, i))
+            elif pipe.last:
+                for a in pipe:
+                    if int(np.asarray(a)[0]) == 4:
+                        break  # leaves with bare items still on their way
+            else:
+                for a in pipe:
+                    pipe.send(a)
+    except cai_mpi.PipelineError as exc:
+        outcome = exc
+    assert isinstance(outcome, cai_mpi.PipelineError) and outcome.rank == size - 1, outcome
+    comm.Barrier()
+
+
+def test_large_items_go_bare_and_arrive_intact() -> None:
+    n = 1 << 18  # 2 MiB of float64
+    with cai_mpi.Pipeline(depth=2) as pipe:
+        if pipe.first:
+            for i in range(6):
+                pipe.send(np.arange(n, dtype=np.float64) * i)
+        else:
+            for i, a in enumerate(pipe):
+                assert np.array_equal(np.asarray(a), np.arange(n, dtype=np.float64) * i)
+                if not pipe.last:
+                    pipe.send(a)
+            assert pipe._fast_received == 5
+
+
+def test_host_items_to_a_stage_with_a_gpu_land_on_its_gpu_self_described() -> None:
+    from cai_mpi.testing import SimulatedRuntime, use_runtime
+
+    with use_runtime(SimulatedRuntime()), cai_mpi.Pipeline() as pipe:
+        if pipe.first:
+            for i in range(4):
+                pipe.send(np.full(5, float(i)))
+        else:
+            got = list(pipe)
+            assert [a.device for a in got] == [0] * 4  # where a receive without out= lands on this rank
+            assert [a.numpy().tolist() for a in got] == [[float(i)] * 5 for i in range(4)]
+            if not pipe.last:
+                for a in got:
+                    pipe.send(a)
+            assert pipe._fast_received == 0
+        assert pipe._fast_sent == 0
+
+
+@pytest.mark.parametrize("depth", [1, 2, 5])
+def test_memory_of_a_bare_item_someone_still_holds_is_never_reused(depth: int) -> None:
+    n = 40
+    held: dict[int, Any] = {}
+    with cai_mpi.Pipeline(depth=depth) as pipe:
+        if pipe.first:
+            for i in range(n):
+                pipe.send(np.full((2, 3), i, np.int32))
+        else:
+            for i, a in enumerate(pipe):
+                if not pipe.last:
+                    pipe.send(a)
+                # keep some items in every way one can hold their memory, drop the rest
+                if i % 6 == 0:
+                    held[i] = a
+                elif i % 6 == 1:
+                    held[i] = a.numpy()
+                elif i % 6 == 2:
+                    held[i] = np.asarray(a)
+                elif i % 6 == 3:
+                    held[i] = np.asarray(a)[1:]  # a view of the memory
+                del a
+            assert pipe._fast_received == n - 1
+    if not pipe.first:
+        assert sorted(held) == [i for i in range(n) if i % 6 < 4]
+        for i, h in held.items():
+            want = np.full((2, 3), i, np.int32)[1:] if i % 6 == 3 else np.full((2, 3), i, np.int32)
+            assert np.array_equal(np.asarray(h), want), (i, np.asarray(h))
+    else:
+        assert pipe._fast_sent == n - 1
+
+
+def test_items_held_from_an_earlier_pipeline_are_never_overwritten_by_a_later_one() -> None:
+    """Buffers of a ring that ended with no item in them held are kept for the next ring of that shape and dtype,
+    and only those: what the user still holds from the first pipeline stays as it arrived."""
+    held: list[tuple[int, Any]] = []
+    for run in range(3):
+        with cai_mpi.Pipeline(depth=2) as pipe:
+            if pipe.first:
+                for i in range(10):
+                    pipe.send(np.full(1000, 100 * run + i, np.int64))
+            else:
+                for i, a in enumerate(pipe):
+                    if not pipe.last:
+                        pipe.send(a)
+                    if i % 3 == 0:
+                        held.append((100 * run + i, a if i % 2 else a.numpy()))
+                assert pipe._fast_received == 9
+    if rank == 0:
+        assert held == []
+    else:
+        assert [v for v, _ in held] == [100 * run + i for run in range(3) for i in (0, 3, 6, 9)]
+        for v, h in held:
+            assert np.array_equal(np.asarray(h), np.full(1000, v, np.int64)), (v, np.asarray(h)[:3])
