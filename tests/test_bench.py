@@ -358,7 +358,8 @@ def test_collective_and_pipeline_targets_from_figures() -> None:
             doc("bcast", {"raw": {8: 2.0}, "cai": {8: 9.0}}),
             doc("allgather", {"raw": {8: 2.0}, "cai": {8: 7.0}}, ranks=4),  # one-shot targets are judged at 2 ranks
             doc("pipeline", {"raw": {1 << 20: 100.0}, "cai-pipeline": {1 << 20: 108.0}}, ranks=4),
-            doc("pipeline", {"raw": {1 << 20: 100.0}, "cai-pipeline": {1 << 20: 300.0}}, ranks=3)]
+            doc("pipeline", {"raw": {1 << 20: 100.0}, "cai-pipeline": {1 << 20: 300.0}}, ranks=3),
+            doc("pipeline", {"raw": {8: 2.0, 1 << 20: 100.0}, "cai-pipeline": {8: 5.0, 1 << 20: 125.0}}, ranks=2)]
     verdicts = {v.key: v for v in check_targets(docs)}
     assert verdicts["allreduce8-cai-raw"].status == "PASS" and verdicts["allreduce8-cai-raw"].value == 2.5
     assert verdicts["bcast8-cai-raw"].status == "FAIL" and verdicts["bcast8-cai-raw"].value == 4.5
@@ -367,6 +368,8 @@ def test_collective_and_pipeline_targets_from_figures() -> None:
     assert verdicts["allgather8-cai-raw"].status == "n/a"
     assert verdicts["pipe1m-raw"].status == "PASS"  # the 4-stage run only: 100 / 108
     assert verdicts["pipe1m-raw"].value == pytest.approx(100 / 108)
+    assert verdicts["pipe8-2-raw"].status == "PASS" and verdicts["pipe8-2-raw"].value == pytest.approx(0.4)
+    assert verdicts["pipe1m-2-raw"].status == "FAIL" and verdicts["pipe1m-2-raw"].value == pytest.approx(0.8)
 
 
 @pytest.mark.one_wheel
