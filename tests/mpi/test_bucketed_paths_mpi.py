@@ -8,6 +8,7 @@ Values are small integers (also in floating dtypes), so every sum is exact in wh
 
 from __future__ import annotations
 
+import gc
 import weakref
 from typing import Any
 
@@ -162,8 +163,8 @@ def test_results_are_kept_while_referred_to_and_reused_after() -> None:
 
 @pytest.mark.parametrize("hold", ["array", "asarray", "view of a view", "__array__", "dlpack"])
 def test_fused_results_held_in_any_form_are_never_overwritten(hold: str) -> None:
-    """The fused path hands back the previous call's Arrays and buffers only when nothing refers to them: an Array
-    held, or any numpy view of one, keeps its values; once everything is dropped, the same Arrays come back."""
+    """An Array held, or any numpy view of one, keeps its values through later calls; a dropped one is freed (no
+    call hands an Array it made before back: a weak reference to it dies, never to see another call's values)."""
     arrays = [values("f8", rank, 3), values("f4", rank, (2, 2)), values("f8", rank, ())]
     first = cai_mpi.allreduce_arrays(arrays)
     assert plan_of(arrays).fits
@@ -182,11 +183,46 @@ def test_fused_results_held_in_any_form_are_never_overwritten(hold: str) -> None
         last = weakref.ref(got[0])
         del got
     del held
+    gc.collect()
+    assert last() is None, "a dropped result is kept alive (and could come back with new values)"
     arrays[0][...] = values("f8", rank, 3, 9)
     again = cai_mpi.allreduce_arrays(arrays)
-    assert again[0] is last()  # (the last call's, kept by the plan and dropped by the caller: reused)
     same(again[0], total("f8", 3, 9))
     same(again[1], total("f4", (2, 2), 3))
+
+
+@pytest.mark.parametrize("n", [4, FITS + 1, DIRECT // 8], ids=["fused", "bucketed", "alone"])
+def test_what_a_caller_does_to_dropped_results_never_reaches_later_ones(n: int) -> None:
+    """A later call may reuse the memory of dropped results, but each call hands out views of its own: a new shape,
+    a read-only flag or an annotation given to a dropped result stays with it (and a read-only one cannot make a
+    later call fail on one rank only, which would leave the others waiting in the collective)."""
+    arrays = [values("f8", rank, n), values("f8", rank, n)]
+    for change in ("shape", "read-only", "dtype", "annotations"):
+        got = cai_mpi.allreduce_arrays(arrays)
+        x = got[0].numpy()
+        if change == "shape":
+            x.shape = (1, n)
+        elif change == "read-only":
+            x.flags.writeable = False
+        elif change == "dtype":
+            x.dtype = np.int64
+        else:
+            got[0].meta, got[0].tag = {"mine": True}, 99
+        del x, got
+        again = cai_mpi.allreduce_arrays(arrays)
+        same(again[0], total("f8", n))
+        same(again[1], total("f8", n))
+        assert again[0].numpy().flags.writeable and again[0].meta is None and again[0].tag == -1, change
+
+
+def test_a_cached_plan_keeps_no_input_alive() -> None:
+    """The plan of a layout is cached for the next call; the arrays of the call that made it are not."""
+    small, large = values("f8", rank, 3), values("f8", rank, DIRECT // 8)
+    inputs = [weakref.ref(small), weakref.ref(large)]
+    same(cai_mpi.allreduce_arrays([small, large])[0], total("f8", 3))
+    del small, large
+    gc.collect()
+    assert [ref() is None for ref in inputs] == [True, True], "the plan cache keeps a call's inputs alive"
 
 
 @pytest.mark.parametrize("n", [3, FITS + 1, DIRECT])

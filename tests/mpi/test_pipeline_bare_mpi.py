@@ -260,3 +260,30 @@ def test_items_held_from_an_earlier_pipeline_are_never_overwritten_by_a_later_on
         assert [v for v, _ in held] == [100 * run + i for run in range(3) for i in (0, 3, 6, 9)]
         for v, h in held:
             assert np.array_equal(np.asarray(h), np.full(1000, v, np.int64)), (v, np.asarray(h)[:3])
+
+
+def test_what_a_stage_does_to_a_dropped_item_never_reaches_later_items_or_pipelines() -> None:
+    """Bare items are views of the ring's buffers: a new shape, a read-only flag or an annotation given to an item
+    stays with it, and a read-only item does not break the next Pipeline that reuses its buffer."""
+    for run in range(2):
+        with cai_mpi.Pipeline(depth=2) as pipe:
+            if pipe.first:
+                for i in range(12):
+                    pipe.send(np.full(8, 10 * run + i, np.float64))
+            else:
+                seen = []
+                for i, item in enumerate(pipe):
+                    if not pipe.last:
+                        pipe.send(item)
+                    x = item.numpy()
+                    seen.append((x.shape, x.dtype, x.flags.writeable, item.meta, x.tolist()))
+                    if i % 4 == 0:
+                        x.shape = (2, 4)
+                    elif i % 4 == 1:
+                        x.flags.writeable = False
+                    elif i % 4 == 2:
+                        item.meta = {"mine": True}
+                    del x, item
+                assert pipe._fast_received == 11
+                assert seen == [((8,), np.dtype(np.float64), True, None, [10.0 * run + i] * 8) for i in range(12)]
+    assert pipe.first or seen

@@ -97,7 +97,7 @@ class Plan:
     """What this rank reduces: buckets by dtype (and, ``split``, the large host arrays reduced on their own), the
     text every rank compares and its fingerprint, and where each bucket goes in a slot when the whole fits."""
 
-    __slots__ = ("buckets", "direct", "fits", "fp", "kept", "keys", "mean", "n", "prev", "sources", "sync", "text")
+    __slots__ = ("buckets", "direct", "fits", "fp", "kept", "keys", "mean", "n", "sources", "sync", "text")
 
     def __init__(self, fn: str, objs: Any, op: Any, sync: Any, rt: Runtime, split: bool = False) -> None:
         self.sync = check_sync(fn, sync)
@@ -143,7 +143,6 @@ class Plan:
             bucket.slot_at = -(-end // 16) * 16
             end = bucket.slot_at + bucket.count * bucket.dtype.itemsize
         self.kept: list[Any] = [None] * (len(self.direct) + len(self.buckets))  # (see _take)
-        self.prev: tuple[Any, ...] | None = None  # (see _reduced_here)
         self.fits = (split and not self.direct and end <= SLOT_BYTES
                      and all(b.how.local(b.dtype) for b in self.buckets))
 

@@ -14,8 +14,8 @@ agrees once, at creation, with one Allreduce of fingerprints (``agreed.agree``).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
+from sys import getrefcount
 from typing import Any
 
 import numpy as np
@@ -27,11 +27,13 @@ from ..errors import CollectiveMismatchError
 from ..runtime.base import Runtime
 from ..transport.agreement import SLOT_BYTES, joined
 from ..transport.bigcount import INT_MAX, reduce
+from ..transport.pool import LISTED_ONLY, refcounts_tell
 from .agreed import agree
 from .bucket_plan import DIRECT_BYTES, PREFIX, Direct, Plan, fingerprint, is_container
 from .collective_call import setup
 from .lifecycle import PersistentLifecycle
 from .reduce_ops import combine
+from .validation import check_sync
 
 __all__ = ["DIRECT_BYTES", "BucketedAllreduce", "allreduce_arrays", "is_container"]
 
@@ -67,7 +69,11 @@ def _reused(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[Plan, 
         if len(_PLANS) >= 64:
             _PLANS.clear()
         cached = _PLANS[key] = Plan(fn, objs, op, sync, rt, split=True)
-        cached.sources = []  # (the cached plan is shared: this call's arrays are its own)
+        cached.sources = []  # (the cached plan is shared: this call's arrays are its own, and freed with the call)
+        for bucket in cached.buckets:
+            bucket.objs, bucket.ptrs = [], []
+    else:
+        check_sync(fn, sync)
     return cached, values, True
 
 
@@ -172,55 +178,32 @@ def allreduce_arrays(
     for d, result in zip(plan.direct, alone, strict=True):
         if plan.mean:
             np.true_divide(result, d.dtype.type(size), out=result)
-        out[d.position] = Array._over_host(result, -1, -1, None)
+        out[d.position] = Array._over_host(result.view(), -1, -1, None)  # (a view: see _take)
     return plan.container(out)
 
 
 def _reduced_here(plan: Plan, slots: np.ndarray[Any, Any], size: int) -> list[Any]:
-    """The results of a fused call, reduced from every rank's slot in numpy: into the previous fused call's
-    buffers and Arrays when nothing refers to them any more (making 16 Arrays over new views costs more than
-    the whole reduction), else new ones, kept for the next call."""
-    prev, plan.prev = plan.prev, None  # (taken: a concurrent call with the same plan makes its own)
+    """The results of a fused call, reduced from every rank's slot in numpy: an Array over a view of its
+    dtype's sum for each array."""
     sums = [combine(b.how, [np.ndarray(b.count, b.dtype, slots, r * SLOT_BYTES + b.slot_at) for r in range(size)],
                     size) for b in plan.buckets]
-    if prev is not None and _references(prev) == prev[3]:
-        for buf, new in zip(prev[0], sums, strict=True):
-            buf[...] = new
-        plan.prev = prev
-        return list(prev[1])
-    kept = (sums, *_over(plan, sums))
-    plan.prev = (*kept, _references(kept))  # (counted with no other reference held: not even a loop variable's)
-    return list(kept[1])
-
-
-def _over(plan: Plan, sums: list[np.ndarray[Any, Any]]) -> tuple[list[Any], list[Any]]:
-    """An Array over a view of its bucket for each array, and the views."""
     arrays: list[Any] = [None] * plan.n
-    views: list[Any] = [None] * plan.n
     over_host, view = Array._over_host, np.ndarray
     for bucket, buf in zip(plan.buckets, sums, strict=True):
         dtype, itemsize = bucket.dtype, bucket.dtype.itemsize
         for pos, shape, start in zip(bucket.positions, bucket.shapes, bucket.starts, strict=True):
-            views[pos] = view(shape, dtype, buf, start * itemsize)
-            arrays[pos] = over_host(views[pos], -1, -1, None)
-    return arrays, views
-
-
-def _references(kept: tuple[Any, ...]) -> tuple[int, ...]:
-    """How many references there are to the buffers, Arrays and views of a fused call's results: the same as when
-    they were made means that the caller holds none of them (nor any view of them: a view of an Array refers to
-    the Array, one of a view or of a buffer to the buffer)."""
-    getrefcount = sys.getrefcount
-    return tuple(map(getrefcount, kept[0])) + tuple(map(getrefcount, kept[1])) + tuple(map(getrefcount, kept[2]))
+            arrays[pos] = over_host(view(shape, dtype, buf, start * itemsize), -1, -1, None)
+    return arrays
 
 
 def _take(kept: list[Any], i: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
-    """The memory of result ``i`` of a call: the previous call's when nothing refers to it any more (its Arrays
-    and every view of it dropped: the references are the list's, this function's and getrefcount's own), so
-    that a training loop's calls reuse the same pages instead of faulting in new ones each step."""
+    """The memory of result ``i`` of a call: the previous call's when nothing but ``kept`` refers to it any more
+    (its Arrays and every view of it dropped), so that a training loop's calls reuse the same pages instead of
+    faulting in new ones each step. The caller only ever gets views of it: what it does to them (a new shape,
+    read-only flags) stays with them."""
+    if kept[i] is None or not refcounts_tell() or getrefcount(kept[i]) != LISTED_ONLY:
+        kept[i] = np.empty(shape, dtype)
     buf: np.ndarray[Any, Any] = kept[i]
-    if buf is None or sys.getrefcount(buf) > 3:
-        buf = kept[i] = np.empty(shape, dtype)
     return buf
 
 

@@ -33,6 +33,7 @@ from ..progress.deadlines import deadline
 from ..progress.driving import PENDING
 from ..progress.requests import Request
 from ..runtime import get_runtime
+from ..transport.pool import refcounts_tell
 from ..transport.privcomm import private_comms
 from .p2p import irecv_array, isend_array
 from .pipeline_leave import Leaving, wait_pauses
@@ -221,7 +222,7 @@ class Pipeline(Leaving):
             if tag == FAST:
                 held = self._held
                 assert held is not None and self._bare_buf is not None
-                item = Array._over_host(self._bare_buf, self.stage - 1, ITEM,
+                item = Array._over_host(self._bare_buf.view(), self.stage - 1, ITEM,  # (a view: see _post_next)
                                         None if held[2] is None else json.loads(held[2]))
                 self._fast_received += 1
                 return self._arrived(item)
@@ -263,8 +264,9 @@ class Pipeline(Leaving):
             self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)
             return
         ring = self._ring
-        for entry in ring:
-            if getrefcount(entry[0]) == entry[2]:
+        reuse = refcounts_tell()
+        for entry in ring:  # a buffer no item, view or export refers to any more (items are views of it)
+            if reuse and getrefcount(entry[0]) == entry[2]:
                 self._bare_buf = entry[0]
                 self._bare = entry[1]
                 entry[1].Start()
@@ -287,9 +289,11 @@ class Pipeline(Leaving):
         """No description held any more: free the ring's requests (none is active: the last one took the SWITCH)."""
         self._held = self._bare_buf = None
         budget = min(_KEPT_BYTES, config().pool_bytes) if self._ring else 0
-        for buf, req, mine in self._ring:
-            free = getrefcount(buf) == mine + 1  # (+1: the loop's own name for it)
-            req.Free()
+        reuse = refcounts_tell()
+        for entry in self._ring:
+            free = reuse and getrefcount(entry[0]) == entry[2]  # (read as the baseline was: exact on every CPython)
+            entry[1].Free()
+            buf = entry[0]
             if free and sum(b.nbytes for k in _kept.values() for b in k) + buf.nbytes <= budget:
                 _kept.setdefault((buf.shape, buf.dtype), []).append(buf)
         self._ring = []

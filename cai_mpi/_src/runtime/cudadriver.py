@@ -143,9 +143,8 @@ def probe() -> tuple[bool, str]:
             return False, f"cuda-python is not installed ({exc}); pip install 'cai_mpi[cuda12]'"
         try:
             code, status, _ = raw_call(drv, "cuInit", 0)
-        except CudaError as exc:
-            cause = exc.__cause__ or exc
-            return False, f"the NVIDIA driver library (libcuda) cannot be loaded: {cause}"
+        except CudaError as exc:  # (no local names the cause: its traceback holds the caller's frames, locals too)
+            return False, f"the NVIDIA driver library (libcuda) cannot be loaded: {exc.__cause__ or exc}"
         if code == NO_DEVICE:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             where = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
