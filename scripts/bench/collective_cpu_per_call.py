@@ -1,4 +1,5 @@
-"""CPU time per call of each one-shot collective at 8 B on one rank, against raw mpi4py (issue 26).
+"""CPU time per call of each one-shot collective at 8 B on one rank, against raw mpi4py (issue 26), and of
+``allreduce_arrays`` of the bench's 16 arrays of 8 B against 16 raw ``Allreduce`` calls.
 
     python scripts/bench/collective_cpu_per_call.py
 
@@ -17,11 +18,14 @@ import numpy as np
 from mpi4py import MPI
 
 import cai_mpi
+from cai_mpi._src.cli.bench.persistent import _arrays as bench_arrays
 
 
 def main() -> None:
     comm = MPI.COMM_WORLD
     x, out, gathered = np.ones(1), np.empty(1), np.empty(comm.Get_size())
+    arrays = bench_arrays(8, comm.Get_rank())
+    pairs = [(a, np.empty_like(a)) for a in arrays]
     calls: dict[str, Callable[[], object]] = {
         "Bcast (raw)": lambda: comm.Bcast(x, 0),
         "bcast_array": lambda: cai_mpi.bcast_array(x, 0, comm),
@@ -29,6 +33,8 @@ def main() -> None:
         "allreduce_array": lambda: cai_mpi.allreduce_array(x, "sum", comm),
         "Allgather (raw)": lambda: comm.Allgather(x, gathered),
         "allgather_array": lambda: cai_mpi.allgather_array(x, comm),
+        "16 Allreduce (raw, the bench's allreduce-arrays at 8 B)": lambda: [comm.Allreduce(a, o) for a, o in pairs],
+        "allreduce_arrays (of those 16)": lambda: cai_mpi.allreduce_arrays(arrays, "sum", comm),
     }
     n = 5000
     best: dict[str, float] = {}

@@ -124,10 +124,10 @@ def allreduce_arrays(
         The same container (a list, or a dict with the same keys) of Arrays, each in its input's dtype in native
         byte order, in C order: host results are host memory of their own (small arrays views of one buffer per
         dtype), never changed by a later call while anything refers to them; once the caller has dropped every
-        reference (weak references do not count), a later call with the same arrays may reuse their memory, and
-        the Arrays themselves (so the memory of the last results stays allocated, for each of up to 64 layouts
-        of host numpy arrays reduced). A device input's result is on its device (device arrays are staged
-        through host memory and reduced there).
+        reference (weak references do not count), a later call with the same large arrays may reuse their memory
+        (so it stays allocated, for each of up to 64 layouts of host numpy arrays reduced), always through new
+        Arrays over new views. A device input's result is on its device (device arrays are staged through host
+        memory and reduced there).
 
     Raises:
         CollectiveMismatchError: on every rank, when the ranks' keys, shapes, dtypes or ops differ (naming every
