@@ -83,7 +83,7 @@ def main() -> None:
         rows.append(f"{n >> 20:>4} MiB {base:12.0f} {mid['persistent']:12.0f} {mid['channel']:12.0f} "
                     f"{mid['persistent'] / base:10.2f}x {mid['channel'] / base:8.2f}x")
     if comm.Get_rank() == 0:
-        print(f"# 2 ranks, {MPI.Get_library_version().splitlines()[0]}; MB/s, medians of 9 samples")
+        print(f"# 2 ranks, {MPI.Get_library_version().splitlines()[0].strip(chr(0))[:60]}; MB/s, medians of 9 samples")
         print(f"{'size':>8} {'Isend/Irecv':>12} {'persistent':>12} {'channel':>12} {'pers/fresh':>11} "
               f"{'chan/fresh':>9}")
         print("\n".join(rows))

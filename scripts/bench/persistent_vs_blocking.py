@@ -68,7 +68,8 @@ def main() -> None:
         req.Free()
     if me == 0:
         base = float(np.median(times["blocking"]))
-        print(f"# {kind} of {nbytes} bytes, {comm.Get_size()} ranks, {MPI.Get_library_version().splitlines()[0]}")
+        library = MPI.Get_library_version().splitlines()[0].strip(chr(0))[:60]
+        print(f"# {kind} of {nbytes} bytes, {comm.Get_size()} ranks, {library}")
         for name, values in times.items():
             print(f"{name:20s} {np.median(values):9.1f} us   {np.median(values) / base:5.2f}x blocking")
 
