@@ -55,8 +55,10 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
                    ["test_reduction_results_mpi.py", "test_reduce_byte_order_mpi.py", "test_reduce_ops_mpi.py",
                     "test_fused_collectives_mpi.py", "test_collectives_mpi.py",
                     "test_collectives_with_timeout_mpi.py"]),
-    "pipeline": (["cai_mpi/_src/api/pipeline.py"], ["test_p2p_self.py"],
-                 ["test_pipeline_mpi.py", "test_pipeline_notice_mpi.py", "test_pipeline_window_mpi.py"]),
+    "pipeline": (["cai_mpi/_src/api/pipeline.py", "cai_mpi/_src/api/pipeline_wire.py",
+                  "cai_mpi/_src/api/pipeline_leave.py"], ["test_p2p_self.py", "test_wait_polling.py"],
+                 ["test_pipeline_mpi.py", "test_pipeline_notice_mpi.py", "test_pipeline_window_mpi.py",
+                  "test_pipeline_bare_mpi.py"]),
     "channel": (["cai_mpi/_src/api/channel.py", "cai_mpi/_src/api/channel_ends.py"],
                 ["test_channel_close.py", "test_channel_one_message.py", "test_p2p_self.py", "test_input_errors.py",
                  "test_exit_hooks.py", "test_device_ordering.py"],
@@ -76,9 +78,9 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
                   ["test_p2p_mpi.py", "test_posting_forms_mpi.py", "test_staging_mpi.py", "test_send_failure_mpi.py",
                    "test_edge_paths_mpi.py"]),
     "persistent": (["cai_mpi/_src/api/persistent.py", "cai_mpi/_src/api/persistent_init.py",
-                    "cai_mpi/_src/api/bucketed.py", "cai_mpi/_src/api/agreed.py"],
+                    "cai_mpi/_src/api/bucketed.py", "cai_mpi/_src/api/bucket_plan.py", "cai_mpi/_src/api/agreed.py"],
                    ["test_exit_hooks.py"],
-                   ["test_persistent_mpi.py", "test_persistent_device_mpi.py"]),
+                   ["test_persistent_mpi.py", "test_persistent_device_mpi.py", "test_bucketed_paths_mpi.py"]),
 }
 
 # Survivors judged equivalent (no input can tell them from the original), with why: (file, operator, occurrence) ->
