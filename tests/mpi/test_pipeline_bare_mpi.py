@@ -287,3 +287,63 @@ def test_what_a_stage_does_to_a_dropped_item_never_reaches_later_items_or_pipeli
                 assert pipe._fast_received == 11
                 assert seen == [((8,), np.dtype(np.float64), True, None, [10.0 * run + i] * 8) for i in range(12)]
     assert pipe.first or seen
+
+
+class CreditStillInFlight:
+    """A stage's persistent credit request as an MPI that has not sent the last credit yet shows it: never
+    complete, so every credit takes the other way, a message of its own."""
+
+    def __init__(self, req: Any) -> None:
+        self._req = req
+
+    def Test(self, *args: Any) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._req, name)
+
+
+def test_credits_sent_while_the_last_one_is_still_in_flight_reach_the_previous_stage() -> None:
+    """Credits carry the count received so far; when the persistent credit request is still busy, the credit goes
+    as a message of its own, to the previous stage: without them the first stage would wait for ever (here: time
+    out) after ``depth`` items."""
+    n = 12
+    got = []
+    with cai_mpi.Pipeline(depth=2, timeout=20) as pipe:
+        if not pipe.first:
+            pipe._credit_send = CreditStillInFlight(pipe._credit_send)
+        if pipe.first:
+            for i in range(n):
+                pipe.send(np.full(4, i, np.int32))
+        else:
+            for a in pipe:
+                got.append(a.numpy().tolist())
+                if not pipe.last:
+                    pipe.send(a)
+    if not pipe.last:  # (what the next stage's credits told this one it has received)
+        assert pipe._acked >= n - pipe.depth, pipe._acked
+    if not pipe.first:
+        assert got == [[i] * 4 for i in range(n)]
+
+
+def test_a_finished_ring_is_kept_for_the_next_pipeline_of_its_shape() -> None:
+    """The buffers of a ring that ended with none of its items held are kept (within the budget) for the next
+    Pipeline whose items have that shape and dtype, instead of fresh pages for every Pipeline."""
+    from cai_mpi._src.api import pipeline
+
+    pipeline._kept.clear()
+    with cai_mpi.Pipeline(depth=2) as pipe:
+        if pipe.first:
+            for i in range(10):
+                pipe.send(np.full((5, 3), i, np.int16))
+        else:
+            for i, a in enumerate(pipe):
+                assert np.array_equal(a.numpy(), np.full((5, 3), i, np.int16))
+                if not pipe.last:
+                    pipe.send(a)
+                del a
+    kept = pipeline._kept.get(((5, 3), np.dtype(np.int16)), [])
+    if pipe.first:
+        assert kept == [], "the first stage receives nothing: it has no ring"
+    else:
+        assert 1 <= len(kept) <= 4 and all(b.shape == (5, 3) and b.dtype == np.int16 for b in kept), kept
