@@ -132,6 +132,7 @@ def test_collectives_side_by_side_with_mpi4py(tmp_path: Path, test: str) -> None
     assert verdicts[f"{test}1m-cai-raw"]["status"] == "n/a"  # (and there is no size >= 1 MiB in this run)
 
 
+@pytest.mark.one_wheel
 def test_a_mode_of_another_test_is_skipped_with_the_reason(tmp_path: Path) -> None:
     out = tmp_path / "lat.json"
     _bench(2, "latency", "--sizes", "8", "--iters", "5", "--samples", "1", "--modes", "raw,cai-pipeline",
@@ -143,6 +144,7 @@ def test_a_mode_of_another_test_is_skipped_with_the_reason(tmp_path: Path) -> No
     assert _load(out)["skipped"] == {"channel": "not a mode of the bcast test"}
 
 
+@pytest.mark.one_wheel
 def test_simulated_buffer_and_extra_modes(tmp_path: Path) -> None:
     out = tmp_path / "sim.json"
     modes = "raw,raw-staged,pickle,cai,cai-out,cai-noinline,cai-nosync,cai-irecv,cai-out-irecv,channel"
@@ -158,6 +160,7 @@ def test_simulated_buffer_and_extra_modes(tmp_path: Path) -> None:
     assert "# skipped mode channel:" in proc.stdout
 
 
+@pytest.mark.one_wheel
 def test_zero_size_and_report(tmp_path: Path) -> None:
     out = tmp_path / "lat0.json"
     _bench(2, "latency", "--min-size", "0", "--max-size", "2", "--iters", "5", "--samples", "2",
@@ -445,6 +448,7 @@ def test_modes_side_by_side_move_the_same_memory(monkeypatch: pytest.MonkeyPatch
         m.close()
 
 
+@pytest.mark.one_wheel
 def test_raw_header_mode_runs_every_test_and_needs_host_memory(tmp_path: Path) -> None:
     modes = ["raw", "raw-header", "cai-out"]
     for test, ranks in (("latency", 2), ("bw", 2), ("bibw", 2), ("pipeline", 3)):

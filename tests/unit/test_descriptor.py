@@ -17,6 +17,8 @@ from cai_mpi._src.core.descriptor import CAIDescriptor, describe, descriptor_fro
 from cai_mpi._src.errors import CAI_PREFIX, CAIError
 from cai_mpi.testing import FakeCudaArray
 
+pytestmark = pytest.mark.one_wheel  # (CAI descriptors are pure Python: the MPI library cannot change its outcome)
+
 PTR = 0x7F00_0000_1000  # any non-zero address: descriptor_from_dict never dereferences it
 
 

@@ -36,6 +36,8 @@ from cai_mpi._src.core.header import (
 )
 from cai_mpi._src.errors import CAIError, CaiMpiError, ProtocolError
 
+pytestmark = pytest.mark.one_wheel  # (the header codec is pure Python: the MPI library cannot change its outcome)
+
 BIG = 1 << 62
 # The documented layout, restated to catch silent changes: payload tag, magic, version, flags, ndim,
 # reserved, dtype length, reserved, meta length, reserved, payload bytes, chunk bytes.

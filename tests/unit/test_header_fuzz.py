@@ -27,6 +27,8 @@ from hypothesis import strategies as st
 
 from cai_mpi._src.core.header import decode_header
 
+pytestmark = pytest.mark.one_wheel  # (the header decoder is pure Python: the MPI library cannot change its outcome)
+
 FUZZ_SECONDS = float(os.environ.get("CAI_MPI_FUZZ_SECONDS", "10"))
 EXAMPLES = max(100, int(25 * FUZZ_SECONDS))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
