@@ -13,7 +13,6 @@ per variant, the median over the rounds of every rank's CPU microseconds per ite
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import sys
@@ -24,14 +23,7 @@ from typing import Any
 
 import numpy as np
 from mpi4py import MPI
-
-
-def load(path: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cai_mpi._src.api.pipeline_before", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from pipeline_ab import load  # (the same loading of the older pipeline.py; both scripts run from scripts/bench)
 
 
 def main(argv: list[str]) -> None:
