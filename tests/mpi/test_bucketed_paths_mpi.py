@@ -1,7 +1,6 @@
 """The paths of the one-shot ``allreduce_arrays``, each on both sides of its boundary, against numpy, exactly:
-the fused exchange (the whole call in one slot, reduced locally), the buckets (small arrays copied together, one
-Allreduce per dtype) and the large host arrays reduced on their own (``DIRECT_BYTES``), with the memory of one
-call's results reused by the next only once nothing refers to it. Passes at any world size >= 2.
+the buckets (small arrays copied together, one Allreduce per dtype) and the large host arrays reduced on their
+own (``DIRECT_BYTES``); results held are never changed by later calls. Passes at any world size >= 2.
 
 Values are small integers (also in floating dtypes), so every sum is exact in whatever order MPI or numpy adds.
 """
@@ -18,14 +17,12 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.api import bucketed
-from cai_mpi._src.transport.agreement import SLOT_BYTES
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
-# elements of one float64 array that fill a slot exactly: the 16-byte prefix, then the payload
-FITS = (SLOT_BYTES - 16) // 8
+FITS = 126  # elements of one float64 array that filled the former fused path's slot exactly (a small bucket)
 DIRECT = bucketed.DIRECT_BYTES
 
 
@@ -69,14 +66,13 @@ def test_the_slot_boundary(n: int, fused: bool) -> None:
     objs = [values("f8", rank, n)]
     got = cai_mpi.allreduce_arrays(objs)
     same(got[0], total("f8", n))
-    assert plan_of(objs).fits is fused and not plan_of(objs).direct
 
 
 def test_the_slot_holds_every_bucket_aligned() -> None:
     """Mixed dtypes in one slot: each dtype's bucket starts 16-aligned; a layout one element over does not fit."""
     shapes = [(3,), (2, 5), (), (0,), (4, 1)]
     dtypes = ["f8", "f4", "i2", "f8", ">i4", "c16", "u1"]
-    for extra, fits in [(0, True), (200, False)]:
+    for extra in (0, 200):
         objs = {f"k{i}": values(dt, rank, shapes[i % len(shapes)]) for i, dt in enumerate(dtypes)}
         objs["big"] = values("f8", rank, 100 + extra)
         got = cai_mpi.allreduce_arrays(objs)
@@ -84,7 +80,6 @@ def test_the_slot_holds_every_bucket_aligned() -> None:
         for i, dt in enumerate(dtypes):
             same(got[f"k{i}"], total(dt, shapes[i % len(shapes)]))
         same(got["big"], total("f8", 100 + extra))
-        assert plan_of(objs).fits is fits
 
 
 @pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "mean"])
@@ -106,7 +101,7 @@ def test_ops_on_every_path(op: str, n: int) -> None:
 
 @pytest.mark.parametrize("op, ufunc", [("min", np.logical_and), ("max", np.logical_or), (MPI.LXOR, np.logical_xor),
                                        (MPI.LAND, np.logical_and)])
-@pytest.mark.parametrize("n", [5, SLOT_BYTES, DIRECT])
+@pytest.mark.parametrize("n", [5, 1024, DIRECT])
 def test_bool_ops_on_every_path(op: Any, ufunc: Any, n: int) -> None:
     got = cai_mpi.allreduce_arrays({"flags": values(bool, rank, n), "x": values("i4", rank, 3)}, op=op)
     want = every(bool, n)[0]
@@ -138,9 +133,8 @@ def test_the_direct_boundary(nbytes: int) -> None:
     assert direct == ([0, 1, 2, 3] if nbytes == DIRECT else [])  # (the (2, n) float32 array is 8 * n bytes too)
 
 
-def test_results_are_kept_while_referred_to_and_reused_after() -> None:
-    """A call never overwrites an earlier call's results that are still held (as Arrays or as numpy views); once
-    dropped, their memory serves the next call."""
+def test_results_are_kept_while_referred_to() -> None:
+    """A call never overwrites an earlier call's results that are still held (as Arrays or as numpy views)."""
     n = DIRECT // 8
     arrays = [values("f8", rank, n), values("f4", rank, 9)]
     first = cai_mpi.allreduce_arrays(arrays)
@@ -154,20 +148,14 @@ def test_results_are_kept_while_referred_to_and_reused_after() -> None:
         same(got[1], total("f4", 9, step))
         same(first[0], total("f8", n))
         same(view, total("f4", 9)[2:])
-    address = np.asarray(got[0]).ctypes.data
-    del got
-    again = cai_mpi.allreduce_arrays(arrays)
-    same(again[0], total("f8", n, 3))
-    assert np.asarray(again[0]).ctypes.data == address
 
 
 @pytest.mark.parametrize("hold", ["array", "asarray", "view of a view", "__array__", "dlpack"])
-def test_fused_results_held_in_any_form_are_never_overwritten(hold: str) -> None:
+def test_small_results_held_in_any_form_are_never_overwritten(hold: str) -> None:
     """An Array held, or any numpy view of one, keeps its values through later calls; a dropped one is freed (no
     call hands an Array it made before back: a weak reference to it dies, never to see another call's values)."""
     arrays = [values("f8", rank, 3), values("f4", rank, (2, 2)), values("f8", rank, ())]
     first = cai_mpi.allreduce_arrays(arrays)
-    assert plan_of(arrays).fits
     held = {"array": lambda a: a, "asarray": np.asarray, "view of a view": lambda a: np.asarray(a)[1:],
             "__array__": lambda a: a.__array__(), "dlpack": np.from_dlpack}[hold](first[1])
     want = np.asarray(held).copy()

@@ -4,46 +4,36 @@ abandoned ones in the background, and the registry that frees what is still open
 from __future__ import annotations
 
 import atexit
-import hashlib
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 from mpi4py import MPI
 
-from ..errors import CollectiveMismatchError
 from ..progress.requests import Request
 from ..progress.waits import Waitable
-from ..transport.agreement import joined
+from ..transport.agreement import Ballot, check_in_step, disagree, fingerprint, reason, vote
+from ..transport.privcomm import PrivateComms
 
 __all__ = ["Started", "agree", "background", "open_collectives"]
 
 
-def _fingerprint(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
-
-
-def agree(fn: str, comm: MPI.Intracomm, due: Any, attempt: Callable[[], tuple[str, Any, bool]]) -> tuple[Any, bool]:
-    """Every rank describes what it creates (``attempt()`` -> ``(description, value, on_device)``); one Allreduce
-    says whether all descriptions are equal and whether any rank holds device memory. Any difference, or a rank
-    that failed, is an error on every rank (never a hang): the failed rank raises its own, the others
-    ``CollectiveMismatchError`` naming what every rank had. Returns ``(value, any rank on device)``."""
+def agree(fn: str, pc: PrivateComms, due: Any, attempt: Callable[[], tuple[str, Any, bool]]) -> tuple[Any, bool]:
+    """Every rank describes what it creates (``attempt()`` -> ``(description, value, on_device)``); one vote
+    (``transport.agreement``) says whether all descriptions are equal and whether any rank holds device memory.
+    Any difference, or a rank that failed, is an error on every rank (never a hang): the failed rank raises its
+    own, the others ``CollectiveMismatchError`` naming what every rank had. Returns ``(value, any rank on
+    device)``."""
+    check_in_step(fn, pc)
     try:
         text, value, device = attempt()
         error: Exception | None = None
     except Exception as exc:
-        text, value, device, error = f"could not take part ({type(exc).__name__}: {exc})", None, False, exc
-    fp = _fingerprint(text)
-    votes = np.array([fp, -fp, -int(error is not None), -int(device)], np.int64)
-    joined(fn, comm, due, "Allreduce", MPI.IN_PLACE, votes, MPI.MIN)
-    if votes[0] == -votes[1] and votes[2] == 0:
-        return value, bool(votes[3])
-    texts = comm.allgather(text)  # (the error path only: pickled strings are fine)
-    if error is not None:
-        raise error
-    had = "; ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
-    raise CollectiveMismatchError(f"{fn}: every rank must create it alike (same shape, dtype, op and root), but {had}")
+        text, value, device, error = reason(exc), None, False, exc
+    ballot = vote(fn, pc, Ballot(fingerprint(text), failed=error is not None, device=device), due)
+    if not ballot.agreed:
+        disagree(fn, pc.header, text, error, "every rank must create it alike (same shape, dtype, op and root)")
+    return value, ballot.device
 
 
 class Started(Waitable):

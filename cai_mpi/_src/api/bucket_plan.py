@@ -1,13 +1,11 @@
 """The plan of a bucketed allreduce (``bucketed``): what one rank reduces, grouped by dtype into buckets, which
-large host arrays are reduced on their own (``split``) and, for the one-shot ``allreduce_arrays``, where each
-bucket sits in the slot of the call's one exchange; the copies into buckets and the result Arrays over them."""
+large host arrays are reduced on their own (``split``), the text every rank votes on; the copies into buckets and
+the result Arrays over them."""
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import math
-import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,20 +16,15 @@ from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, send_source
 from ..runtime.base import Runtime
 from ..transport import internal_stream, outgoing
-from ..transport.agreement import SLOT_BYTES
+from ..transport.agreement import fingerprint
 from .reduce_ops import ReduceOp, parse_op, reduce_datatype
 from .validation import check_sync
 
-__all__ = ["DIRECT_BYTES", "PREFIX", "Bucket", "Direct", "Plan", "fingerprint", "is_container"]
+__all__ = ["DIRECT_BYTES", "Bucket", "Direct", "Plan", "is_container"]
 
 #: A host array of at least this many bytes is reduced by ``allreduce_arrays`` on its own, from its buffer, not
 #: copied into its dtype's bucket (docs/benchmarks.md has the measurement that chose it).
 DIRECT_BYTES = 128 * 1024
-PREFIX = struct.Struct("<qq")  # a slot of the one-shot exchange starts with: the plan's fingerprint, flags
-
-
-def fingerprint(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
 
 
 class Bucket:
@@ -39,11 +32,10 @@ class Bucket:
     element in the bucket, its size, and (device arrays) its GPU and address."""
 
     __slots__ = ("count", "counts", "datatype", "dtype", "host", "how", "native", "objs", "op", "ordinals",
-                 "positions", "ptrs", "shapes", "slot_at", "starts")
+                 "positions", "ptrs", "shapes", "starts")
 
     def __init__(self, dtype: np.dtype[Any], datatype: MPI.Datatype, how: ReduceOp) -> None:
         self.dtype, self.datatype, self.how, self.op = dtype, datatype, how, how.mpi
-        self.slot_at = 0  # where the bucket starts in a slot of the fused exchange
         self.positions: list[int] = []
         self.shapes: list[tuple[int, ...]] = []
         self.starts: list[int] = []
@@ -94,10 +86,10 @@ class Direct:
 
 
 class Plan:
-    """What this rank reduces: buckets by dtype (and, ``split``, the large host arrays reduced on their own), the
-    text every rank compares and its fingerprint, and where each bucket goes in a slot when the whole fits."""
+    """What this rank reduces: buckets by dtype (and, ``split``, the large host arrays reduced on their own), and
+    the text every rank compares and its fingerprint."""
 
-    __slots__ = ("buckets", "direct", "fits", "fp", "kept", "keys", "mean", "n", "sources", "sync", "text")
+    __slots__ = ("buckets", "direct", "fp", "keys", "mean", "n", "sources", "sync", "text")
 
     def __init__(self, fn: str, objs: Any, op: Any, sync: Any, rt: Runtime, split: bool = False) -> None:
         self.sync = check_sync(fn, sync)
@@ -138,13 +130,6 @@ class Plan:
         self.buckets = [b for b in buckets.values() if b.positions]
         self.text = f"allreduce of {self.keys!r} shapes {shapes} dtypes {dtypes} op={mpi_op.name}"
         self.fp = fingerprint(self.text)
-        end = PREFIX.size
-        for bucket in self.buckets:  # (each bucket 16-aligned in the slot, past the prefix)
-            bucket.slot_at = -(-end // 16) * 16
-            end = bucket.slot_at + bucket.count * bucket.dtype.itemsize
-        self.kept: list[Any] = [None] * (len(self.direct) + len(self.buckets))  # (see _take)
-        self.fits = (split and not self.direct and end <= SLOT_BYTES
-                     and all(b.how.local(b.dtype) for b in self.buckets))
 
     def _name(self, i: int) -> str:
         return f"{i}" if self.keys is None else repr(self.keys[i])
@@ -163,19 +148,6 @@ class Plan:
                 staged = (ctypes.c_char * piece.nbytes).from_address(piece.address)
                 part.view(np.uint8)[...] = np.frombuffer(memoryview(staged), np.uint8)
                 piece.release()
-
-    def pack(self, bucket: Bucket, slot: memoryview, sources: list[Any]) -> None:
-        """Copy each (host) array of ``bucket`` into ``slot``, its bytes: one ``bytes.join`` of the arrays' buffers
-        (a tenth of ``numpy.concatenate``'s time at a few bytes each) when all are C-contiguous in the bucket's
-        dtype, else ``fill``'s ``concatenate``."""
-        arrays = [sources[p] for p in bucket.positions]
-        if bucket.native:
-            try:
-                slot[: bucket.count * bucket.dtype.itemsize] = b"".join(arrays)
-                return
-            except (BufferError, ValueError, TypeError):  # (not C-contiguous: no simple buffer)
-                pass
-        np.concatenate(arrays, axis=None, out=np.frombuffer(slot, bucket.dtype, bucket.count), casting="equiv")
 
     def results(self, buckets: list[np.ndarray[Any, Any]], device: dict[int, Array], rt: Runtime) -> list[Array]:
         """Each array's result: a view of its bucket (host) or the device Array given for it, refreshed."""

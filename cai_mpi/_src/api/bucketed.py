@@ -5,17 +5,15 @@ bucket, reduced with one MPI Allreduce (``allreduce_arrays``) or one MPI-4 persi
 the bucket (``allreduce_init`` of a list or dict), and the results are views of the bucket. Device arrays are
 copied into and out of the host buckets (staged), whatever the MPI.
 
-``allreduce_arrays`` makes one exchange of fixed-size slots per call (an Allgather: each rank's plan
-fingerprint, and its whole payload when that fits, which every rank then reduces in numpy: the call is that one
-collective); above a slot, host arrays of ``DIRECT_BYTES`` or more are reduced on their own from their buffers
-(a copy into a bucket costs more than the collective it saves) and the others by buckets. The persistent form
-agrees once, at creation, with one Allreduce of fingerprints (``agreed.agree``).
+``allreduce_arrays`` is one vote (``transport.agreement``: the plan's fingerprint, whether a rank failed or holds
+a device array; a fixed few bytes whatever the number of ranks), then one Allreduce per bucket; host arrays of
+``DIRECT_BYTES`` or more are reduced on their own from their buffers (a copy into a bucket costs more than the
+collective it saves). The persistent form votes once, at creation (``agreed.agree``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from sys import getrefcount
 from typing import Any
 
 import numpy as np
@@ -23,24 +21,16 @@ from mpi4py import MPI
 
 from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, send_source
-from ..errors import CollectiveMismatchError
 from ..runtime.base import Runtime
-from ..transport.agreement import SLOT_BYTES, joined
+from ..transport.agreement import Ballot, disagree, fingerprint, reason, vote
 from ..transport.bigcount import INT_MAX, reduce
-from ..transport.pool import LISTED_ONLY, refcounts_tell
 from .agreed import agree
-from .bucket_plan import DIRECT_BYTES, PREFIX, Direct, Plan, fingerprint, is_container
+from .bucket_plan import DIRECT_BYTES, Direct, Plan, is_container
 from .collective_call import setup
 from .lifecycle import PersistentLifecycle
-from .reduce_ops import combine
 from .validation import check_sync
 
 __all__ = ["DIRECT_BYTES", "BucketedAllreduce", "allreduce_arrays", "is_container"]
-
-_NO_TAG = -1
-_FUSED = 1  # the slot holds this rank's whole payload
-_FAILED = 2  # this rank could not take part
-_DEVICE = 4  # this rank has a device array: every rank then buckets every array (none reduced on its own)
 
 
 def _attempt(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[str, Plan, bool]:
@@ -77,37 +67,15 @@ def _reused(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[Plan, 
     return cached, values, True
 
 
-def _agreed(fn: str, comm: MPI.Intracomm, due: Any, slots: np.ndarray[Any, Any], at: int, text: str,
-            fp: int, flags: int, error: BaseException | None) -> int:
-    """The call's one exchange (an Allgather of ``SLOT_BYTES`` per rank: the plan's fingerprint, flags, and the
-    payload when fused): ``_FUSED`` when every rank carried its whole call; otherwise the payloads still have to
-    be reduced, ``_DEVICE`` when some rank has a device array (else 0). Any difference or failure is an error on
-    every rank."""
-    PREFIX.pack_into(slots.data, at, fp, flags)
-    joined(fn, comm, due, "Allgather", MPI.IN_PLACE, [slots, SLOT_BYTES, MPI.BYTE])
-    unpack_from, view = PREFIX.unpack_from, slots.data
-    votes = [unpack_from(view, r) for r in range(0, len(slots), SLOT_BYTES)]  # (fingerprint, flags) by rank
-    if all(v[0] == fp and not v[1] & _FAILED for v in votes):
-        if all(v[1] & _FUSED for v in votes):
-            return _FUSED
-        return _DEVICE if any(v[1] & _DEVICE for v in votes) else 0
-    texts = comm.allgather(text)  # (the error path only: pickled strings are fine)
-    if error is not None:
-        raise error
-    had = "; ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
-    raise CollectiveMismatchError(f"{fn}: every rank must reduce the same keys, shapes, dtypes and op, but {had}")
-
-
 def allreduce_arrays(
     objs: Any, op: Any = "sum", comm: MPI.Comm | None = None, *, sync: bool | None = None,
     timeout: float | None = None,
 ) -> Any:
     """Reduce many arrays at once, element by element; every rank gets the results.
 
-    One exchange of fixed-size slots checks that every rank reduces the same arrays; when the whole payload is
-    small host data it travels in that exchange and each rank reduces it in numpy (the call is one collective).
-    Otherwise each large host array (``DIRECT_BYTES`` or more) is reduced on its own, straight from its buffer,
-    and the other arrays are grouped by dtype into contiguous buckets, one MPI Allreduce per bucket.
+    One vote of a few integers checks that every rank reduces the same arrays with the same op; then each large
+    host array (``DIRECT_BYTES`` or more) is reduced on its own, straight from its buffer, and the other arrays
+    are grouped by dtype into contiguous buckets, one MPI Allreduce per bucket.
 
     Args:
         objs: a list or a dict of arrays (anything ``send_array`` takes, mixed dtypes and shapes); every rank
@@ -122,12 +90,8 @@ def allreduce_arrays(
 
     Returns:
         The same container (a list, or a dict with the same keys) of Arrays, each in its input's dtype in native
-        byte order, in C order: host results are host memory of their own (small arrays views of one buffer per
-        dtype), never changed by a later call while anything refers to them; once the caller has dropped every
-        reference (weak references do not count), a later call with the same large arrays may reuse their memory
-        (so it stays allocated, for each of up to 64 layouts of host numpy arrays reduced), always through new
-        Arrays over new views. A device input's result is on its device (device arrays are staged through host
-        memory and reduced there).
+        byte order, in C order: host results are new host memory (small arrays views of one buffer per dtype); a
+        device input's result is on its device (device arrays are staged through host memory and reduced there).
 
     Raises:
         CollectiveMismatchError: on every rank, when the ranks' keys, shapes, dtypes or ops differ (naming every
@@ -135,35 +99,27 @@ def allreduce_arrays(
         TimeoutError: some rank did not join within ``timeout``.
     """
     fn = "allreduce_arrays"
-    _pc, comm_, _root, rt, cfg, due = setup(fn, comm, None, timeout)
-    size = comm_.Get_size()
-    slots = np.empty(SLOT_BYTES * size, np.uint8)
-    at = comm_.Get_rank() * SLOT_BYTES
+    pc, comm_, _root, rt, cfg, due = setup(fn, comm, None, timeout)
     try:
         plan, sources, host = _reused(fn, objs, op, sync, rt)
     except Exception as exc:
-        text = f"could not take part ({type(exc).__name__}: {exc})"
-        _agreed(fn, comm_, due, slots, at, text, fingerprint(text), _FAILED, exc)
-        raise AssertionError("unreachable") from exc  # (_agreed raised on every rank)
-    fused = plan.fits and host  # (host data numpy reduces, all of it in the slot)
-    if fused:  # this rank's payload in its slot, each bucket where the plan put it
-        view = slots.data
-        for bucket in plan.buckets:
-            plan.pack(bucket, view[at + bucket.slot_at :], sources)
-    how = _agreed(fn, comm_, due, slots, at, plan.text, plan.fp, _FUSED if fused else 0 if host else _DEVICE, None)
-    if how == _DEVICE and plan.direct:  # (every rank alike: which arrays go alone must not depend on where they lie)
+        text = reason(exc)
+        vote(fn, pc, Ballot(fingerprint(text), failed=True), due)
+        disagree(fn, comm_, text, exc, "")  # (raises this rank's own error, after every rank heard of it)
+    ballot = vote(fn, pc, Ballot(plan.fp, device=not host), due)
+    if not ballot.agreed:
+        disagree(fn, comm_, plan.text, None, "every rank must reduce the same keys, shapes, dtypes and op")
+    if ballot.device and plan.direct:  # (every rank alike: which arrays go alone must not depend on where they lie)
         plan = Plan(fn, objs, op, sync, rt)
         sources = plan.sources
-    if how == _FUSED:
-        return plan.container(_reduced_here(plan, slots, size))
+    size = comm_.Get_size()
     out: list[Any] = [None] * plan.n
-    kept = plan.kept
-    alone = [_take(kept, i, d.shape, d.dtype) for i, d in enumerate(plan.direct)]
+    alone = [np.empty(d.shape, d.dtype) for d in plan.direct]
     for d, result in zip(plan.direct, alone, strict=True):
         _direct(comm_, d, sources[d.position], result, cfg.max_message_bytes)
     buffers = []
-    for i, bucket in enumerate(plan.buckets, len(plan.direct)):
-        buf = _take(kept, i, (bucket.count,), bucket.dtype)
+    for bucket in plan.buckets:
+        buf = np.empty(bucket.count, bucket.dtype)
         plan.fill(bucket, buf, sources, rt)
         if bucket.count * bucket.dtype.itemsize <= cfg.max_message_bytes and bucket.count <= INT_MAX:
             comm_.Allreduce(MPI.IN_PLACE, [buf, bucket.datatype], bucket.op)  # the common case, one call
@@ -178,33 +134,8 @@ def allreduce_arrays(
     for d, result in zip(plan.direct, alone, strict=True):
         if plan.mean:
             np.true_divide(result, d.dtype.type(size), out=result)
-        out[d.position] = Array._over_host(result.view(), -1, -1, None)  # (a view: see _take)
+        out[d.position] = Array._over_host(result, -1, -1, None)
     return plan.container(out)
-
-
-def _reduced_here(plan: Plan, slots: np.ndarray[Any, Any], size: int) -> list[Any]:
-    """The results of a fused call, reduced from every rank's slot in numpy: an Array over a view of its
-    dtype's sum for each array."""
-    sums = [combine(b.how, [np.ndarray(b.count, b.dtype, slots, r * SLOT_BYTES + b.slot_at) for r in range(size)],
-                    size) for b in plan.buckets]
-    arrays: list[Any] = [None] * plan.n
-    over_host, view = Array._over_host, np.ndarray
-    for bucket, buf in zip(plan.buckets, sums, strict=True):
-        dtype, itemsize = bucket.dtype, bucket.dtype.itemsize
-        for pos, shape, start in zip(bucket.positions, bucket.shapes, bucket.starts, strict=True):
-            arrays[pos] = over_host(view(shape, dtype, buf, start * itemsize), -1, -1, None)
-    return arrays
-
-
-def _take(kept: list[Any], i: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
-    """The memory of result ``i`` of a call: the previous call's when nothing but ``kept`` refers to it any more
-    (its Arrays and every view of it dropped), so that a training loop's calls reuse the same pages instead of
-    faulting in new ones each step. The caller only ever gets views of it: what it does to them (a new shape,
-    read-only flags) stays with them."""
-    if kept[i] is None or not refcounts_tell() or getrefcount(kept[i]) != LISTED_ONLY:
-        kept[i] = np.empty(shape, dtype)
-    buf: np.ndarray[Any, Any] = kept[i]
-    return buf
 
 
 def _direct(comm: MPI.Intracomm, d: Direct, src: np.ndarray[Any, Any], result: np.ndarray[Any, Any],
@@ -239,9 +170,9 @@ class BucketedAllreduce(PersistentLifecycle):
     def __init__(self, objs: Any, op: Any, comm: Any, sync: Any) -> None:
         fn = "allreduce_init"
         self._begin_life(fn, "bucketed allreduce")
-        _pc, comm_, _root, rt, _cfg, due = setup(fn, comm, None, None)
+        pc, comm_, _root, rt, _cfg, due = setup(fn, comm, None, None)
         self._comm, self._rt = comm_, rt
-        plan, device = agree(fn, comm_, due, lambda: _attempt(fn, objs, op, sync, rt))
+        plan, device = agree(fn, pc, due, lambda: _attempt(fn, objs, op, sync, rt))
         if device and plan.direct:  # (every rank alike: which arrays go alone must not depend on where they lie)
             plan = Plan(fn, objs, op, sync, rt)
         self._plan = plan

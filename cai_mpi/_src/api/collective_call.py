@@ -13,6 +13,7 @@ from ..config import Config, config
 from ..progress.deadlines import Deadline, deadline
 from ..runtime import get_runtime
 from ..runtime.base import Runtime
+from ..transport.agreement import check_in_step
 from ..transport.privcomm import PrivateComms
 from .validation import PROC_NULL, check_comm, check_rank
 
@@ -25,12 +26,14 @@ def setup(fn: str, comm: Any, root: Any = None, timeout: Any = None) -> tuple[
     PrivateComms, MPI.Intracomm, int, Runtime, Config, Deadline | None
 ]:
     """Validate the arguments every collective shares: ``(private comms, the communicator to use, root (-1 for
-    none), the runtime, the settings, the deadline for every rank to join)``."""
+    none), the runtime, the settings, the deadline for every rank to join)``; refuses a communicator whose
+    collectives are out of step (one timed out on this rank)."""
     due = deadline(fn, timeout)
     pc = check_comm(fn, comm)
     intra = pc.header
     if not isinstance(intra, MPI.Intracomm):
         raise TypeError(f"{fn}: collectives need an intracommunicator, got an MPI.Intercomm")
+    check_in_step(fn, pc)
     rank = -1
     if root is not None:
         rank = check_rank(fn, "root", root, pc, wildcard=False)

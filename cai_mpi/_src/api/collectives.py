@@ -1,17 +1,19 @@
 """Shape-free collectives that move data: bcast, gather, allgather, scatter, alltoall.
 
-Each starts with an exchange in which every rank learns what the others contribute, or that one cannot
-(``transport.agreement``). For bcast, gather and allgather that exchange is one collective of fixed-size
-slots that also carries every contribution small enough to fit (host data): when all do, the call is that
-one collective. Otherwise MPI's own collective follows on cai_mpi's private duplicate of ``comm``, moving
-every contribution as one contiguous piece (``transport.contiguous``). Per-rank shapes and dtypes may differ
-where the operation allows it; receivers never need them in advance.
+Each starts with a vote (``transport.agreement``: one small Allreduce whatever the number of ranks) on what
+every rank must share (the operation and its root) and on each rank's description, so a rank that names
+another root, or cannot take part, is an error on every rank. Descriptions travel only where they are needed:
+the root's (with its meta) in bcast and scatter; every rank's in gather and allgather only when they differ
+(alike, every rank already knows them all: its own). Then MPI's own collective moves every contribution as
+one contiguous piece (``transport.contiguous``) on cai_mpi's private duplicate of ``comm``. A call like the
+last one of its kind on the communicator posts its payload collective with the vote (one round).
 """
 
 from __future__ import annotations
 
+import copy
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,28 +23,59 @@ from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, Target, describe_target, mismatch, recv_target, send_source
 from ..core.header import MessageInfo
 from ..errors import CollectiveMismatchError, RecvMismatchError
-from ..progress.deadlines import Deadline
 from ..runtime.base import Runtime
 from ..transport import internal_stream
 from ..transport.agreement import (
+    NOBODY,
+    SPECULATE_BYTES,
+    Ballot,
     Contribution,
     Exchange,
     broadcast,
     describe_source,
-    exchange,
+    disagree,
+    fingerprint,
     joined,
     pack,
     raise_failures,
     read,
+    reason,
     unpack,
+    vote,
 )
 from ..transport.bigcount import INT_MAX, allgatherv, alltoallw, bcast, gatherv
-from ..transport.contiguous import ALIGN, Gathered, Landing, outgoing
+from ..transport.contiguous import ALIGN, Gathered, Landing, Outgoing, outgoing
 from ..transport.privcomm import PrivateComms
 from .collective_call import NO_TAG, setup
 from .validation import check_meta, check_sync, receive_device
 
 __all__ = ["allgather_array", "alltoall_array", "bcast_array", "gather_array", "scatter_array"]
+
+
+class _Agreed:
+    """The signature the last call of a kind agreed on, on a communicator (the same on every rank): its common
+    fingerprint, the description every contributing rank had (``own``, ``info``), the payload size, the root."""
+
+    __slots__ = ("common", "info", "nbytes", "own", "root")
+
+    def __init__(self, common: int, own: int, info: MessageInfo, root: int) -> None:
+        self.common, self.own, self.info, self.nbytes, self.root = common, own, info, info.payload_nbytes, root
+
+    def fresh_info(self) -> MessageInfo:
+        """``info`` with a meta dict of its own (each result's is the caller's to change)."""
+        info = self.info
+        return info if info.meta is None else info._replace(meta=copy.deepcopy(info.meta))
+
+
+_COMMON: dict[tuple[str, int], int] = {}
+
+
+def _common(fn: str, root: int) -> int:
+    """The fingerprint of what every rank of ``fn`` must share: the operation and its root."""
+    fp = _COMMON.get((fn, root))
+    if fp is None:
+        fp = _COMMON[(fn, root)] = fingerprint(f"{fn} root={root}")
+    return fp
 
 
 def _receiver(fn: str, out: Any, device: Any, rt: Runtime) -> tuple[Target | None, int | None, Exception | None]:
@@ -82,7 +115,7 @@ def _own_array(src: np.ndarray[Any, Any] | DeviceSource, owner: Any, rank: int, 
 
 
 def _put(landing: Landing, payload: np.ndarray[Any, Any], rt: Runtime, ordinal: int | None) -> None:
-    """Write a payload carried in the exchange (``payload``: its bytes) where ``landing`` wants it."""
+    """Write a payload carried in the description's slot (``payload``: its bytes) where ``landing`` wants it."""
     n = payload.nbytes
     if not n:
         return
@@ -99,17 +132,8 @@ def _view(ex: Exchange, rank: int, info: MessageInfo) -> np.ndarray[Any, Any]:
     return np.ndarray(info.shape, info.dtype, ex.slots, ex.start(rank), order="F" if info.fortran else "C")
 
 
-def _from_slots(ex: Exchange, infos: Sequence[MessageInfo], pc: PrivateComms, rt: Runtime) -> list[Array]:
-    """Every rank's Array from a fused exchange: views of its buffer in host memory, copies on this rank's GPU."""
-    ordinal = rt.current_device()
-    if ordinal is None:
-        return [Array._over_host(_view(ex, r, info), r, NO_TAG, info.meta) for r, info in enumerate(infos)]
-    out = []
-    for r, info in enumerate(infos):
-        landing = Landing.plan(info, None, ordinal, r, NO_TAG, rt, direct=pc.aware.aware)
-        _put(landing, ex.payload(r), rt, ordinal)
-        out.append(landing.finish())
-    return out
+def _raw(address: int, nbytes: int, readonly: bool = False) -> Any:
+    return [MPI.buffer.fromaddress(address if nbytes else 0, nbytes, readonly=readonly), nbytes, MPI.BYTE]
 
 
 def bcast_array(
@@ -120,7 +144,7 @@ def bcast_array(
 
     Args:
         obj: on the root, anything ``send_array`` takes; ignored elsewhere.
-        root: the broadcasting rank.
+        root: the broadcasting rank; every rank names the same.
         comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
         out: on a non-root, a buffer to receive into (checked against what the root sends).
         sync: the root's stream policy, as in ``send_array``.
@@ -132,40 +156,88 @@ def bcast_array(
         (over ``out=`` when given), with ``source == root``.
 
     Raises:
-        CollectiveMismatchError: on the non-roots, when the root could not send (the root raises its own error).
-        RecvMismatchError: on a non-root whose ``out=`` does not fit (after the broadcast completed).
+        CollectiveMismatchError: on every rank, when the ranks name different roots; on the non-roots, when the
+            root could not send (the root raises its own error).
+        RecvMismatchError: on a non-root whose ``out=`` does not fit (after the broadcast completed; the other
+            ranks are not affected).
         TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
-            step: end the job).
+            step: later ones on it raise ``CollectiveMismatchError``).
     """
     fn = "bcast_array"
     pc, comm_, root, rt, cfg, due = setup(fn, comm, root, timeout)
     me = comm_.Get_rank()
+    common = _common(fn, root)
     mine = Contribution(b"")
+    own = NOBODY
     if me == root:
         try:
             src = send_source(fn, obj, check_sync(fn, sync), rt)
             mine = Contribution(describe_source(src, check_meta(fn, meta)), src)
+            own = fingerprint(mine.blob)
         except Exception as exc:
             mine = Contribution.failed(exc)
     src = mine.source
-    ex = broadcast(fn, comm_, root, mine, _nbytes(mine), due, payload=src if isinstance(src, np.ndarray) else None)
-    described = ex.described[0]
-    if isinstance(described, str):
-        if mine.error is not None:
-            raise mine.error
-        raise CollectiveMismatchError(f"{fn}: the root, rank {root}, could not send: {described}")
-    info = described
+    ballot = Ballot(common, own, failed=mine.error is not None)
+    agreed: _Agreed | None = pc.agreed.get(fn)
+    target, ordinal, trouble = _receiver(fn, out, None, rt) if me != root else (None, None, None)
+    if agreed is not None and agreed.nbytes <= SPECULATE_BYTES:
+        # The steady state: the payload of the last agreed signature goes with the vote (the root's data when it
+        # is that signature's, scratch otherwise; every rank makes the same MPI calls whatever the vote says).
+        expected = common == agreed.common
+        if me == agreed.root:
+            piece = outgoing(src, rt, direct=pc.aware.aware) if expected and own == agreed.own else None
+            buf = piece.address if piece is not None else None
+            landing = None
+        else:
+            piece = None
+            landing, spec_trouble = (_land(fn, agreed.fresh_info(), target, ordinal, trouble, root, pc, rt)
+                                     if expected else (None, trouble))
+            buf = landing.address if landing is not None else None
+        scratch = np.empty(agreed.nbytes if buf is None else 0, np.uint8)
+        address = buf if buf is not None else int(scratch.ctypes.data)
+        posted = [comm_.Ibcast(_raw(address, agreed.nbytes), agreed.root)] if agreed.nbytes else []
+        vote(fn, pc, ballot, due, posted, keep=(piece, landing, scratch))
+        if piece is not None:
+            piece.release()
+        if ballot.matches(agreed.common, agreed.own):
+            if me == root:
+                return _own_array(src, obj, root, agreed.fresh_info().meta)
+            assert landing is not None
+            result = landing.finish()
+            if spec_trouble is not None:
+                raise spec_trouble
+            return result
+        if landing is not None:
+            landing.finish()  # (discarded: the staging given back)
+    else:
+        vote(fn, pc, ballot, due)
+    if ballot.votes[0] != -ballot.votes[1]:
+        disagree(fn, comm_, f"root={root}", None, "every rank must name the same root")
+    if agreed is not None and ballot.matches(agreed.common, agreed.own):  # (large: the vote went first)
+        info = agreed.fresh_info()
+        fused = False
+        ex = None
+    else:
+        ex = broadcast(comm_, root, mine, _nbytes(mine), payload=src if isinstance(src, np.ndarray) else None)
+        described = ex.described[0]
+        if isinstance(described, str):
+            if mine.error is not None:
+                raise mine.error
+            raise CollectiveMismatchError(f"{fn}: the root, rank {root}, could not send: {described}")
+        info, fused = described, ex.fused
+        pc.agreed[fn] = _Agreed(common, ballot.own, info._replace(meta=copy.deepcopy(info.meta)), root)
     if me == root:
-        if not ex.fused:
+        if not fused:
             piece = outgoing(src, rt, direct=pc.aware.aware)
             bcast(comm_, piece.address, piece.nbytes, root, cfg.max_message_bytes)
             piece.release()
         return _own_array(src, obj, root, info.meta)
-    target, ordinal, trouble = _receiver(fn, out, None, rt)
-    if ex.fused and target is None and ordinal is None and trouble is None:
+    if fused and target is None and ordinal is None and trouble is None:
+        assert ex is not None
         return Array._over_host(_view(ex, 0, info), root, NO_TAG, info.meta)  # over the broadcast slot
     landing, trouble = _land(fn, info, target, ordinal, trouble, root, pc, rt)
-    if ex.fused:
+    if fused:
+        assert ex is not None
         _put(landing, ex.payload(0), rt, ordinal if target is None else getattr(target, "ordinal", None))
     else:
         bcast(comm_, landing.address, landing.nbytes, root, cfg.max_message_bytes)
@@ -183,15 +255,6 @@ def _nbytes(c: Contribution) -> int:
     return 0 if src is None else (src.nbytes if isinstance(src, np.ndarray) else src.desc.nbytes)
 
 
-def _agree_all(fn: str, comm_: MPI.Intracomm, mine: Contribution, due: Deadline | None) -> Exchange:
-    """Every rank's description (and small host payload), everywhere; failures raised on every rank."""
-    src = mine.source
-    ex = exchange(fn, comm_, mine, _nbytes(mine), due, payload=src if isinstance(src, np.ndarray) else None)
-    if not ex.alike:  # (alike: every rank sent this rank's header, so none failed)
-        raise_failures(fn, ex.described, mine, comm_.Get_rank())
-    return ex
-
-
 def _small(sizes: Any, infos: Sequence[MessageInfo]) -> bool:
     """Do all counts and displacements of a v-collective over these pieces fit C ints?"""
     total = sum(-(-int(n) // 64) * 64 for n in sizes)
@@ -204,6 +267,78 @@ def _regular(sizes: Sequence[int]) -> bool:
     return sizes[0] > 0 and sizes[0] % ALIGN == 0 and all(n == sizes[0] for n in sizes)
 
 
+def _gathered(
+    fn: str, pc: PrivateComms, mine: Contribution, root: int | None, due: Any, rt: Runtime,
+    post: Callable[[Outgoing, Any, list[MessageInfo]], list[MPI.Request]],
+    collect: Callable[[Outgoing, Gathered | None, list[MessageInfo]], None],
+) -> list[Array] | None:
+    """gather (at ``root``) or allgather (``root`` None) of every rank's contribution: the vote, then the payloads
+    (``post``: nonblocking with the vote, in the steady state; ``collect``: blocking, after it)."""
+    comm = pc.header
+    me, size = comm.Get_rank(), comm.Get_size()
+    common = _common(fn, -1 if root is None else root)
+    own = NOBODY if mine.error is not None else fingerprint(mine.blob)
+    ballot = Ballot(common, own, failed=mine.error is not None)
+    gets = root is None or me == root
+    ordinal = rt.current_device() if gets else None
+    agreed: _Agreed | None = pc.agreed.get(fn)
+    if agreed is not None and agreed.nbytes <= SPECULATE_BYTES and (agreed.nbytes + ALIGN) * size <= INT_MAX:
+        expected = common == agreed.common and own == agreed.own
+        spec_gets = agreed.root == -1 or me == agreed.root
+        infos = [agreed.info] * size
+        place = Gathered(infos, ordinal, rt, direct=pc.aware.aware) if spec_gets and expected else None
+        piece = outgoing(mine.source, rt, direct=pc.aware.aware) if expected else None
+        scratch = np.empty(0 if expected else agreed.nbytes * (size + 1) + ALIGN * size, np.uint8)
+        posted = post(piece or Outgoing(int(scratch.ctypes.data), agreed.nbytes, False, scratch),
+                      place or (_Scratch(scratch, agreed.nbytes, size) if spec_gets else None), infos)
+        vote(fn, pc, ballot, due, posted, keep=(piece, place, scratch))
+        if piece is not None:
+            piece.release()
+        if ballot.matches(agreed.common, agreed.own):
+            return place.finish(rt, NO_TAG) if place is not None else None
+        if place is not None:
+            place.finish(rt, NO_TAG)  # (discarded: the staging given back)
+    else:
+        vote(fn, pc, ballot, due)
+    if not ballot.agreed:
+        if ballot.votes[0] != -ballot.votes[1]:
+            disagree(fn, comm, f"root={root}", None, "every rank must name the same root")
+        disagree(fn, comm, "" if mine.error is None else reason(mine.error), mine.error, "")
+    if ballot.alike:
+        assert isinstance(mine.source, (np.ndarray, DeviceSource))
+        info = read(mine.blob)
+        assert isinstance(info, MessageInfo)
+        infos = [info] * size
+        pc.agreed[fn] = _Agreed(common, own, info, -1 if root is None else root)
+    else:  # descriptions differ: they travel (every rank needs the sizes), and nothing is remembered
+        infos = [info for info in map(read, comm.allgather(mine.blob)) if isinstance(info, MessageInfo)]
+        pc.agreed.pop(fn, None)
+    place = Gathered(infos, ordinal, rt, direct=pc.aware.aware) if gets else None
+    piece = outgoing(mine.source, rt, direct=pc.aware.aware)
+    collect(piece, place, infos)
+    piece.release()
+    return None if place is None else place.finish(rt, NO_TAG)
+
+
+class _Scratch:
+    """Where a rank whose call differs from the agreed one receives a speculative gather (then discarded)."""
+
+    __slots__ = ("address", "displacements")
+
+    def __init__(self, scratch: np.ndarray[Any, Any], nbytes: int, size: int) -> None:
+        step = -(-nbytes // ALIGN) * ALIGN
+        self.address = int(scratch.ctypes.data) + nbytes
+        self.displacements = [r * step for r in range(size)]
+
+
+def _spec_counts(place: Any, infos: Sequence[MessageInfo]) -> list[Any]:
+    """The receive spec of a speculative v-gather into ``place`` (a Gathered, or _Scratch)."""
+    n = infos[0].payload_nbytes
+    counts, displs = [n] * len(infos), list(place.displacements)
+    return [MPI.buffer.fromaddress(place.address if n else 0, (displs[-1] + n) if n else 0), (counts, displs),
+            MPI.BYTE]
+
+
 def gather_array(
     obj: Any, root: int = 0, comm: MPI.Comm | None = None, *, sync: bool | None = None, timeout: float | None = None
 ) -> list[Array] | None:
@@ -211,7 +346,7 @@ def gather_array(
 
     Args:
         obj: this rank's contribution: anything ``send_array`` takes.
-        root: the gathering rank.
+        root: the gathering rank; every rank names the same.
         comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
         sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the synchronization of this rank's
             producer stream.
@@ -222,25 +357,29 @@ def gather_array(
         one, else in host memory); None elsewhere.
 
     Raises:
-        CollectiveMismatchError: on every rank, when some rank could not contribute (that rank raises its
-            own error).
+        CollectiveMismatchError: on every rank, when the ranks name different roots, or some rank could not
+            contribute (that rank raises its own error).
         TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
-            step: end the job).
+            step: later ones on it raise ``CollectiveMismatchError``).
     """
     fn = "gather_array"
     pc, comm_, root, rt, _cfg, due = setup(fn, comm, root, timeout)
     mine = _contribute(fn, obj, sync, rt)
-    ex = _agree_all(fn, comm_, mine, due)
-    infos, sizes = ex.infos(), ex.sizes
-    me = comm_.Get_rank()
-    if ex.fused:
-        return _from_slots(ex, infos, pc, rt) if me == root else None
-    place = Gathered(infos, rt.current_device(), rt, direct=pc.aware.aware) if me == root else None
-    piece = outgoing(mine.source, rt, direct=pc.aware.aware)
-    recv = None if place is None else (place.address, [int(n) for n in sizes], place.displacements)
-    gatherv(comm_, (piece.address, piece.nbytes), recv, root, small=_small(sizes, infos), regular=_regular(sizes))
-    piece.release()
-    return None if place is None else place.finish(rt, NO_TAG)
+
+    def post(piece: Outgoing, place: Any, infos: list[MessageInfo]) -> list[MPI.Request]:
+        if not infos[0].payload_nbytes:
+            return []
+        recv = _spec_counts(place, infos) if place is not None else None
+        return [comm_.Igatherv(_raw(piece.address, piece.nbytes, True), recv, pc_root)]
+
+    def collect(piece: Outgoing, place: Gathered | None, infos: list[MessageInfo]) -> None:
+        sizes = [i.payload_nbytes for i in infos]
+        recv = None if place is None else (place.address, [int(n) for n in sizes], place.displacements)
+        gatherv(comm_, (piece.address, piece.nbytes), recv, root, small=_small(sizes, infos), regular=_regular(sizes))
+
+    agreed = pc.agreed.get(fn)
+    pc_root = agreed.root if agreed is not None else root
+    return _gathered(fn, pc, mine, root, due, rt, post, collect)
 
 
 def allgather_array(
@@ -262,21 +401,26 @@ def allgather_array(
         CollectiveMismatchError: on every rank, when some rank could not contribute (that rank raises its
             own error).
         TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
-            step: end the job).
+            step: later ones on it raise ``CollectiveMismatchError``).
     """
     fn = "allgather_array"
     pc, comm_, _root, rt, _cfg, due = setup(fn, comm, None, timeout)
     mine = _contribute(fn, obj, sync, rt)
-    ex = _agree_all(fn, comm_, mine, due)
-    infos, sizes = ex.infos(), ex.sizes
-    if ex.fused:
-        return _from_slots(ex, infos, pc, rt)
-    place = Gathered(infos, rt.current_device(), rt, direct=pc.aware.aware)
-    piece = outgoing(mine.source, rt, direct=pc.aware.aware)
-    allgatherv(comm_, (piece.address, piece.nbytes), (place.address, [int(n) for n in sizes], place.displacements),
-               small=_small(sizes, infos), regular=_regular(sizes))
-    piece.release()
-    return place.finish(rt, NO_TAG)
+
+    def post(piece: Outgoing, place: Any, infos: list[MessageInfo]) -> list[MPI.Request]:
+        if not infos[0].payload_nbytes:
+            return []
+        return [comm_.Iallgatherv(_raw(piece.address, piece.nbytes, True), _spec_counts(place, infos))]
+
+    def collect(piece: Outgoing, place: Gathered | None, infos: list[MessageInfo]) -> None:
+        assert place is not None
+        sizes = [i.payload_nbytes for i in infos]
+        allgatherv(comm_, (piece.address, piece.nbytes), (place.address, [int(n) for n in sizes],
+                   place.displacements), small=_small(sizes, infos), regular=_regular(sizes))
+
+    got = _gathered(fn, pc, mine, None, due, rt, post, collect)
+    assert got is not None
+    return got
 
 
 def _per_rank(fn: str, objs: Any, size: int, sync: Any, rt: Runtime) -> list[Contribution]:
@@ -319,9 +463,12 @@ def scatter_array(
     pc, comm_, root, rt, _cfg, due = setup(fn, comm, root, timeout)
     me, size = comm_.Get_rank(), comm_.Get_size()
     parts = _per_rank(fn, objs, size, sync, rt) if me == root else []
+    ballot = vote(fn, pc, Ballot(_common(fn, root)), due)  # (the root's failure travels in its descriptions)
+    if not ballot.agreed:
+        disagree(fn, comm_, f"root={root}", None, "every rank must name the same root")
     heads = np.array([[len(c.blob), _nbytes(c)] for c in parts], np.int64) if parts else None
     head = np.empty(2, np.int64)
-    joined(fn, comm_, due, "Scatter", heads, head, root)
+    comm_.Scatter(heads, head, root)
     blob = bytearray(max(int(head[0]), 1))
     data, counts, displs = pack([c.blob for c in parts]) if parts else (None, None, None)
     comm_.Scatterv(None if data is None else [data, (counts, displs), MPI.BYTE], [blob, int(head[0]), MPI.BYTE], root)
@@ -372,7 +519,7 @@ def alltoall_array(
     parts = _per_rank(fn, objs, size, sync, rt)
     heads = np.array([[len(c.blob), _nbytes(c)] for c in parts], np.int64)
     theirs = np.empty((size, 2), np.int64)
-    joined(fn, comm_, due, "Alltoall", heads, theirs)
+    joined(fn, pc, due, "Alltoall", heads, theirs)
     data, counts, displs = pack([c.blob for c in parts])
     rcounts = [int(n) for n in theirs[:, 0]]
     rdispls = [sum(rcounts[:i]) for i in range(size)]

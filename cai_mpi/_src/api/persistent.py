@@ -80,7 +80,7 @@ class PersistentCollective(PersistentLifecycle):
         pc, comm_, root_, rt, _cfg, due = setup(fn, comm, root, None)
         self._kind, self._obj, self._comm, self._rt, self._root = kind, obj, comm_, rt, root_
         me, size = comm_.Get_rank(), comm_.Get_size()
-        _, on_device = agree(fn, comm_, due, lambda: self._plan(obj, op, out, sync, me, size, pc.aware.aware))
+        _, on_device = agree(fn, pc, due, lambda: self._plan(obj, op, out, sync, me, size, pc.aware.aware))
         self._persistent = not on_device and hasattr(comm_, "Allreduce_init")
         if self._persistent:
             try:

@@ -1,22 +1,17 @@
-"""The ops of the reductions: what a user's ``op`` means, the MPI datatype that reduces a dtype with it, and the
-same reduction computed in numpy on gathered host data (the small one-shot path of ``reductions``).
-
-numpy computes here what MPI's predefined ops compute: integers wrap on overflow, the logical ops give 0 or 1
-in the input's dtype, ``min``/``max`` propagate NaN (as numpy does), ``mean`` divides the sum in the input
-dtype. An op numpy cannot stand in for (a user-defined ``MPI.Op``, ``MINLOC``, a bitwise op on floats...) is
-left to MPI, which applies or refuses it.
+"""The ops of the reductions: what a user's ``op`` means (``mean`` is MPI's sum divided by the number of ranks,
+in the input's dtype), the MPI datatype that reduces a dtype with it, and the division of a mean. MPI computes
+every reduction itself, so cai_mpi's answer is the user's MPI's.
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["ReduceOp", "combine", "divide", "op_name", "parse_op", "reduce_datatype"]
+__all__ = ["ReduceOp", "divide", "op_name", "parse_op", "reduce_datatype"]
 
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 _MEAN = ("mean", "avg")
@@ -30,31 +25,14 @@ _LOGICAL = (MPI.LAND, MPI.LOR, MPI.LXOR)
 _BOOL_OPS = "MPI.LAND, MPI.LOR, MPI.LXOR, 'min' or MPI.MIN (logical and), 'max' or MPI.MAX (logical or)"
 _OP_CHOICES = "'sum', 'prod', 'min', 'max', 'mean' (alias 'avg'), or an mpi4py MPI.Op such as MPI.SUM or MPI.LOR"
 
-# numpy's stand-in for each predefined op, and the dtype kinds MPI defines it for (MPI-4.1 section 6.9.2:
-# arithmetic on integers, floats, complex; min/max not on complex; logical on integers and bool; bitwise on
-# integers). Anything else goes to MPI.
-_Ufunc = Callable[..., Any]
-_NUMPY: list[tuple[MPI.Op, _Ufunc, str]] = [
-    (MPI.SUM, np.add, "iufc"), (MPI.PROD, np.multiply, "iufc"),
-    (MPI.MIN, np.minimum, "iuf"), (MPI.MAX, np.maximum, "iuf"),
-    (MPI.LAND, np.logical_and, "iub"), (MPI.LOR, np.logical_or, "iub"), (MPI.LXOR, np.logical_xor, "iub"),
-    (MPI.BAND, np.bitwise_and, "iu"), (MPI.BOR, np.bitwise_or, "iu"), (MPI.BXOR, np.bitwise_xor, "iu"),
-]
-
-
 class ReduceOp:
-    """The op a reduction was asked for: MPI's op, whether the result is then divided by the size (mean),
-    the name to put in errors, and numpy's ufunc for it where numpy computes the same (else None)."""
+    """The op a reduction was asked for: MPI's op, whether the result is then divided by the size (mean), and
+    the name to put in errors."""
 
-    __slots__ = ("mean", "mpi", "name", "ufunc")
+    __slots__ = ("mean", "mpi", "name")
 
     def __init__(self, mpi: MPI.Op, name: str, mean: bool = False) -> None:
         self.mpi, self.name, self.mean = mpi, name, mean
-        self.ufunc: tuple[_Ufunc, str] | None = None
-        for known, ufunc, kinds in _NUMPY:
-            if mpi == known:
-                self.ufunc = (ufunc, kinds)
-                break
 
     def for_bool(self, fn: str) -> ReduceOp:
         """The op that reduces bool arrays for this one: min and max are logical and/or (MPI defines MIN and
@@ -70,10 +48,6 @@ class ReduceOp:
             return self
         raise TypeError(f"{fn}: {self.name} does not apply to a bool array: use {_BOOL_OPS}; "
                         "or convert to an integer dtype to count")
-
-    def local(self, dtype: np.dtype[Any]) -> bool:
-        """Does numpy compute exactly what MPI would for ``dtype`` elements?"""
-        return self.ufunc is not None and dtype.kind in self.ufunc[1]
 
 
 def op_name(op: MPI.Op) -> str:
@@ -126,23 +100,3 @@ def divide(address: int, count: int, dtype: np.dtype[Any], size: int) -> None:
         return
     total = np.frombuffer(memoryview((ctypes.c_char * (count * dtype.itemsize)).from_address(address)).cast("B"), dtype)
     np.true_divide(total, dtype.type(size), out=total)
-
-
-def combine(op: ReduceOp, parts: Sequence[np.ndarray[Any, Any]], size: int) -> np.ndarray[Any, Any]:
-    """``op`` over ``parts`` (every rank's values, in rank order, one dtype and shape) as MPI would compute it:
-    a new C-ordered array of that dtype and shape; ``op.local(dtype)`` must hold."""
-    assert op.ufunc is not None
-    ufunc = op.ufunc[0]
-    first = parts[0]
-    acc: np.ndarray[Any, Any]
-    if len(parts) > 1 and first.ndim:  # the first two give a new C-ordered array (a third of copy-then-out=)
-        acc, rest = ufunc(first, parts[1]), parts[2:]
-    else:  # (a 0-d array stays an array, where a ufunc would return a numpy scalar)
-        acc, rest = first.copy(), parts[1:]
-    for part in rest:  # (numpy wraps integers silently, as MPI does)
-        ufunc(acc, part, out=acc, casting="unsafe")
-    if acc.dtype != first.dtype:  # the logical ops compute bool: 0 or 1 in the dtype, as MPI
-        acc = acc.astype(first.dtype)
-    if op.mean:
-        np.true_divide(acc, acc.dtype.type(size), out=acc)
-    return acc

@@ -1,19 +1,18 @@
 """Shape-free reductions: reduce_array and allreduce_array, on MPI's Reduce/Allreduce with typed datatypes.
 
-The ranks first exchange their descriptions (``transport.agreement``: one Allgather of fixed-size slots), so
-every rank knows that they reduce alike (same shape, exactly, and same dtype) or who had what. When every
-rank's data is small host data that numpy reduces as MPI would, the slots carry the values too and each rank
-reduces them itself (``reduce_ops.combine``): the whole call is that one collective. Otherwise MPI's
-Reduce/Allreduce follows, on typed datatypes. The result keeps the input dtype, as MPI does (no numpy-style
-promotion), in native byte order: MPI computes on native values, so host input of the other byte order is
-converted first (ranks may mix byte orders). Device data is reduced by a CUDA-aware MPI where it lies, otherwise on the
-host and copied back.
+Every rank votes (``transport.agreement``: one small Allreduce whatever the number of ranks) on what it
+reduces: shape, exactly, dtype, op and root; any difference, or a rank that cannot take part, is an error on
+every rank naming what each had. MPI's own Reduce/Allreduce computes the result at every size, so the answer
+is the user's MPI's. A call like the last one on the communicator (the steady state of a solver or a training
+loop) posts its payload reduction with the vote, speculatively: one round. The result keeps the input dtype, as
+MPI does (no numpy-style promotion), in native byte order: MPI computes on native values, so host input of the
+other byte order is converted first (ranks may mix byte orders). Device data is reduced by a CUDA-aware MPI
+where it lies, otherwise on the host and copied back.
 """
 
 from __future__ import annotations
 
-import ctypes
-import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -21,28 +20,41 @@ from mpi4py import MPI
 
 from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, RecvTarget, Target, describe_target, mismatch, recv_target, send_source
-from ..core.header import MessageInfo, encode_header
-from ..errors import CollectiveMismatchError
+from ..core.header import MessageInfo
 from ..runtime.base import Runtime
-from ..transport.agreement import Contribution, Exchange, exchange, raise_failures
+from ..transport.agreement import SPECULATE_BYTES, Ballot, disagree, fingerprint, reason, vote
 from ..transport.bigcount import reduce
-from ..transport.contiguous import Landing, outgoing
+from ..transport.contiguous import Landing, Outgoing, outgoing
+from ..transport.privcomm import PrivateComms
 from .collective_call import setup
-from .reduce_ops import ReduceOp, combine, divide, parse_op, reduce_datatype
+from .reduce_ops import ReduceOp, divide, parse_op, reduce_datatype
 from .validation import check_sync
 
 __all__ = ["allreduce_array", "reduce_array"]
 
 
 class _Plan:
-    """This rank's part of a reduction, once its arguments are checked: the source (native byte order), what it
-    is (``info``), the op and MPI datatype, and the ``out=`` target."""
+    """What reducing a (shape, dtype) with an op means, once checked: the description every rank votes on
+    (``text``, ``fp``), the result's ``info``, the op and the MPI datatype. Shared by calls alike."""
 
-    __slots__ = ("datatype", "info", "op", "source", "target")
+    __slots__ = ("datatype", "fp", "info", "op", "text")
 
-    def __init__(self, source: np.ndarray[Any, Any] | DeviceSource, info: MessageInfo, op: ReduceOp,
-                 datatype: MPI.Datatype, target: Target | None) -> None:
-        self.source, self.info, self.op, self.datatype, self.target = source, info, op, datatype, target
+    def __init__(self, info: MessageInfo, op: ReduceOp, datatype: MPI.Datatype) -> None:
+        self.info, self.op, self.datatype = info, op, datatype
+        self.text = f"shape={info.shape} dtype={info.dtype.str} op={op.name}"
+        self.fp = fingerprint(self.text)
+
+
+class _Agreed:
+    """The signature the last reduction of a kind agreed on, on a communicator (the same on every rank):
+    enough to post the next one's payload reduction before its vote."""
+
+    __slots__ = ("common", "count", "datatype", "mpi", "nbytes", "root")
+
+    def __init__(self, common: int, count: int, datatype: MPI.Datatype, mpi: MPI.Op, nbytes: int,
+                 root: int | None) -> None:
+        self.common, self.count, self.datatype, self.mpi, self.nbytes = common, count, datatype, mpi, nbytes
+        self.root = root
 
 
 def _native(fn: str, src: np.ndarray[Any, Any] | DeviceSource) -> np.ndarray[Any, Any] | DeviceSource:
@@ -58,113 +70,176 @@ def _native(fn: str, src: np.ndarray[Any, Any] | DeviceSource) -> np.ndarray[Any
                     f"native values: convert it on the device first (to {dtype.newbyteorder('=').str})")
 
 
-def _plan(fn: str, obj: Any, op: Any, out: Any, gets_result: bool, sync: Any, rt: Runtime) -> tuple[bytes, _Plan]:
-    """This rank's header (C order, as reductions move their elements) and plan; raises on a bad argument."""
+def _plan(fn: str, obj: Any, op: Any, sync: Any, rt: Runtime) -> tuple[np.ndarray[Any, Any] | DeviceSource, _Plan]:
+    """This rank's source (native byte order) and plan; raises on a bad argument."""
     src = _native(fn, send_source(fn, obj, check_sync(fn, sync), rt))
     shape, dtype = (src.shape, src.dtype) if isinstance(src, np.ndarray) else (src.desc.shape, src.desc.dtype)
     key = (op if isinstance(op, str) else op.py2f() if isinstance(op, MPI.Op) else None, dtype, shape)
-    known = _known.get(key)
-    if known is None:
+    plan = _known.get(key)
+    if plan is None:
         how = parse_op(fn, op)
         datatype = reduce_datatype(fn, dtype, how)
         if dtype.kind == "b":
             how = how.for_bool(fn)
-        info = MessageInfo(dtype, shape, False, math.prod(shape) * dtype.itemsize, 0, None, False, False, 0)
-        known = (encode_header(dtype, shape, fortran=False, payload_tag=0), info, how, datatype)
+        size = 1
+        for n in shape:
+            size *= n
+        plan = _Plan(MessageInfo(dtype, shape, False, size * dtype.itemsize, 0, None, False, False, 0), how, datatype)
         if key[0] is not None:
             if len(_known) >= 256:
                 _known.clear()
-            _known[key] = known
-    blob, info, how, datatype = known
-    target = None
-    if out is not None and gets_result:
+            _known[key] = plan
+    return src, plan
+
+
+# (op, dtype, shape) -> _Plan: what checking the arguments found, for the next call with the same (a step of a
+# solver or a training loop reduces the same arrays every time).
+_known: dict[tuple[Any, ...], _Plan] = {}
+
+
+def _out(fn: str, out: Any, plan: _Plan, rt: Runtime) -> tuple[Target | None, Exception | None]:
+    """``out=`` checked against the result: the target, or the error this rank raises once the call is over (a
+    bad ``out=`` is this rank's own error: the others complete, as in ``bcast_array``)."""
+    try:
         target = recv_target(fn, out, rt)
-        why = mismatch(target, shape, dtype)
-        if why is not None:
-            raise ValueError(f"{fn}: out= ({describe_target(target)}) cannot hold the result "
-                             f"(shape={shape} dtype={dtype.str}): {why}")
-    return blob, _Plan(src, info, how, datatype, target)
+        why = mismatch(target, plan.info.shape, plan.info.dtype)
+    except Exception as exc:
+        return None, exc
+    if why is not None:
+        return None, ValueError(f"{fn}: out= ({describe_target(target)}) cannot hold the result "
+                                f"({plan.info.describe()}): {why}; the reduction completed without it")
+    return target, None
 
 
-# (op, dtype, shape) -> (header, MessageInfo, ReduceOp, MPI datatype): what checking the arguments found, for the
-# next call with the same (a step of a solver or a training loop reduces the same arrays every time).
-_known: dict[tuple[Any, ...], tuple[bytes, MessageInfo, ReduceOp, MPI.Datatype]] = {}
+class _Buffers:
+    """Where this rank's reduction reads (``piece``) and writes (``landing``; None off the root, scratch when
+    ``out=`` was refused)."""
+
+    __slots__ = ("landing", "piece", "scratch")
+
+    def __init__(self, piece: Outgoing, landing: Landing | None, scratch: np.ndarray[Any, Any] | None) -> None:
+        self.piece, self.landing, self.scratch = piece, landing, scratch
+
+    @property
+    def recv(self) -> int:
+        if self.scratch is not None:
+            return int(self.scratch.ctypes.data)
+        return self.piece.address if self.landing is None else self.landing.address
+
+    def release(self) -> None:
+        """Discard what was received (the call is made again): staging given back."""
+        self.piece.release()
+        if self.landing is not None:
+            self.landing.finish()
+
+    def finish(self, plan: _Plan, size: int) -> Array | None:
+        """The result, once MPI has written it (the mean divided); the staging given back."""
+        self.piece.release()
+        if self.landing is None:
+            return None
+        if plan.op.mean:
+            assert not self.landing.device
+            divide(self.landing.address, plan.info.payload_nbytes // plan.info.dtype.itemsize, plan.info.dtype, size)
+        return self.landing.finish()
+
+
+def _buffers(src: np.ndarray[Any, Any] | DeviceSource, plan: _Plan, target: Target | None, gets_result: bool,
+             trouble: Exception | None, pc: PrivateComms, rt: Runtime) -> _Buffers:
+    on_device = target.desc is not None if isinstance(target, RecvTarget) else (
+        target is None and isinstance(src, DeviceSource))
+    # MPI reduces where both buffers lie: on the device only through a CUDA-aware MPI, and only when input and
+    # result are both device memory; otherwise on the host, staged both ways. The mean divides the sum on the
+    # host, so a device result of op="mean" is staged through the host.
+    direct = (pc.aware.aware and isinstance(src, DeviceSource) and (on_device or not gets_result)
+              and not (plan.op.mean and gets_result))
+    piece = outgoing(src, rt, direct=direct, c_order=True)
+    if not gets_result:
+        return _Buffers(piece, None, None)
+    if trouble is not None:
+        return _Buffers(piece, None, np.empty(max(plan.info.payload_nbytes, 1), np.uint8))
+    ordinal = src.ordinal if target is None and isinstance(src, DeviceSource) else None
+    return _Buffers(piece, Landing.plan(plan.info, target, ordinal, -1, -1, rt, direct=direct), None)
+
+
+def _post(comm: MPI.Comm, send: int, recv: int | None, agreed: _Agreed) -> MPI.Request:
+    """The payload reduction of the ``agreed`` signature, nonblocking (``recv`` None off the root; ``recv == send``
+    in place)."""
+    n, dt = agreed.count, agreed.datatype
+    src: Any = MPI.IN_PLACE if recv == send else [MPI.buffer.fromaddress(send, agreed.nbytes, readonly=True), n, dt]
+    out = None if recv is None else [MPI.buffer.fromaddress(recv, agreed.nbytes), n, dt]
+    if agreed.root is None:
+        return comm.Iallreduce(src, out, agreed.mpi)
+    return comm.Ireduce(src, out, agreed.mpi, agreed.root)
+
+
+def _speculate(fn: str, pc: PrivateComms, ballot: Ballot, due: Any, agreed: _Agreed,
+               mine: Callable[[], _Buffers] | None) -> _Buffers | None:
+    """The steady state: the payload reduction of the last ``agreed`` signature goes with the vote, into this
+    rank's own buffers (``mine()``) when its call is the agreed one, else into scratch, so that every rank makes
+    the same MPI calls whatever the vote says. Returns this rank's buffers, to finish, when every rank's call was
+    the agreed one; None when the reduction must be made again (buffers of its own given back)."""
+    comm = pc.header
+    gets_result = agreed.root is None or comm.Get_rank() == agreed.root
+    bufs = mine() if mine is not None else None
+    scratch = None
+    if bufs is not None:
+        send, recv = bufs.piece.address, bufs.recv if gets_result else None
+    else:
+        scratch = np.empty((2, agreed.nbytes), np.uint8)
+        send, recv = int(scratch[0].ctypes.data), int(scratch[1].ctypes.data) if gets_result else None
+    vote(fn, pc, ballot, due, [_post(comm, send, recv, agreed)], keep=(bufs, scratch))
+    if bufs is not None and ballot.matches(agreed.common):
+        return bufs
+    if bufs is not None:
+        bufs.release()
+    return None
 
 
 def _reduce(
     fn: str, obj: Any, op: Any, root: int | None, comm: Any, out: Any, sync: Any, timeout: Any
 ) -> Array | None:
     pc, comm_, _root, rt, cfg, due = setup(fn, comm, root, timeout)
-    me = comm_.Get_rank()
+    me, size = comm_.Get_rank(), comm_.Get_size()
     gets_result = root is None or me == root
     try:
-        blob, plan = _plan(fn, obj, op, out, gets_result, sync, rt)
-        mine = Contribution(blob, plan)
+        src, plan = _plan(fn, obj, op, sync, rt)
+        error: Exception | None = None
+        common = plan.fp if root is None else fingerprint(f"{plan.text} root={root}")
+        target, trouble = _out(fn, out, plan, rt) if out is not None and gets_result else (None, None)
     except Exception as exc:
-        mine, plan = Contribution.failed(exc), None
-    # Small host data travels in the exchange and is reduced here; the exchange says whether every rank's did.
-    local = plan is not None and plan.op.local(plan.info.dtype)
-    ex = exchange(fn, comm_, mine, 0 if plan is None else plan.info.payload_nbytes, due,
-                  payload=plan.source if local and plan is not None and isinstance(plan.source, np.ndarray) else None,
-                  c_order=True)
-    if not ex.alike:  # (alike: every rank sent this rank's header, so none failed and all reduce alike)
-        raise_failures(fn, ex.described, mine, me)
-        _alike(fn, ex, mine)
-    assert plan is not None
-    if ex.fused:
-        return _reduced_here(plan, ex, comm_.Get_size(), rt) if gets_result else None
-    src, info = plan.source, plan.info
-    target = plan.target
-    on_device = target.desc is not None if isinstance(target, RecvTarget) else (
-        target is None and isinstance(src, DeviceSource))
-    # MPI reduces where both buffers lie: on the device only through a CUDA-aware MPI, and only when
-    # input and result are both device memory; otherwise on the host, staged both ways.
-    # The mean divides the sum on the host, so a device result of op="mean" is staged through the host.
-    direct = (pc.aware.aware and isinstance(src, DeviceSource) and (on_device or not gets_result)
-              and not (plan.op.mean and gets_result))
-    piece = outgoing(src, rt, direct=direct, c_order=True)
-    landing = None
-    if gets_result:
-        ordinal = src.ordinal if target is None and isinstance(src, DeviceSource) else None
-        landing = Landing.plan(info, target, ordinal, -1, -1, rt, direct=direct)
-    count = info.payload_nbytes // max(plan.datatype.Get_size(), 1)
-    reduce(comm_, piece.address, piece.address if landing is None else landing.address, count, plan.datatype,
-           plan.op.mpi, root, cfg.max_message_bytes)
-    piece.release()
-    if landing is not None and plan.op.mean:
-        assert not landing.device
-        divide(landing.address, count, info.dtype, comm_.Get_size())
-    return None if landing is None else landing.finish()
-
-
-def _alike(fn: str, ex: Exchange, mine: Contribution) -> None:
-    """Every rank reduces the same shape and dtype, or CollectiveMismatchError on every rank saying who had what."""
-    infos = ex.infos()
-    if all(i.dtype == infos[0].dtype and i.shape == infos[0].shape for i in infos):
-        return
-    had = "; ".join(f"rank {r}: shape={d.shape} dtype={d.dtype.str}" for r, d in enumerate(infos))
-    raise CollectiveMismatchError(f"{fn}: the ranks must reduce arrays of one shape and dtype, but {had}")
-
-
-def _reduced_here(plan: _Plan, ex: Exchange, size: int, rt: Runtime) -> Array:
-    """The reduction of the values every rank's slot carried, computed in numpy, where the result goes."""
+        error, common = exc, fingerprint(reason(exc))
+    ballot = Ballot(common, failed=error is not None)
+    agreed = pc.agreed.get(fn)
+    if agreed is not None and 0 < agreed.nbytes <= SPECULATE_BYTES:
+        mine = None
+        if error is None and common == agreed.common:
+            mine = lambda: _buffers(src, plan, target, gets_result, trouble, pc, rt)  # noqa: E731
+        bufs = _speculate(fn, pc, ballot, due, agreed, mine)
+        if bufs is not None:
+            result = bufs.finish(plan, size)
+            if trouble is not None:
+                raise trouble
+            return result
+    else:
+        vote(fn, pc, ballot, due)
+    if error is not None:
+        disagree(fn, comm_, reason(error), error, "")  # (raises this rank's own error, after every rank heard of it)
+    if not ballot.agreed:
+        text = plan.text if root is None else f"{plan.text} root={root}"
+        disagree(fn, comm_, text, None, "the ranks must reduce arrays of one shape and dtype with one op"
+                 + ("" if root is None else " and root"))
     info = plan.info
-    dtype, shape = info.dtype, info.shape
-    parts = [np.ndarray(shape, dtype, ex.slots, ex.start(r)) for r in range(size)]
-    result = combine(plan.op, parts, size)
-    target = plan.target
-    if target is None:
-        return Array._over_host(result, -1, -1, None)
-    if isinstance(target, np.ndarray):
-        np.copyto(target, result, casting="no")
-        return Array._over_host(target, -1, -1, None, target)
-    if target.host is not None:
-        np.copyto(target.host, result, casting="no")
-        return Array._over_host(target.host, -1, -1, None, target.owner)
-    landing = Landing.plan(info, target, None, -1, -1, rt, direct=False)  # a device out=: through the host
-    if info.payload_nbytes:
-        ctypes.memmove(landing.address, result.ctypes.data, info.payload_nbytes)
-    return landing.finish()
+    count = info.payload_nbytes // max(plan.datatype.Get_size(), 1)
+    if plan.op.mpi.is_predefined:  # (a user's op may be freed before the next call: never posted ahead)
+        pc.agreed[fn] = _Agreed(common, count, plan.datatype, plan.op.mpi, info.payload_nbytes, root)
+    else:
+        pc.agreed.pop(fn, None)
+    bufs = _buffers(src, plan, target, gets_result, trouble, pc, rt)
+    reduce(comm_, bufs.piece.address, bufs.recv, count, plan.datatype, plan.op.mpi, root, cfg.max_message_bytes)
+    result = bufs.finish(plan, size)
+    if trouble is not None:
+        raise trouble
+    return result
 
 
 def reduce_array(

@@ -1,22 +1,31 @@
-"""What the ranks of a collective tell each other before (or instead of) moving payloads: each contribution's
-description (a cai_mpi header without payload tag), or why a rank has nothing to contribute.
+"""How the ranks of a collective agree on what they do, whatever the world's size: one small vote per call.
 
-The exchange is one collective of fixed-size slots (``SLOT_BYTES`` per rank: an ``Allgather``, or the root's
-``Bcast``). A slot holds a short prefix, the header, and, when the whole contribution fits, the payload too
-(host data only): when every rank's fits, that one collective was the whole operation. The prefix says so
-(``fused``), so every rank reads the same answer from the same bytes and takes the same path without another
-message; otherwise the headers longer than a slot send their rest, then MPI's collective moves the payloads.
+Every rank hashes what all ranks must share (the operation, root, op, dtype, shape, wire order: whatever decides
+the MPI calls each rank makes) into a fingerprint, and its own description into a second (gather-like
+collectives let descriptions differ). One ``Allreduce(MAX)`` of six integers, ``[common, -common, own, -own,
+failed, device]``, tells every rank the same thing from the same bytes: whether all fingerprints are equal
+(``max(h) == -max(-h)``), whether all descriptions are, whether a rank failed, whether a rank holds device
+memory. Its size does not depend on the number of ranks. Descriptions travel only where they are needed (the
+root's in ``bcast_array``, every rank's in gather-like collectives only when they differ); when the vote says
+the ranks disagree, or one failed, every rank joins the error path (``disagree``: a gather of short texts) and
+raises, naming who had what.
 
-Every rank takes part in every step whatever went wrong locally, so a bad argument on one rank becomes an
-error on every rank instead of a hang: the rank that failed raises its own exception, the others raise
-``CollectiveMismatchError`` naming it.
+In the steady state a call costs one round: every rank remembers the signature the previous call of the same
+kind agreed on (``PrivateComms.agreed``, the same on every rank because it was agreed), posts the payload
+collective shaped by it (its own data where its signature matches, scratch where it does not, so every rank
+makes the same MPI calls) together with the vote, and keeps the result when the vote says everyone matched.
+
+A collective that times out leaves its communicator out of step (MPI cannot withdraw a collective):
+``settle`` marks it, and every later collective on it raises at once (``check_in_step``), naming the call
+that timed out. Point-to-point on the same communicator is unaffected.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -28,12 +37,17 @@ from ..progress.deadlines import Deadline, collective_expired
 from ..progress.driving import complete_by
 from ..progress.requests import PostedRequest
 from ..progress.waits import MPIWait
+from .privcomm import PrivateComms
 
 __all__ = [
-    "SLOT_BYTES", "Contribution", "Exchange", "broadcast", "describe_source", "exchange", "joined", "pack",
-    "payload_room", "raise_failures", "read", "unpack",
+    "NOBODY", "SLOT_BYTES", "SPECULATE_BYTES", "Ballot", "Contribution", "Exchange", "broadcast", "check_in_step",
+    "describe_source", "disagree", "fingerprint", "joined", "pack", "raise_failures", "read", "reason", "settle",
+    "unpack", "vote",
 ]
 
+#: Payloads of at most this many bytes (by the remembered signature) are posted with the vote, speculatively;
+#: larger ones follow the vote with MPI's blocking collective (docs/benchmarks.md has the measurement).
+SPECULATE_BYTES = 64 * 1024
 _ERROR = b"\x00ERR"  # starts a failure's text; the headers exchanged here have payload tag 0: four NULs
 _UNLIMITED = 1 << 62
 #: Bytes per rank of the exchange: a contribution whose prefix, header and payload fit travels whole in it.
@@ -132,17 +146,118 @@ def unpack(data: bytes | bytearray, counts: Sequence[int]) -> list[bytes]:
     return out
 
 
-def joined(fn: str, comm: MPI.Intracomm, due: Deadline | None, collective: str, *args: Any) -> None:
-    """A collective's first step, where every rank must arrive: ``comm.<collective>(*args)``; with a deadline its
+def joined(fn: str, pc: PrivateComms, due: Deadline | None, collective: str, *args: Any) -> None:
+    """A collective step where every rank must arrive: ``pc.header.<collective>(*args)``; with a deadline its
     nonblocking form, which is abandoned (its buffers kept alive) with TimeoutError if some rank has not come."""
+    comm = pc.header
     if due is None:
         getattr(comm, collective)(*args)
         return
     req = getattr(comm, "I" + collective[0].lower() + collective[1:])(*args)
-    if not complete_by(MPIWait([req]), due):
-        error = collective_expired(fn, comm, due)
-        PostedRequest([req], None, keep=args)._abandon(error)
+    settle(fn, pc, [req], due, args)
+
+
+# -- the vote -------------------------------------------------------------------------------------------------
+
+#: ``own`` of a rank that describes nothing in this vote (a non-root of ``bcast_array``): below every fingerprint
+NOBODY = -(1 << 62)
+
+
+def fingerprint(data: bytes | str) -> int:
+    """A 61-bit hash of ``data``: its negation is a fingerprint too, and both stay above ``NOBODY``."""
+    raw = data.encode() if isinstance(data, str) else data
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little", signed=True) >> 3
+
+
+class Ballot:
+    """This rank's vote, and after the vote (``votes``: the MAX over every rank) what every rank reads from it."""
+
+    __slots__ = ("votes",)
+
+    def __init__(self, common: int, own: int = NOBODY, failed: bool = False, device: bool = False) -> None:
+        self.votes = np.array([common, -common, own, -own if own != NOBODY else NOBODY, int(failed), int(device)],
+                              np.int64)
+
+    @property
+    def agreed(self) -> bool:
+        """Every rank had the same common fingerprint, and none failed."""
+        v = self.votes
+        return bool(v[0] == -v[1] and v[4] == 0)
+
+    def matches(self, common: int, own: int = NOBODY) -> bool:
+        """Every rank agreed on ``common`` and (unless ``NOBODY``) every described rank had ``own``."""
+        v = self.votes
+        return bool(v[0] == common and v[1] == -common and v[4] == 0 and (own == NOBODY or (v[2] == own
+                                                                                          and v[3] == -own)))
+
+    @property
+    def alike(self) -> bool:
+        """Every rank that described something described the same (after ``agreed``)."""
+        v = self.votes
+        return bool(v[2] == -v[3] or (v[2] == NOBODY and v[3] == NOBODY))
+
+    @property
+    def own(self) -> int:
+        return int(self.votes[2])
+
+    @property
+    def device(self) -> bool:
+        """Some rank holds device memory."""
+        return bool(self.votes[5])
+
+
+def check_in_step(fn: str, pc: PrivateComms) -> None:
+    """Refuse a collective on a communicator whose collectives are out of step (one timed out here)."""
+    if pc.out_of_step is not None:
+        raise CollectiveMismatchError(
+            f"{fn}: this communicator's collectives are out of step since {pc.out_of_step}, and MPI cannot withdraw "
+            "a collective: a new one could match the one still posted on another rank. Use another communicator "
+            "for collectives (point-to-point on this one still works), or end the job")
+
+
+def settle(fn: str, pc: PrivateComms, reqs: list[MPI.Request], due: Deadline | None, keep: Any) -> None:
+    """Wait for posted collectives; past ``due``, leave them to finish in the background (``keep`` alive), mark
+    the communicator out of step, and raise TimeoutError."""
+    if due is None:
+        MPI.Request.Waitall(reqs)
+        return
+    if not complete_by(MPIWait(reqs), due):
+        error = collective_expired(fn, pc.header, due)
+        pc.out_of_step = f"{fn} timed out after {due.seconds:g} s on this rank"
+        PostedRequest(reqs, None, keep=keep)._abandon(error)
         raise error
+
+
+def vote(fn: str, pc: PrivateComms, ballot: Ballot, due: Deadline | None,
+         speculative: Sequence[MPI.Request] = (), keep: Any = None) -> Ballot:
+    """Every rank's ballot, combined (``ballot.votes`` then holds the result), with the ``speculative`` payload
+    collectives already posted completing with it."""
+    comm = pc.header
+    if not speculative and due is None:
+        comm.Allreduce(MPI.IN_PLACE, ballot.votes, MPI.MAX)
+        return ballot
+    reqs = [*speculative, comm.Iallreduce(MPI.IN_PLACE, ballot.votes, MPI.MAX)]
+    settle(fn, pc, reqs, due, (ballot, keep))
+    return ballot
+
+
+def disagree(fn: str, comm: MPI.Comm, text: str, error: BaseException | None, what: str) -> NoReturn:
+    """The error path, after a vote that did not agree (every rank is here): every rank's ``text`` (its
+    description, or with ``error`` why it could not take part) to every rank, then this rank's own ``error``, or
+    CollectiveMismatchError naming what each rank had (``what``: the rule they broke)."""
+    texts = comm.allgather((text, error is not None))  # (pickled: the error path only)
+    if error is not None:
+        raise error
+    failed = "; ".join(f"rank {r}: could not take part ({t})" for r, (t, bad) in enumerate(texts) if bad)
+    if failed:
+        raise CollectiveMismatchError(f"{fn}: {failed}")
+    had = "; ".join(f"rank {r}: {t}" for r, (t, _bad) in enumerate(texts))
+    raise CollectiveMismatchError(f"{fn}: {what}, but {had}")
+
+
+def reason(exc: BaseException) -> str:
+    """What ``disagree`` tells the other ranks of this rank's failure."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 # -- slots ----------------------------------------------------------------------------------------------------
@@ -224,75 +339,19 @@ def _read_slots(slots: memoryview, count: int) -> tuple[
     return described, longer, sizes, starts, fused
 
 
-def _alike(slots: np.ndarray[Any, Any], view: memoryview, at: int, blob: bytes, size: int) -> Exchange | None:
-    """The exchange when every slot starts as this rank's own (at byte ``at``) and its header was decoded before:
-    one comparison per slot instead of a copy and a lookup (the ranks of a reduction, or of a gather of
-    same-shaped arrays, describe the same thing). None otherwise: then each slot is read on its own."""
-    info = _seen.get(blob)
-    if info is None:  # (never a failure's text, a header with meta, or one longer than a slot)
-        return None
-    n = _HEAD.size + len(blob)  # the prefix (header length, flags, payload size) and the header
-    own = view[at : at + n]
-    for other in range(0, size * SLOT_BYTES, SLOT_BYTES):
-        if other != at and view[other : other + n] != own:
-            return None
-    _nblob, flags, nbytes = _HEAD.unpack_from(view, at)
-    start = _payload_at(len(blob))
-    return Exchange(slots, [info] * size, [nbytes] * size, list(range(start, size * SLOT_BYTES, SLOT_BYTES)),
-                    flags == _FUSED, alike=True)
-
-
-def exchange(
-    fn: str, comm: MPI.Intracomm, mine: Contribution, nbytes: int, due: Deadline | None, *,
-    payload: np.ndarray[Any, Any] | None = None, c_order: bool = False,
-) -> Exchange:
-    """Every rank's contribution, everywhere: one ``Allgather`` of slots (``payload``: this rank's host data of
-    ``nbytes`` bytes, carried when it fits, in ``describe_source``'s order or, with ``c_order``, in C order), and
-    an ``Allgatherv`` of the headers longer than a slot, if any."""
-    size = comm.Get_size()
-    slots = np.empty(SLOT_BYTES * size, np.uint8)
-    view, at = slots.data, comm.Get_rank() * SLOT_BYTES
-    _fill(view, at, mine, nbytes, payload, c_order)
-    if due is None:
-        comm.Allgather(MPI.IN_PLACE, [slots, SLOT_BYTES, MPI.BYTE])
-    else:
-        joined(fn, comm, due, "Allgather", MPI.IN_PLACE, [slots, SLOT_BYTES, MPI.BYTE])
-    same = _alike(slots, view, at, mine.blob, size)
-    if same is not None:
-        return same
-    described, longer, sizes, starts, fused = _read_slots(view, size)
-    if longer:  # long headers (meta, structured dtypes) or failure texts: their rest
-        lengths = [_HEAD.unpack_from(slots.data, r * SLOT_BYTES)[0] for r in range(size)]
-        counts = [max(n - ROOM, 0) for n in lengths]
-        rest = bytearray(max(sum(counts), 1))
-        displs = [sum(counts[:i]) for i in range(size)]
-        comm.Allgatherv(mine.blob[ROOM:], [rest, (counts, displs), MPI.BYTE])
-        for r, tail in enumerate(unpack(rest, counts)):
-            if r in longer:
-                described[r] = read(longer[r] + tail)
-    return Exchange(slots, described, sizes, starts, fused)
-
-
 def broadcast(
-    fn: str, comm: MPI.Intracomm, root: int, mine: Contribution, nbytes: int, due: Deadline | None, *,
-    payload: np.ndarray[Any, Any] | None = None,
+    comm: MPI.Intracomm, root: int, mine: Contribution, nbytes: int, *, payload: np.ndarray[Any, Any] | None = None,
 ) -> Exchange:
-    """The root's contribution, everywhere: one ``Bcast`` of the root's slot (with its host ``payload`` when it
-    fits), and a second of the rest of a header longer than a slot, if it is."""
+    """The root's description, everywhere, once a vote has seen every rank arrive: one ``Bcast`` of the root's slot
+    (with its host ``payload`` when it fits), and a second of the rest of a header longer than a slot, if it is."""
     slot = np.empty(SLOT_BYTES, np.uint8)
     if comm.Get_rank() == root:  # (the root knows what it sends: it reads nothing back)
         fused = _fill(slot.data, 0, mine, nbytes, payload, False)
-        if due is None:
-            comm.Bcast([slot, SLOT_BYTES, MPI.BYTE], root)
-        else:
-            joined(fn, comm, due, "Bcast", [slot, SLOT_BYTES, MPI.BYTE], root)
+        comm.Bcast([slot, SLOT_BYTES, MPI.BYTE], root)
         if len(mine.blob) > ROOM:
             comm.Bcast(bytearray(mine.blob[ROOM:]), root)
         return Exchange(slot, [read(mine.blob)], [nbytes], [_payload_at(len(mine.blob))], fused)
-    if due is None:
-        comm.Bcast([slot, SLOT_BYTES, MPI.BYTE], root)
-    else:
-        joined(fn, comm, due, "Bcast", [slot, SLOT_BYTES, MPI.BYTE], root)
+    comm.Bcast([slot, SLOT_BYTES, MPI.BYTE], root)
     described, longer, sizes, starts, fused = _read_slots(slot.data, 1)
     if longer:
         rest = bytearray(_HEAD.unpack_from(slot.data, 0)[0] - ROOM)

@@ -22,7 +22,7 @@ class PrivateComms:
     in another thread) can ever match a payload.
     """
 
-    __slots__ = ("__weakref__", "_tags", "aware", "header", "payload", "size", "tag_ub")
+    __slots__ = ("__weakref__", "_tags", "agreed", "aware", "header", "out_of_step", "payload", "size", "tag_ub")
 
     def __init__(self, comm: MPI.Comm) -> None:
         self.header: MPI.Comm = comm.Dup()
@@ -37,6 +37,11 @@ class PrivateComms:
         comm_for_agreement = self.header if not self.header.Is_inter() else None
         local = detect_local()
         self.aware: CudaAwareness = agree(comm_for_agreement, local) if comm_for_agreement else local
+        #: the signature each kind of one-shot collective last agreed on, by kind (``transport.agreement``): the
+        #: same on every rank, since it was agreed
+        self.agreed: dict[str, Any] = {}
+        #: why this communicator's collectives are out of step (a collective timed out on this rank), or None
+        self.out_of_step: str | None = None
 
     def next_payload_tag(self) -> int:
         # itertools.count is atomic under the GIL; wrapping needs tag_ub messages in flight to collide.
