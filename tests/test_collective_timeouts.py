@@ -64,3 +64,49 @@ def test_the_environment_timeout_reaches_the_collectives(seconds: str) -> None:
     done = run_ranks(2, ["-c", program], timeout=100, env={"CAI_MPI_TIMEOUT": seconds})
     assert done.returncode != 0 and done.seconds < 60, done.output
     assert f"timed out: allreduce_array: not every rank of MPI_COMM_WORLD joined within {seconds} s" in done.stdout
+
+
+OUT_OF_STEP = r"""
+import time
+import numpy as np
+import cai_mpi
+from mpi4py import MPI
+
+world = MPI.COMM_WORLD
+comm = world.Dup()
+cai_mpi.cuda_aware(comm)  # (cai_mpi's first use of a communicator is collective: done while everyone is here)
+if world.Get_rank() == 0:
+    try:
+        cai_mpi.allreduce_array(np.ones(2), comm=comm, timeout=0.5)
+    except cai_mpi.TimeoutError:
+        print("timed out", flush=True)
+    for call in (lambda: cai_mpi.allreduce_array(np.ones(2), comm=comm),
+                 lambda: cai_mpi.bcast_array(np.ones(2), comm=comm, timeout=5)):
+        try:
+            call()
+            print("a collective went through", flush=True)
+        except cai_mpi.CollectiveMismatchError as exc:
+            print("refused:", exc, flush=True)
+    cai_mpi.send_array(np.arange(3), 1, tag=4, comm=comm)
+    print("sent", flush=True)
+else:
+    time.sleep(2)  # late: rank 0's allreduce timed out
+    got = cai_mpi.recv_array(0, tag=4, comm=comm, timeout=30)
+    print("received", np.asarray(got).tolist(), flush=True)
+world.Barrier()
+world.Abort(3)  # (rank 0's timed-out collective is still posted: the job ends as the error advises)
+"""
+
+
+def test_a_collective_that_timed_out_leaves_its_communicator_refusing_collectives() -> None:
+    """After a timeout, every collective on that communicator raises at once, naming the call that timed out
+    (a later call could otherwise match the stale one on another rank); point-to-point on it still works."""
+    done = run_ranks(2, ["-c", OUT_OF_STEP], timeout=100)
+    out = done.stdout
+    assert "timed out" in out and "a collective went through" not in out, done.output
+    refusals = [line for line in out.splitlines() if line.startswith("refused:")]
+    assert len(refusals) == 2, done.output
+    for line in refusals:
+        assert "out of step since allreduce_array timed out after 0.5 s" in line, line
+        assert "point-to-point on this one still works" in line, line
+    assert "sent" in out and "received [0, 1, 2]" in out, done.output
