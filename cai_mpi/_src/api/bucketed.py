@@ -14,6 +14,7 @@ collective it saves). The persistent form votes once, at creation (``agreed.agre
 from __future__ import annotations
 
 from collections.abc import Mapping
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from ..arrays.operands import DeviceSource, send_source
 from ..runtime.base import Runtime
 from ..transport.agreement import Ballot, disagree, fingerprint, reason, vote
 from ..transport.bigcount import INT_MAX, reduce
+from ..transport.pool import host_receive_pool
 from .agreed import agree
 from .bucket_plan import DIRECT_BYTES, Direct, Plan, is_container
 from .collective_call import setup
@@ -114,12 +116,13 @@ def allreduce_arrays(
         sources = plan.sources
     size = comm_.Get_size()
     out: list[Any] = [None] * plan.n
-    alone = [np.empty(d.shape, d.dtype) for d in plan.direct]
+    pool = host_receive_pool()  # (pooled: a result's memory serves a later call once the result is finalized)
+    alone = [pool.take_array(d.shape, d.dtype, d.dtype.itemsize * prod(d.shape)) for d in plan.direct]
     for d, result in zip(plan.direct, alone, strict=True):
         _direct(comm_, d, sources[d.position], result, cfg.max_message_bytes)
     buffers = []
     for bucket in plan.buckets:
-        buf = np.empty(bucket.count, bucket.dtype)
+        buf = pool.take_array((bucket.count,), bucket.dtype, bucket.count * bucket.dtype.itemsize)
         plan.fill(bucket, buf, sources, rt)
         if bucket.count * bucket.dtype.itemsize <= cfg.max_message_bytes and bucket.count <= INT_MAX:
             comm_.Allreduce(MPI.IN_PLACE, [buf, bucket.datatype], bucket.op)  # the common case, one call

@@ -132,8 +132,12 @@ def _view(ex: Exchange, rank: int, info: MessageInfo) -> np.ndarray[Any, Any]:
     return np.ndarray(info.shape, info.dtype, ex.slots, ex.start(rank), order="F" if info.fortran else "C")
 
 
+def _bytes_at(address: int, nbytes: int, readonly: bool = False) -> Any:
+    return MPI.buffer.fromaddress(address if nbytes else 0, nbytes, readonly=readonly)
+
+
 def _raw(address: int, nbytes: int, readonly: bool = False) -> Any:
-    return [MPI.buffer.fromaddress(address if nbytes else 0, nbytes, readonly=readonly), nbytes, MPI.BYTE]
+    return [_bytes_at(address, nbytes, readonly), nbytes, MPI.BYTE]
 
 
 def bcast_array(
@@ -184,19 +188,22 @@ def bcast_array(
         # The steady state: the payload of the last agreed signature goes with the vote (the root's data when it
         # is that signature's, scratch otherwise; every rank makes the same MPI calls whatever the vote says).
         expected = common == agreed.common
+        piece = landing = spec_trouble = None
+        buf: Any = None
         if me == agreed.root:
-            piece = outgoing(src, rt, direct=pc.aware.aware) if expected and own == agreed.own else None
-            buf = piece.address if piece is not None else None
-            landing = None
-        else:
-            piece = None
-            landing, spec_trouble = (_land(fn, agreed.fresh_info(), target, ordinal, trouble, root, pc, rt)
-                                     if expected else (None, trouble))
-            buf = landing.address if landing is not None else None
-        scratch = np.empty(agreed.nbytes if buf is None else 0, np.uint8)
-        address = buf if buf is not None else int(scratch.ctypes.data)
-        posted = [comm_.Ibcast(_raw(address, agreed.nbytes), agreed.root)] if agreed.nbytes else []
-        vote(fn, pc, ballot, due, posted, keep=(piece, landing, scratch))
+            if expected and own == agreed.own:
+                if isinstance(src, np.ndarray) and src.flags.c_contiguous:
+                    buf = src  # (MPI reads the array itself)
+                else:
+                    piece = outgoing(src, rt, direct=pc.aware.aware)
+                    buf = _bytes_at(piece.address, piece.nbytes)
+        elif expected:
+            landing, spec_trouble = _land(fn, agreed.fresh_info(), target, ordinal, trouble, root, pc, rt)
+            buf = _bytes_at(landing.address, landing.nbytes)
+        if buf is None:
+            buf = np.empty(agreed.nbytes, np.uint8)
+        posted = [comm_.Ibcast([buf, agreed.nbytes, MPI.BYTE], agreed.root)] if agreed.nbytes else []
+        vote(fn, pc, ballot, due, posted, keep=(piece, landing, buf))
         if piece is not None:
             piece.release()
         if ballot.matches(agreed.common, agreed.own):
@@ -211,7 +218,7 @@ def bcast_array(
             landing.finish()  # (discarded: the staging given back)
     else:
         vote(fn, pc, ballot, due)
-    if ballot.votes[0] != -ballot.votes[1]:
+    if not ballot.same_common:
         disagree(fn, comm_, f"root={root}", None, "every rank must name the same root")
     if agreed is not None and ballot.matches(agreed.common, agreed.own):  # (large: the vote went first)
         info = agreed.fresh_info()
@@ -301,7 +308,7 @@ def _gathered(
     else:
         vote(fn, pc, ballot, due)
     if not ballot.agreed:
-        if ballot.votes[0] != -ballot.votes[1]:
+        if not ballot.same_common:
             disagree(fn, comm, f"root={root}", None, "every rank must name the same root")
         disagree(fn, comm, "" if mine.error is None else reason(mine.error), mine.error, "")
     if ballot.alike:

@@ -23,8 +23,9 @@ from ..arrays.operands import DeviceSource, RecvTarget, Target, describe_target,
 from ..core.header import MessageInfo
 from ..runtime.base import Runtime
 from ..transport.agreement import SPECULATE_BYTES, Ballot, disagree, fingerprint, reason, vote
-from ..transport.bigcount import reduce
+from ..transport.bigcount import INT_MAX, reduce
 from ..transport.contiguous import Landing, Outgoing, outgoing
+from ..transport.pool import host_receive_pool
 from ..transport.privcomm import PrivateComms
 from .collective_call import setup
 from .reduce_ops import ReduceOp, divide, parse_op, reduce_datatype
@@ -112,39 +113,60 @@ def _out(fn: str, out: Any, plan: _Plan, rt: Runtime) -> tuple[Target | None, Ex
 
 
 class _Buffers:
-    """Where this rank's reduction reads (``piece``) and writes (``landing``; None off the root, scratch when
-    ``out=`` was refused)."""
+    """Where this rank's reduction reads (``send``) and writes (``recv``: None off the root), as buffers MPI takes
+    (``in_place``: they are the same memory), and how the result is made: ``result`` (host numpy memory), or the
+    ``landing`` of staged or device memory; neither when ``out=`` was refused (``recv`` is then scratch)."""
 
-    __slots__ = ("landing", "piece", "scratch")
+    __slots__ = ("in_place", "landing", "piece", "recv", "result", "send")
 
-    def __init__(self, piece: Outgoing, landing: Landing | None, scratch: np.ndarray[Any, Any] | None) -> None:
-        self.piece, self.landing, self.scratch = piece, landing, scratch
-
-    @property
-    def recv(self) -> int:
-        if self.scratch is not None:
-            return int(self.scratch.ctypes.data)
-        return self.piece.address if self.landing is None else self.landing.address
+    def __init__(self, send: Any, recv: Any, *, piece: Outgoing | None = None, landing: Landing | None = None,
+                 result: Array | None = None, in_place: bool = False) -> None:
+        self.send, self.recv, self.piece, self.landing, self.result = send, recv, piece, landing, result
+        self.in_place = in_place
 
     def release(self) -> None:
         """Discard what was received (the call is made again): staging given back."""
-        self.piece.release()
+        if self.piece is not None:
+            self.piece.release()
         if self.landing is not None:
             self.landing.finish()
 
     def finish(self, plan: _Plan, size: int) -> Array | None:
         """The result, once MPI has written it (the mean divided); the staging given back."""
-        self.piece.release()
-        if self.landing is None:
+        if self.piece is not None:
+            self.piece.release()
+        if self.result is None and self.landing is None:
             return None
         if plan.op.mean:
-            assert not self.landing.device
-            divide(self.landing.address, plan.info.payload_nbytes // plan.info.dtype.itemsize, plan.info.dtype, size)
-        return self.landing.finish()
+            if isinstance(self.recv, np.ndarray):
+                np.true_divide(self.recv, self.recv.dtype.type(size), out=self.recv)
+            else:
+                assert self.landing is not None and not self.landing.device
+                divide(self.landing.address, plan.info.payload_nbytes // plan.info.dtype.itemsize, plan.info.dtype,
+                       size)
+        return self.result if self.landing is None else self.landing.finish()
+
+
+def _raw(address: int, nbytes: int, readonly: bool = False) -> Any:
+    return MPI.buffer.fromaddress(address if nbytes else 0, nbytes, readonly=readonly)
 
 
 def _buffers(src: np.ndarray[Any, Any] | DeviceSource, plan: _Plan, target: Target | None, gets_result: bool,
              trouble: Exception | None, pc: PrivateComms, rt: Runtime) -> _Buffers:
+    info = plan.info
+    if isinstance(src, np.ndarray) and src.flags.c_contiguous and (
+            target is None or (type(target) is np.ndarray and target.flags.c_contiguous)):
+        # host data, C-ordered: MPI reads and writes the numpy arrays themselves
+        if not gets_result:
+            return _Buffers(src, None)
+        if trouble is not None:
+            return _Buffers(src, np.empty(info.shape, info.dtype))
+        if target is None:
+            recv = host_receive_pool().take_array(info.shape, info.dtype, info.payload_nbytes)
+            return _Buffers(src, recv, result=Array._over_host(recv, -1, -1, None))
+        assert isinstance(target, np.ndarray)
+        return _Buffers(src, target, result=Array._over_host(target, -1, -1, None, target),
+                        in_place=target.size > 0 and target.ctypes.data == src.ctypes.data)
     on_device = target.desc is not None if isinstance(target, RecvTarget) else (
         target is None and isinstance(src, DeviceSource))
     # MPI reduces where both buffers lie: on the device only through a CUDA-aware MPI, and only when input and
@@ -153,23 +175,29 @@ def _buffers(src: np.ndarray[Any, Any] | DeviceSource, plan: _Plan, target: Targ
     direct = (pc.aware.aware and isinstance(src, DeviceSource) and (on_device or not gets_result)
               and not (plan.op.mean and gets_result))
     piece = outgoing(src, rt, direct=direct, c_order=True)
+    send = _raw(piece.address, piece.nbytes, readonly=True)
     if not gets_result:
-        return _Buffers(piece, None, None)
+        return _Buffers(send, None, piece=piece)
     if trouble is not None:
-        return _Buffers(piece, None, np.empty(max(plan.info.payload_nbytes, 1), np.uint8))
+        return _Buffers(send, np.empty(max(info.payload_nbytes, 1), np.uint8), piece=piece)
     ordinal = src.ordinal if target is None and isinstance(src, DeviceSource) else None
-    return _Buffers(piece, Landing.plan(plan.info, target, ordinal, -1, -1, rt, direct=direct), None)
+    landing = Landing.plan(info, target, ordinal, -1, -1, rt, direct=direct)
+    return _Buffers(send, _raw(landing.address, landing.nbytes), piece=piece, landing=landing,
+                    in_place=landing.nbytes > 0 and landing.address == piece.address)
 
 
-def _post(comm: MPI.Comm, send: int, recv: int | None, agreed: _Agreed) -> MPI.Request:
-    """The payload reduction of the ``agreed`` signature, nonblocking (``recv`` None off the root; ``recv == send``
-    in place)."""
+def _address(buf: Any) -> int:
+    return int(buf.ctypes.data) if isinstance(buf, np.ndarray) else int(buf.address)
+
+
+def _post(comm: MPI.Comm, send: Any, recv: Any, in_place: bool, agreed: _Agreed, blocking: bool = False) -> Any:
+    """The reduction of the ``agreed`` signature (``recv`` None off the root), nonblocking unless ``blocking``."""
     n, dt = agreed.count, agreed.datatype
-    src: Any = MPI.IN_PLACE if recv == send else [MPI.buffer.fromaddress(send, agreed.nbytes, readonly=True), n, dt]
-    out = None if recv is None else [MPI.buffer.fromaddress(recv, agreed.nbytes), n, dt]
+    src: Any = MPI.IN_PLACE if in_place else [send, n, dt]
+    out = None if recv is None else [recv, n, dt]
     if agreed.root is None:
-        return comm.Iallreduce(src, out, agreed.mpi)
-    return comm.Ireduce(src, out, agreed.mpi, agreed.root)
+        return (comm.Allreduce if blocking else comm.Iallreduce)(src, out, agreed.mpi)
+    return (comm.Reduce if blocking else comm.Ireduce)(src, out, agreed.mpi, agreed.root)
 
 
 def _speculate(fn: str, pc: PrivateComms, ballot: Ballot, due: Any, agreed: _Agreed,
@@ -181,13 +209,13 @@ def _speculate(fn: str, pc: PrivateComms, ballot: Ballot, due: Any, agreed: _Agr
     comm = pc.header
     gets_result = agreed.root is None or comm.Get_rank() == agreed.root
     bufs = mine() if mine is not None else None
-    scratch = None
-    if bufs is not None:
-        send, recv = bufs.piece.address, bufs.recv if gets_result else None
-    else:
+    if bufs is None:
         scratch = np.empty((2, agreed.nbytes), np.uint8)
-        send, recv = int(scratch[0].ctypes.data), int(scratch[1].ctypes.data) if gets_result else None
-    vote(fn, pc, ballot, due, [_post(comm, send, recv, agreed)], keep=(bufs, scratch))
+        req = _post(comm, scratch[0], scratch[1] if gets_result else None, False, agreed)
+    else:
+        scratch = None
+        req = _post(comm, bufs.send, bufs.recv, bufs.in_place, agreed)
+    vote(fn, pc, ballot, due, [req], keep=(bufs, scratch))
     if bufs is not None and ballot.matches(agreed.common):
         return bufs
     if bufs is not None:
@@ -235,7 +263,14 @@ def _reduce(
     else:
         pc.agreed.pop(fn, None)
     bufs = _buffers(src, plan, target, gets_result, trouble, pc, rt)
-    reduce(comm_, bufs.piece.address, bufs.recv, count, plan.datatype, plan.op.mpi, root, cfg.max_message_bytes)
+    if info.payload_nbytes <= cfg.max_message_bytes and count <= INT_MAX:
+        if count:
+            _post(comm_, bufs.send, bufs.recv, bufs.in_place, _Agreed(common, count, plan.datatype, plan.op.mpi,
+                  info.payload_nbytes, root), blocking=True)
+    else:
+        send = _address(bufs.send)
+        reduce(comm_, send, send if bufs.in_place else _address(bufs.recv) if bufs.recv is not None else send,
+               count, plan.datatype, plan.op.mpi, root, cfg.max_message_bytes)
     result = bufs.finish(plan, size)
     if trouble is not None:
         raise trouble

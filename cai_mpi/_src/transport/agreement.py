@@ -170,40 +170,50 @@ def fingerprint(data: bytes | str) -> int:
 
 
 class Ballot:
-    """This rank's vote, and after the vote (``votes``: the MAX over every rank) what every rank reads from it."""
+    """This rank's vote (``votes``), and after the vote (``seen``: the MAX over every rank) what every rank reads
+    from it."""
 
-    __slots__ = ("votes",)
+    __slots__ = ("seen", "votes")
 
     def __init__(self, common: int, own: int = NOBODY, failed: bool = False, device: bool = False) -> None:
         self.votes = np.array([common, -common, own, -own if own != NOBODY else NOBODY, int(failed), int(device)],
                               np.int64)
+        self.seen: list[int] = []
+
+    def counted(self) -> None:
+        """The vote is over: ``votes`` holds the MAX over every rank."""
+        self.seen = self.votes.tolist()
 
     @property
     def agreed(self) -> bool:
         """Every rank had the same common fingerprint, and none failed."""
-        v = self.votes
-        return bool(v[0] == -v[1] and v[4] == 0)
+        v = self.seen
+        return v[0] == -v[1] and v[4] == 0
+
+    @property
+    def same_common(self) -> bool:
+        """Every rank had the same common fingerprint (some may have failed)."""
+        return self.seen[0] == -self.seen[1]
 
     def matches(self, common: int, own: int = NOBODY) -> bool:
         """Every rank agreed on ``common`` and (unless ``NOBODY``) every described rank had ``own``."""
-        v = self.votes
-        return bool(v[0] == common and v[1] == -common and v[4] == 0 and (own == NOBODY or (v[2] == own
-                                                                                          and v[3] == -own)))
+        v = self.seen
+        return v[0] == common and v[1] == -common and v[4] == 0 and (own == NOBODY or (v[2] == own and v[3] == -own))
 
     @property
     def alike(self) -> bool:
         """Every rank that described something described the same (after ``agreed``)."""
-        v = self.votes
-        return bool(v[2] == -v[3] or (v[2] == NOBODY and v[3] == NOBODY))
+        v = self.seen
+        return v[2] == -v[3] or (v[2] == NOBODY and v[3] == NOBODY)
 
     @property
     def own(self) -> int:
-        return int(self.votes[2])
+        return self.seen[2]
 
     @property
     def device(self) -> bool:
         """Some rank holds device memory."""
-        return bool(self.votes[5])
+        return bool(self.seen[5])
 
 
 def check_in_step(fn: str, pc: PrivateComms) -> None:
@@ -235,9 +245,10 @@ def vote(fn: str, pc: PrivateComms, ballot: Ballot, due: Deadline | None,
     comm = pc.header
     if not speculative and due is None:
         comm.Allreduce(MPI.IN_PLACE, ballot.votes, MPI.MAX)
-        return ballot
-    reqs = [*speculative, comm.Iallreduce(MPI.IN_PLACE, ballot.votes, MPI.MAX)]
-    settle(fn, pc, reqs, due, (ballot, keep))
+    else:
+        reqs = [*speculative, comm.Iallreduce(MPI.IN_PLACE, ballot.votes, MPI.MAX)]
+        settle(fn, pc, reqs, due, (ballot, keep))
+    ballot.counted()
     return ballot
 
 
