@@ -109,7 +109,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         library = build(prefix / "bin" / "mpicc", Path(tmp) / "libmpicount.so")
         results = {p: measure(p, library, prefix) for p in args.ranks}
-    print("| collective | MPI calls per call (steady state) | " + " | ".join(f"B/rank, P={p}" for p in args.ranks) + " |")
+    sizes = " | ".join(f"B/rank, P={p}" for p in args.ranks)
+    print(f"| collective | MPI calls per call (steady state) | {sizes} |")
     print("|---|---|" + "---|" * len(args.ranks))
     for name in COLLECTIVES:
         made = results[args.ranks[-1]][name]["calls"]
