@@ -1,5 +1,6 @@
 """Data-parallel gradient averaging of a dict of parameters: every rank computes gradients on its own shard of
-the data, then allreduce_array(op="mean") averages each one over the ranks, as distributed training does.
+the data, then one persistent bucketed allreduce (allreduce_init of the dict, op="mean") averages all of them
+over the ranks, as distributed training does: made once, called every step, one collective per dtype.
 
 Run:  mpiexec -n 4 python examples/allreduce_average.py [--steps 200]
 
@@ -46,10 +47,13 @@ def main() -> int:
         "b1": np.zeros(3, np.float64),
         "w2": (0.3 * start.standard_normal(3)).astype(np.float64),
     }
-    for _ in range(args.steps):
-        for name, grad in gradients(params, x, y).items():
-            mean = cai_mpi.allreduce_array(grad, op="mean")  # the average over the ranks, in grad's dtype
-            params[name] -= np.asarray(mean) * params[name].dtype.type(0.05)
+    grads = {k: np.zeros_like(v) for k, v in params.items()}  # filled in place each step: the persistent form's input
+    with cai_mpi.allreduce_init(grads, op="mean") as average:  # agreed once, here; one collective per dtype per step
+        for _ in range(args.steps):
+            for name, grad in gradients(params, x, y).items():
+                grads[name][...] = grad
+            for name, mean in average().items():  # the averages over the ranks, each in its gradient's dtype
+                params[name] -= np.asarray(mean) * params[name].dtype.type(0.05)
     fitted = params["w1"].astype(np.float64) @ params["w2"]  # the linear map the model computes
     same_everywhere = all(
         all(np.array_equal(np.asarray(other), value) for other in cai_mpi.allgather_array(value))
