@@ -198,3 +198,41 @@ def test_sub_communicators_remember_their_own_signatures() -> None:
                 assert np.allclose(np.asarray(got), sum(values(n, r, step) for r in members) / len(members))
     finally:
         half.Free()
+
+
+def test_allreduce_arrays_in_the_steady_state() -> None:
+    """Calls alike (posted with the vote), a different op, a failure, then calls alike again: exact or raised."""
+    arrays = {"a": values(3, rank), "b": values(4, rank).astype(np.float32), "c": np.array(rank + 1)}
+    for step in range(3):
+        for x in arrays.values():
+            x[...] = x + step
+        got = cai_mpi.allreduce_arrays(arrays)
+        for key, x in arrays.items():
+            want = world.allreduce(np.asarray(x).copy())
+            assert np.array_equal(np.asarray(got[key]), want), (step, key)
+    op = "max" if rank == LAST else "sum"
+    everyone_raises(lambda: cai_mpi.allreduce_arrays(arrays, op), "same keys, shapes, dtypes and op")
+    if rank == LAST:
+        with pytest.raises(TypeError):
+            cai_mpi.allreduce_arrays({**arrays, "b": object()})
+    else:
+        everyone_raises(lambda: cai_mpi.allreduce_arrays(arrays), f"rank {LAST}: could not take part")
+    got = cai_mpi.allreduce_arrays(arrays, "max")
+    assert np.array_equal(np.asarray(got["c"]), np.array(world.allreduce(int(arrays["c"]), MPI.MAX)))
+
+
+def test_allreduce_arrays_when_one_rank_turns_to_device_memory() -> None:
+    """The same shapes, now on a (simulated) GPU on one rank: every rank takes the staged path, results exact."""
+    from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, use_runtime
+
+    host = [values(3, rank), values(5, rank)]
+    want = [sum(values(3, r) for r in range(size)), sum(values(5, r) for r in range(size))]
+    for _ in range(2):
+        got = cai_mpi.allreduce_arrays(host)
+        assert all(np.array_equal(np.asarray(g), w) for g, w in zip(got, want, strict=True))
+    with use_runtime(SimulatedRuntime()):
+        mine = [FakeCudaArray(host[0], device=True), host[1]] if rank == LAST else host
+        got = cai_mpi.allreduce_arrays(mine)
+        assert np.array_equal(np.asarray(got[1]), want[1])
+        first = got[0]
+        assert np.array_equal(np.asarray(first.to_host() if not first.is_host else first), want[0])
