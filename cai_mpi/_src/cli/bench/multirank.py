@@ -83,6 +83,24 @@ class CaiCollective(CollectiveMode):
             cai.allgather_array(self.x, comm)
 
 
+class PickleCollective(CollectiveMode):
+    """mpi4py's lowercase collectives (``comm.bcast``, ``comm.allreduce``, ``comm.allgather``): the array pickled,
+    nothing known in advance, as a newcomer to mpi4py would write it."""
+
+    def run(self) -> None:
+        comm = self.comm
+        if self.test == "bcast":
+            comm.bcast(self.x if self.rank == 0 else None, root=0)
+        elif self.test == "allreduce":
+            comm.allreduce(self.x, op=MPI.SUM)
+        else:
+            comm.allgather(self.x)
+
+
+def _host_only(ctx: Context) -> str | None:
+    return "mpi4py pickles host arrays only" if ctx.kind.device else None
+
+
 def _no_out_for_allgather(ctx: Context) -> str | None:
     return "allgather_array has no out=" if ctx.test == "allgather" else None
 
@@ -101,6 +119,8 @@ COLLECTIVE_MODES: dict[str, ModeSpec] = {
         ModeSpec("cai", "cai_mpi bcast_array / allreduce_array / allgather_array (no shapes given)", CaiCollective),
         ModeSpec("cai-out", "cai, receiving into preallocated out= (bcast, allreduce)",
                  lambda c, n: CaiCollective(c, n, out=True), _no_out_for_allgather),
+        ModeSpec("pickle", "mpi4py's lowercase bcast / allreduce / allgather (the array pickled, shapes unknown)",
+                 PickleCollective, _host_only),
     )
 }
 
