@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -274,14 +274,29 @@ def _regular(sizes: Sequence[int]) -> bool:
     return sizes[0] > 0 and sizes[0] % ALIGN == 0 and all(n == sizes[0] for n in sizes)
 
 
-def _gathered(
-    fn: str, pc: PrivateComms, mine: Contribution, root: int | None, due: Any, rt: Runtime,
-    post: Callable[[Outgoing, Any, list[MessageInfo]], list[MPI.Request]],
-    collect: Callable[[Outgoing, Gathered | None, list[MessageInfo]], None],
-) -> list[Array] | None:
-    """gather (at ``root``) or allgather (``root`` None) of every rank's contribution: the vote, then the payloads
-    (``post``: nonblocking with the vote, in the steady state; ``collect``: blocking, after it)."""
+def _post_gather(comm: MPI.Comm, send: Any, recv: Any, n: int, root: int | None, blocking: bool = False) -> Any:
+    """MPI's Gather (at ``root``) or Allgather (``root`` None) of ``n`` bytes per rank into ``recv`` (pieces back to
+    back; None off the root), nonblocking unless ``blocking``."""
+    out = None if recv is None else [recv, n, MPI.BYTE]
+    if root is None:
+        return (comm.Allgather if blocking else comm.Iallgather)([send, n, MPI.BYTE], out)
+    return (comm.Gather if blocking else comm.Igather)([send, n, MPI.BYTE], out, root)
+
+
+def _sending(src: Any, rt: Runtime, pc: PrivateComms) -> tuple[Any, Outgoing | None]:
+    """This rank's bytes as a buffer MPI takes: a C-ordered host array itself, else its piece (staged or packed)."""
+    if isinstance(src, np.ndarray) and src.flags.c_contiguous:
+        return src, None
+    piece = outgoing(src, rt, direct=pc.aware.aware)
+    return _bytes_at(piece.address, piece.nbytes, readonly=True), piece
+
+
+def _gathered(fn: str, pc: PrivateComms, mine: Contribution, root: int | None, due: Any, rt: Runtime,
+              max_message: int) -> list[Array] | None:
+    """gather (at ``root``) or allgather (``root`` None) of every rank's contribution: the vote (with the payloads
+    of the last agreed signature, in the steady state), then the payloads."""
     comm = pc.header
+    assert isinstance(comm, MPI.Intracomm)
     me, size = comm.Get_rank(), comm.Get_size()
     common = _common(fn, -1 if root is None else root)
     own = NOBODY if mine.error is not None else fingerprint(mine.blob)
@@ -289,16 +304,19 @@ def _gathered(
     gets = root is None or me == root
     ordinal = rt.current_device() if gets else None
     agreed: _Agreed | None = pc.agreed.get(fn)
-    if agreed is not None and agreed.nbytes <= SPECULATE_BYTES and (agreed.nbytes + ALIGN) * size <= INT_MAX:
-        expected = common == agreed.common and own == agreed.own
-        spec_gets = agreed.root == -1 or me == agreed.root
-        infos = [agreed.info] * size
-        place = Gathered(infos, ordinal, rt, direct=pc.aware.aware) if spec_gets and expected else None
-        piece = outgoing(mine.source, rt, direct=pc.aware.aware) if expected else None
-        scratch = np.empty(0 if expected else agreed.nbytes * (size + 1) + ALIGN * size, np.uint8)
-        posted = post(piece or Outgoing(int(scratch.ctypes.data), agreed.nbytes, False, scratch),
-                      place or (_Scratch(scratch, agreed.nbytes, size) if spec_gets else None), infos)
-        vote(fn, pc, ballot, due, posted, keep=(piece, place, scratch))
+    if agreed is not None and agreed.nbytes <= SPECULATE_BYTES and agreed.nbytes * size <= INT_MAX:
+        # The steady state: the payloads of the last agreed signature go with the vote (scratch on a rank whose call
+        # differs, so every rank makes the same MPI calls whatever the vote says).
+        n, expected = agreed.nbytes, common == agreed.common and own == agreed.own
+        spec_root = None if agreed.root == -1 else agreed.root
+        spec_gets = spec_root is None or me == spec_root
+        place = Gathered([agreed.info] * size, ordinal, rt, direct=pc.aware.aware, packed=True) \
+            if spec_gets and expected else None
+        send, piece = _sending(mine.source, rt, pc) if expected else (np.empty(n, np.uint8), None)
+        recv = None if not spec_gets else _bytes_at(place.address, n * size) if place is not None \
+            else np.empty(n * size, np.uint8)
+        posted = [_post_gather(comm, send, recv, n, spec_root)] if n else []
+        vote(fn, pc, ballot, due, posted, keep=(piece, place, send, recv))
         if piece is not None:
             piece.release()
         if ballot.matches(agreed.common, agreed.own):
@@ -311,8 +329,7 @@ def _gathered(
         if not ballot.same_common:
             disagree(fn, comm, f"root={root}", None, "every rank must name the same root")
         disagree(fn, comm, "" if mine.error is None else reason(mine.error), mine.error, "")
-    if ballot.alike:
-        assert isinstance(mine.source, (np.ndarray, DeviceSource))
+    if ballot.alike:  # every rank described what this one did: the pieces go back to back
         info = read(mine.blob)
         assert isinstance(info, MessageInfo)
         infos = [info] * size
@@ -320,30 +337,24 @@ def _gathered(
     else:  # descriptions differ: they travel (every rank needs the sizes), and nothing is remembered
         infos = [info for info in map(read, comm.allgather(mine.blob)) if isinstance(info, MessageInfo)]
         pc.agreed.pop(fn, None)
-    place = Gathered(infos, ordinal, rt, direct=pc.aware.aware) if gets else None
-    piece = outgoing(mine.source, rt, direct=pc.aware.aware)
-    collect(piece, place, infos)
-    piece.release()
+    sizes = [i.payload_nbytes for i in infos]
+    packed = ballot.alike and 0 < sizes[0] <= INT_MAX and sizes[0] * size <= max_message
+    place = Gathered(infos, ordinal, rt, direct=pc.aware.aware, packed=packed) if gets else None
+    send, piece = _sending(mine.source, rt, pc)
+    if packed:
+        _post_gather(comm, send, None if place is None else _bytes_at(place.address, sizes[0] * size), sizes[0], root,
+                     blocking=True)
+    elif any(sizes):
+        address = piece.address if piece is not None else int(send.ctypes.data)
+        recv = None if place is None else (place.address, sizes, place.displacements)
+        if root is None:
+            assert recv is not None
+            allgatherv(comm, (address, sizes[me]), recv, small=_small(sizes, infos), regular=_regular(sizes))
+        else:
+            gatherv(comm, (address, sizes[me]), recv, root, small=_small(sizes, infos), regular=_regular(sizes))
+    if piece is not None:
+        piece.release()
     return None if place is None else place.finish(rt, NO_TAG)
-
-
-class _Scratch:
-    """Where a rank whose call differs from the agreed one receives a speculative gather (then discarded)."""
-
-    __slots__ = ("address", "displacements")
-
-    def __init__(self, scratch: np.ndarray[Any, Any], nbytes: int, size: int) -> None:
-        step = -(-nbytes // ALIGN) * ALIGN
-        self.address = int(scratch.ctypes.data) + nbytes
-        self.displacements = [r * step for r in range(size)]
-
-
-def _spec_counts(place: Any, infos: Sequence[MessageInfo]) -> list[Any]:
-    """The receive spec of a speculative v-gather into ``place`` (a Gathered, or _Scratch)."""
-    n = infos[0].payload_nbytes
-    counts, displs = [n] * len(infos), list(place.displacements)
-    return [MPI.buffer.fromaddress(place.address if n else 0, (displs[-1] + n) if n else 0), (counts, displs),
-            MPI.BYTE]
 
 
 def gather_array(
@@ -370,23 +381,8 @@ def gather_array(
             step: later ones on it raise ``CollectiveMismatchError``).
     """
     fn = "gather_array"
-    pc, comm_, root, rt, _cfg, due = setup(fn, comm, root, timeout)
-    mine = _contribute(fn, obj, sync, rt)
-
-    def post(piece: Outgoing, place: Any, infos: list[MessageInfo]) -> list[MPI.Request]:
-        if not infos[0].payload_nbytes:
-            return []
-        recv = _spec_counts(place, infos) if place is not None else None
-        return [comm_.Igatherv(_raw(piece.address, piece.nbytes, True), recv, pc_root)]
-
-    def collect(piece: Outgoing, place: Gathered | None, infos: list[MessageInfo]) -> None:
-        sizes = [i.payload_nbytes for i in infos]
-        recv = None if place is None else (place.address, [int(n) for n in sizes], place.displacements)
-        gatherv(comm_, (piece.address, piece.nbytes), recv, root, small=_small(sizes, infos), regular=_regular(sizes))
-
-    agreed = pc.agreed.get(fn)
-    pc_root = agreed.root if agreed is not None else root
-    return _gathered(fn, pc, mine, root, due, rt, post, collect)
+    pc, _comm, root, rt, cfg, due = setup(fn, comm, root, timeout)
+    return _gathered(fn, pc, _contribute(fn, obj, sync, rt), root, due, rt, cfg.max_message_bytes)
 
 
 def allgather_array(
@@ -411,21 +407,8 @@ def allgather_array(
             step: later ones on it raise ``CollectiveMismatchError``).
     """
     fn = "allgather_array"
-    pc, comm_, _root, rt, _cfg, due = setup(fn, comm, None, timeout)
-    mine = _contribute(fn, obj, sync, rt)
-
-    def post(piece: Outgoing, place: Any, infos: list[MessageInfo]) -> list[MPI.Request]:
-        if not infos[0].payload_nbytes:
-            return []
-        return [comm_.Iallgatherv(_raw(piece.address, piece.nbytes, True), _spec_counts(place, infos))]
-
-    def collect(piece: Outgoing, place: Gathered | None, infos: list[MessageInfo]) -> None:
-        assert place is not None
-        sizes = [i.payload_nbytes for i in infos]
-        allgatherv(comm_, (piece.address, piece.nbytes), (place.address, [int(n) for n in sizes],
-                   place.displacements), small=_small(sizes, infos), regular=_regular(sizes))
-
-    got = _gathered(fn, pc, mine, None, due, rt, post, collect)
+    pc, _comm, _root, rt, cfg, due = setup(fn, comm, None, timeout)
+    got = _gathered(fn, pc, _contribute(fn, obj, sync, rt), None, due, rt, cfg.max_message_bytes)
     assert got is not None
     return got
 

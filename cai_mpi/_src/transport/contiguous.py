@@ -141,12 +141,21 @@ class Gathered:
 
     __slots__ = ("_device", "_host", "_staging", "address", "displacements", "infos", "ordinal", "total")
 
-    def __init__(self, infos: list[MessageInfo], ordinal: int | None, rt: Runtime, *, direct: bool) -> None:
+    def __init__(self, infos: list[MessageInfo], ordinal: int | None, rt: Runtime, *, direct: bool,
+                 packed: bool = False) -> None:
+        """``packed``: pieces all alike, back to back (each still aligned for its dtype), for MPI's Gather and
+        Allgather; otherwise each at an ``ALIGN``-ed offset."""
         self.infos, self.ordinal = infos, ordinal
-        self.displacements, offset = [], 0
-        for info in infos:
-            self.displacements.append(offset)
-            offset += -(-info.payload_nbytes // ALIGN) * ALIGN
+        if packed:
+            step = infos[0].payload_nbytes
+            self.displacements, offset = list(range(0, step * len(infos), step or 1)), step * len(infos)
+            if not step:
+                self.displacements = [0] * len(infos)
+        else:
+            self.displacements, offset = [], 0
+            for info in infos:
+                self.displacements.append(offset)
+                offset += -(-info.payload_nbytes // ALIGN) * ALIGN
         self.total = offset
         self._host: np.ndarray[Any, Any] | None = None
         self._device: Any = None
