@@ -3,7 +3,7 @@
    mpicount_snapshot(label), called from the program (ctypes.CDLL(None).mpicount_snapshot), appends the counts so
    far to $MPICOUNT_DIR/rank<N>.txt as "label name calls bytes" lines; MPI_Finalize appends them as "end".
    From the shared tool (shared/tools/mpicount.c), with snapshots and the calls cai_mpi's collectives make beside
-   those: Igatherv, Iallgatherv, Alltoallw. Built by tests/test_traffic.py with the MPI wheel's mpicc. */
+   those: Igather, Igatherv, Iallgatherv, Alltoallw. Built by tests/test_traffic.py with the MPI wheel's mpicc. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,11 +11,11 @@
 
 enum { ALLGATHER, ALLGATHERV, ALLREDUCE, BCAST, REDUCE, GATHER, GATHERV, SCATTER, SCATTERV, ALLTOALL,
        ALLTOALLV, BARRIER, IALLGATHER, IALLREDUCE, IBCAST, IREDUCE, IBARRIER, ALLREDUCE_INIT, BCAST_INIT,
-       ALLGATHER_INIT, SEND, RECV, ISEND, IRECV, IGATHERV, IALLGATHERV, ALLTOALLW, START, NFN };
+       ALLGATHER_INIT, SEND, RECV, ISEND, IRECV, IGATHERV, IALLGATHERV, ALLTOALLW, IGATHER, START, NFN };
 static const char *names[NFN] = {"Allgather", "Allgatherv", "Allreduce", "Bcast", "Reduce", "Gather", "Gatherv",
     "Scatter", "Scatterv", "Alltoall", "Alltoallv", "Barrier", "Iallgather", "Iallreduce", "Ibcast", "Ireduce",
     "Ibarrier", "Allreduce_init", "Bcast_init", "Allgather_init", "Send", "Recv", "Isend", "Irecv", "Igatherv",
-    "Iallgatherv", "Alltoallw", "Start"};
+    "Iallgatherv", "Alltoallw", "Igather", "Start"};
 static long long calls[NFN], bytes[NFN];
 
 static long long tsize(MPI_Datatype t) { int s = 0; PMPI_Type_size(t, &s); return s; }
@@ -118,6 +118,10 @@ int MPI_Recv_c(void *b, MPI_Count n, MPI_Datatype t, int s, int tag, MPI_Comm c,
 int MPI_Isend_c(const void *b, MPI_Count n, MPI_Datatype t, int d, int tag, MPI_Comm c, MPI_Request *q) { NOTE(ISEND, 0); return PMPI_Isend_c(b, n, t, d, tag, c, q); }
 int MPI_Irecv_c(void *b, MPI_Count n, MPI_Datatype t, int s, int tag, MPI_Comm c, MPI_Request *q) {
     NOTE(IRECV, (long long)n * tsize(t)); return PMPI_Irecv_c(b, n, t, s, tag, c, q); }
+int MPI_Igather(const void *sb, int sc, MPI_Datatype st, void *rb, int rc, MPI_Datatype rt, int root, MPI_Comm c, MPI_Request *q) {
+    NOTE(IGATHER, crank(c) == root ? (long long)rc * tsize(rt) * csize(c) : 0); return PMPI_Igather(sb, sc, st, rb, rc, rt, root, c, q); }
+int MPI_Igather_c(const void *sb, MPI_Count sc, MPI_Datatype st, void *rb, MPI_Count rc, MPI_Datatype rt, int root, MPI_Comm c, MPI_Request *q) {
+    NOTE(IGATHER, crank(c) == root ? (long long)rc * tsize(rt) * csize(c) : 0); return PMPI_Igather_c(sb, sc, st, rb, rc, rt, root, c, q); }
 int MPI_Igatherv(const void *sb, int sc, MPI_Datatype st, void *rb, const int rc[], const int d[], MPI_Datatype rt, int root, MPI_Comm c, MPI_Request *q) {
     long long n = 0; if (crank(c) == root) { int p = csize(c); for (int i = 0; i < p; i++) n += rc[i]; n *= tsize(rt); }
     NOTE(IGATHERV, n); return PMPI_Igatherv(sb, sc, st, rb, rc, d, rt, root, c, q); }
