@@ -86,8 +86,9 @@ def test_latency_json_and_osu_text(tmp_path: Path) -> None:
     assert [int(line.split()[0]) for line in block] == SMALL
     assert all(float(line.split()[1]) > 0 for line in block)
     # --check-targets prints a verdict per target; the bw, collective and pipeline ones cannot be judged here.
-    # (+ 8: the persistent and bucketed targets of issue 26; + 2: its 2-stage Pipeline targets)
-    assert proc.stdout.count("n/a") == 3 + 7 + 8 + 2
+    # (+ 8: the persistent and bucketed targets of issue 26; + 2: its 2-stage Pipeline targets; + 6: issue 38's
+    # one-shot collectives against mpi4py's pickled calls)
+    assert proc.stdout.count("n/a") == 3 + 7 + 8 + 2 + 6
     assert sum(proc.stdout.count(w) for w in ("PASS ", "FAIL ")) == 4
     assert [t["key"] for t in doc["targets"]][:4] == ["lat8-cai-raw", "lat8-cai-pickle", "lat8-out-raw",
                                                       "lat8-channel-raw"]
@@ -358,8 +359,9 @@ def test_collective_and_pipeline_targets_from_figures() -> None:
                 "results": {m: {str(s): {"median_us": t} for s, t in r.items()} for m, r in rows.items()}}
 
     docs = [doc("allreduce", {"raw": {8: 2.0, 1 << 20: 100.0, 4 << 20: 400.0},
-                              "cai": {8: 5.0, 1 << 20: 105.0, 4 << 20: 500.0}}),
-            doc("bcast", {"raw": {8: 2.0}, "cai": {8: 9.0}}),
+                              "cai": {8: 5.0, 1 << 20: 105.0, 4 << 20: 500.0},
+                              "pickle": {8: 6.0, 1 << 20: 300.0, 4 << 20: 450.0}}),
+            doc("bcast", {"raw": {8: 2.0}, "cai": {8: 9.0}, "pickle": {8: 8.0}}),
             doc("allgather", {"raw": {8: 2.0}, "cai": {8: 7.0}}, ranks=4),  # one-shot targets are judged at 2 ranks
             doc("pipeline", {"raw": {1 << 20: 100.0}, "cai-pipeline": {1 << 20: 108.0}}, ranks=4),
             doc("pipeline", {"raw": {1 << 20: 100.0}, "cai-pipeline": {1 << 20: 300.0}}, ranks=3),
@@ -370,6 +372,10 @@ def test_collective_and_pipeline_targets_from_figures() -> None:
     assert verdicts["allreduce1m-cai-raw"].status == "FAIL"  # worst: 400 / 500 = 0.8 at 4 MiB
     assert verdicts["allreduce1m-cai-raw"].value == pytest.approx(0.8)
     assert verdicts["allgather8-cai-raw"].status == "n/a"
+    assert verdicts["allreduce8-cai-pickle"].status == "PASS" and verdicts["allreduce8-cai-pickle"].value == 5 / 6
+    assert verdicts["bcast8-cai-pickle"].status == "FAIL"  # 9 / 8: slower than pickle
+    assert verdicts["allreduce1m-cai-pickle"].status == "FAIL"  # worst: 450 / 500 = 0.9 at 4 MiB
+    assert verdicts["allreduce1m-cai-pickle"].value == pytest.approx(0.9)
     assert verdicts["pipe1m-raw"].status == "PASS"  # the 4-stage run only: 100 / 108
     assert verdicts["pipe1m-raw"].value == pytest.approx(100 / 108)
     assert verdicts["pipe8-2-raw"].status == "PASS" and verdicts["pipe8-2-raw"].value == pytest.approx(0.4)

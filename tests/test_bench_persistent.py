@@ -42,13 +42,15 @@ def test_persistent_targets_from_figures() -> None:
         return {"benchmark": {"test": test, "buffer": "host", "ranks": 2},
                 "results": {m: {str(s): {"median_us": t} for s, t in r.items()} for m, r in rows.items()}}
 
-    docs = [doc("bcast", {"raw": {8: 2.0, 1 << 20: 100.0}, "cai-init": {8: 2.5, 1 << 20: 105.0}}),
-            doc("allreduce", {"raw": {8: 2.0, 1 << 20: 100.0}, "cai-init": {8: 2.8, 1 << 20: 101.0}}),
+    # the persistent forms are judged against MPI's own persistent collectives (raw-init): within 3%
+    docs = [doc("bcast", {"raw": {8: 1.0, 1 << 20: 90.0}, "raw-init": {8: 2.0, 1 << 20: 100.0},
+                          "cai-init": {8: 2.04, 1 << 20: 105.0}}),
+            doc("allreduce", {"raw-init": {8: 2.0, 1 << 20: 100.0}, "cai-init": {8: 2.8, 1 << 20: 101.0}}),
             doc("allreduce-arrays", {"raw": {8: 40.0, 1 << 20: 1000.0}, "cai": {8: 30.0, 1 << 20: 1100.0}})]
     verdicts = {v.key: v for v in check_targets(docs)}
-    assert verdicts["bcast8-init-raw"].status == "PASS" and verdicts["bcast8-init-raw"].value == 1.25
-    assert verdicts["allreduce8-init-raw"].status == "FAIL"  # 1.4 > 1.3
-    assert verdicts["bcast1m-init-raw"].status == "FAIL"  # 100 / 105 < 0.97
+    assert verdicts["bcast8-init-raw"].status == "PASS" and verdicts["bcast8-init-raw"].value == pytest.approx(1.02)
+    assert verdicts["allreduce8-init-raw"].status == "FAIL"  # 1.4 > 1.03
+    assert verdicts["bcast1m-init-raw"].status == "FAIL"  # 100 / 105 < 0.97 (raw's 90 plays no part)
     assert verdicts["allreduce1m-init-raw"].status == "PASS"
     assert verdicts["allgather8-init-raw"].status == "n/a"
     assert verdicts["arrays8-cai-raw"].status == "PASS" and verdicts["arrays8-cai-raw"].value == 0.75

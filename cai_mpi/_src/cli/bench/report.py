@@ -264,9 +264,9 @@ def _latency_ratio(
 
 
 def _bw_ratio(
-    mode: str, test: str = "bw", ranks: int | None = None
+    mode: str, test: str = "bw", ranks: int | None = None, base: str = "raw"
 ) -> Callable[[Sequence[Doc]], tuple[float | None, str]]:
-    """The worst size >= 1 MiB of ``mode``'s throughput over raw's (the inverse of their times)."""
+    """The worst size >= 1 MiB of ``mode``'s throughput over ``base``'s (the inverse of their times)."""
     def ev(docs: Sequence[Doc]) -> tuple[float | None, str]:
         per_size: dict[int, list[float]] = {}
         runs = 0
@@ -274,13 +274,13 @@ def _bw_ratio(
             sizes = [int(s) for s in d["results"].get(mode, {}) if int(s) >= 1 << 20]
             used = False
             for s in sizes:
-                a, r = _med(d, mode, s), _med(d, "raw", s)
+                a, r = _med(d, mode, s), _med(d, base, s)
                 if a is not None and r is not None:
                     per_size.setdefault(s, []).append(r / a)  # bandwidth ratio = inverse time ratio
                     used = True
             runs += used
         if not per_size:
-            return None, f"needs a host-buffer {test} run with modes {mode},raw and sizes >= 1M"
+            return None, f"needs a host-buffer {test} run with modes {mode},{base} and sizes >= 1M"
         ratios = sorted((statistics.median(v), s) for s, v in per_size.items())
         worst = ratios[0]
         each = ", ".join(f"{_fmt_size(s)} {x:.3f}" for x, s in sorted(ratios, key=lambda r: r[1]))
@@ -327,11 +327,15 @@ _TARGETS: list[tuple[str, str, str, float, Callable[[Sequence[Doc]], tuple[float
     ("bw1m-cai-raw", "bandwidth >= 1 MiB, recv_array without out= (steady state) vs raw", ">=", 0.9,
      _bw_ratio("cai")),
     ("16m-cai-pickle", "16 MiB, recv_array without out= faster than pickle by", ">=", 6.0, _vs_pickle),
-    # one-shot collectives (issue 26), judged at 2 ranks: 4 ranks on a 2-core machine measure the scheduler
-    *[(f"{t}8-cai-raw", f"8 B one-shot {t}_array vs mpi4py {t.capitalize()} (shapes known), 2 ranks", "<=", 4.0,
+    # one-shot collectives (issue 38), judged at 2 ranks: 4 ranks on a 2-core machine measure the scheduler
+    *[(f"{t}8-cai-raw", f"8 B one-shot {t}_array vs mpi4py {t.capitalize()} (shapes known), 2 ranks", "<=", 3.0,
        _latency_ratio("cai", "raw", t, ranks=2)) for t in ("bcast", "allreduce", "allgather")],
-    *[(f"{t}1m-cai-raw", f"one-shot {t}_array throughput >= 1 MiB vs mpi4py {t.capitalize()}, 2 ranks", ">=", 0.9,
+    *[(f"{t}1m-cai-raw", f"one-shot {t}_array throughput >= 1 MiB vs mpi4py {t.capitalize()}, 2 ranks", ">=", 0.95,
        _bw_ratio("cai", t, ranks=2)) for t in ("bcast", "allreduce", "allgather")],
+    *[(f"{t}8-cai-pickle", f"8 B one-shot {t}_array vs mpi4py's pickled {t} (time; faster: < 1), 2 ranks", "<=",
+       1.0, _latency_ratio("cai", "pickle", t, ranks=2)) for t in ("bcast", "allreduce", "allgather")],
+    *[(f"{t}1m-cai-pickle", f"one-shot {t}_array throughput >= 1 MiB vs mpi4py's pickled {t}, 2 ranks", ">=",
+       1.0, _bw_ratio("cai", t, ranks=2, base="pickle")) for t in ("bcast", "allreduce", "allgather")],
     # Pipeline (issue 26): judged with 2 stages; the 4-stage figure is published (four busy ranks on two cores)
     ("pipe8-2-raw", "2-stage Pipeline of 8 B items vs a raw mpi4py chain, items/s", ">=", 0.3,
      _pipeline_throughput(8, 2)),
@@ -339,11 +343,12 @@ _TARGETS: list[tuple[str, str, str, float, Callable[[Sequence[Doc]], tuple[float
      _pipeline_throughput(1 << 20, 2)),
     ("pipe1m-raw", "4-stage Pipeline of 1 MiB items vs a raw mpi4py pipeline, throughput", ">=", 0.9,
      _pipeline_throughput(1 << 20, 4)),
-    # issue 26: the persistent forms (mode cai-init) and the bucketed allreduce (test allreduce-arrays)
-    *[(f"{t}8-init-raw", f"8 B persistent {t}_init vs mpi4py {t.capitalize()} (shapes known)", "<=", 1.3,
-       _latency_ratio("cai-init", "raw", t)) for t in ("bcast", "allreduce", "allgather")],
-    *[(f"{t}1m-init-raw", f"persistent {t}_init throughput >= 1 MiB vs mpi4py {t.capitalize()}", ">=", 0.97,
-       _bw_ratio("cai-init", t)) for t in ("bcast", "allreduce", "allgather")],
+    # the persistent forms (mode cai-init) against MPI's own persistent collectives on the same buffers (issue 38's
+    # decision: within 3%), and the bucketed allreduce (test allreduce-arrays)
+    *[(f"{t}8-init-raw", f"8 B persistent {t}_init vs mpi4py {t.capitalize()}_init (MPI's own persistent)", "<=",
+       1.03, _latency_ratio("cai-init", "raw-init", t)) for t in ("bcast", "allreduce", "allgather")],
+    *[(f"{t}1m-init-raw", f"persistent {t}_init throughput >= 1 MiB vs mpi4py {t.capitalize()}_init", ">=", 0.97,
+       _bw_ratio("cai-init", t, base="raw-init")) for t in ("bcast", "allreduce", "allgather")],
     ("arrays8-cai-raw", "8 B per array, allreduce_arrays of 16 vs 16 mpi4py Allreduce (time; faster: < 1)", "<=",
      1.0, _latency_ratio("cai", "raw", "allreduce-arrays")),
     ("arrays1m-cai-raw", "allreduce_arrays of 16 throughput >= 1 MiB per array vs 16 mpi4py Allreduce", ">=", 0.95,
