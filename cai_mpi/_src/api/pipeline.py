@@ -16,11 +16,11 @@ them failed, receive whatever is still in flight, and free the duplicates, so no
 
 from __future__ import annotations
 
+import ctypes
 import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from sys import getrefcount
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,6 @@ from ..progress.deadlines import deadline
 from ..progress.driving import PENDING
 from ..progress.requests import Request
 from ..runtime import get_runtime
-from ..transport.pool import refcounts_tell
 from ..transport.privcomm import private_comms
 from .p2p import irecv_array, isend_array
 from .pipeline_leave import Leaving, wait_pauses
@@ -61,6 +60,41 @@ _RING = 4  # the most buffers (and persistent receives) of a held description
 _kept: dict[tuple[tuple[int, ...], np.dtype[Any]], list[np.ndarray[Any, Any]]] = {}
 _KEPT_BYTES = 64 << 20
 _SPIN = 20e-6  # seconds a wait polls before it pauses (yields, then sleeps) between polls
+
+
+class _Slot:
+    """A buffer of the ring and its persistent receive. ``busy`` from the receive's start until the item that
+    landed there, and every view of it, is gone: the item's memory is a lease (``_lease``) whose finalization
+    frees the slot, so a slot is reused only once cai_mpi knows nothing refers to it."""
+
+    __slots__ = ("address", "buf", "busy", "req")
+
+    def __init__(self, buf: np.ndarray[Any, Any], req: MPI.Prequest) -> None:
+        self.buf, self.req, self.busy = buf, req, False
+        self.address = int(buf.ctypes.data)
+
+    def lend(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        """The item that landed here: a new array over a lease of the buffer (which frees the slot when it dies)."""
+        lease = _lease(self.buf.nbytes).from_address(self.address)
+        lease._slot, lease._keep = self, self.buf  # type: ignore[attr-defined]  # (a ctypes type made at run time)
+        flat: np.ndarray[Any, Any] = np.frombuffer(lease, dtype)  # type: ignore[call-overload]
+        return flat.reshape(shape)
+
+
+_leases: dict[int, type[ctypes.Array[ctypes.c_ubyte]]] = {}
+
+
+def _lease(nbytes: int) -> type[ctypes.Array[ctypes.c_ubyte]]:
+    """A ctypes array type over ``nbytes`` that frees its slot when it dies: numpy keeps the exporter of a buffer
+    as the base of every array made from it (views included), so the lease lives as long as the last of them."""
+    lease_type = _leases.get(nbytes)
+    if lease_type is None:
+
+        def __del__(self: Any) -> None:
+            self._slot.busy = False
+
+        lease_type = _leases[nbytes] = type(f"_RingLease{nbytes}", (ctypes.c_ubyte * nbytes,), {"__del__": __del__})
+    return lease_type
 
 
 class Pipeline(Leaving):
@@ -130,10 +164,10 @@ class Pipeline(Leaving):
         self._held: tuple[tuple[int, ...], np.dtype[Any], str | None] | None = None
         self._bare_sends: deque[MPI.Request] = deque()
         self._bare: MPI.Request | None = None  # the bare payload receive posted ahead
-        self._bare_buf: np.ndarray[Any, Any] | None = None
-        # Buffers of the held description with a persistent receive each, reused once no one holds the item that
-        # landed there (its reference count is back to what the ring itself holds): [buffer, request, count].
-        self._ring: list[list[Any]] = []
+        self._bare_into: _Slot | np.ndarray[Any, Any] | None = None  # where the bare payload posted ahead lands
+        # Buffers of the held description with a persistent receive each, reused once the item that landed there is
+        # gone (``_Slot``).
+        self._ring: list[_Slot] = []
         self._bare_status = MPI.Status()
         self._fast_sent = self._fast_received = 0
         self._sent = self._acked = self._received = self._credits_sent = self._credits_read = self._credited = 0
@@ -220,10 +254,10 @@ class Pipeline(Leaving):
             self._bare = None
             tag = status.Get_tag()
             if tag == FAST:
-                held = self._held
-                assert held is not None and self._bare_buf is not None
-                item = Array._over_host(self._bare_buf.view(), self.stage - 1, ITEM,  # (a view: see _post_next)
-                                        None if held[2] is None else json.loads(held[2]))
+                held, into = self._held, self._bare_into
+                assert held is not None and into is not None
+                data = into.lend(held[0], held[1]) if isinstance(into, _Slot) else into
+                item = Array._over_host(data, self.stage - 1, ITEM, None if held[2] is None else json.loads(held[2]))
                 self._fast_received += 1
                 return self._arrived(item)
             if tag == END:
@@ -264,37 +298,33 @@ class Pipeline(Leaving):
             self._prefetch = irecv_array(self.stage - 1, MPI.ANY_TAG, self._data)
             return
         ring = self._ring
-        reuse = refcounts_tell()
-        for entry in ring:  # a buffer no item, view or export refers to any more (items are views of it)
-            if reuse and getrefcount(entry[0]) == entry[2]:
-                self._bare_buf = entry[0]
-                self._bare = entry[1]
-                entry[1].Start()
-                return
-        if len(ring) < _RING:
-            kept = _kept.get(held[:2])
-            buf = kept.pop() if kept else np.empty(held[0], held[1])
-            entry = [buf, self._data.Recv_init([buf, MPI.BYTE], self.stage - 1, MPI.ANY_TAG), 0]
-            del buf
-            entry[2] = getrefcount(entry[0])
-            ring.append(entry)
-            self._bare_buf = entry[0]
-            self._bare = entry[1]
-            entry[1].Start()
-        else:  # every buffer of the ring is still in use: a buffer of its own
-            self._bare_buf = buf = np.empty(held[0], held[1])
+        for slot in ring:  # a buffer no item, view or export of an item refers to any more
+            if not slot.busy:
+                break
+        else:
+            slot = None
+            if len(ring) < _RING and np.prod(held[0]) > 0:
+                kept = _kept.get(held[:2])
+                buf = kept.pop() if kept else np.empty(held[0], held[1])
+                slot = _Slot(buf, self._data.Recv_init([buf, MPI.BYTE], self.stage - 1, MPI.ANY_TAG))
+                ring.append(slot)
+        if slot is None:  # every buffer of the ring is still in use (or the items are empty): a buffer of its own
+            self._bare_into = buf = np.empty(held[0], held[1])
             self._bare = self._data.Irecv([buf, MPI.BYTE], self.stage - 1, MPI.ANY_TAG)
+            return
+        slot.busy = True
+        self._bare_into = slot
+        self._bare = slot.req
+        slot.req.Start()
 
     def _unhold(self) -> None:
         """No description held any more: free the ring's requests (none is active: the last one took the SWITCH)."""
-        self._held = self._bare_buf = None
+        self._held = self._bare_into = None
         budget = min(_KEPT_BYTES, config().pool_bytes) if self._ring else 0
-        reuse = refcounts_tell()
-        for entry in self._ring:
-            free = reuse and getrefcount(entry[0]) == entry[2]  # (read as the baseline was: exact on every CPython)
-            entry[1].Free()
-            buf = entry[0]
-            if free and sum(b.nbytes for k in _kept.values() for b in k) + buf.nbytes <= budget:
+        for slot in self._ring:
+            slot.req.Free()
+            buf = slot.buf
+            if not slot.busy and sum(b.nbytes for k in _kept.values() for b in k) + buf.nbytes <= budget:
                 _kept.setdefault((buf.shape, buf.dtype), []).append(buf)
         self._ring = []
 

@@ -13,7 +13,6 @@ and device copies using them have completed.
 from __future__ import annotations
 
 import ctypes
-import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -28,25 +27,10 @@ from ..errors import CudaError
 from ..runtime.base import Event, PinnedBuffer, Runtime
 
 __all__ = [
-    "LISTED_ONLY", "BlockPool", "HostReceivePool", "give_back", "host_receive_pool", "idle_pooled_bytes", "pinned_pool",
-    "refcounts_tell", "size_class",
+    "BlockPool", "HostReceivePool", "give_back", "host_receive_pool", "idle_pooled_bytes", "pinned_pool", "size_class",
 ]
 
 B = TypeVar("B")
-
-
-_probe = [object()]
-#: ``sys.getrefcount(a_list[i])`` of an object that nothing but that list refers to: measured here the way callers
-#: read it, not assumed (CPython 3.14 no longer counts a local variable passed to a call).
-LISTED_ONLY = sys.getrefcount(_probe[0])
-del _probe
-
-
-def refcounts_tell() -> bool:
-    """Can a reference count say that nothing else holds a buffer (so it may be reused)? Not on free-threaded
-    CPython, where another thread may take a reference between the count and the reuse."""
-    gil = getattr(sys, "_is_gil_enabled", None)
-    return gil is None or bool(gil())
 
 
 def size_class(nbytes: int) -> int:
