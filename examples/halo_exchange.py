@@ -1,18 +1,28 @@
 """Halo exchange on a 2-D non-periodic Cartesian grid of ranks, with Fortran-ordered fields.
 
 Each rank holds a block of a global field plus one layer of ghost cells, and fills its ghost faces
-with its neighbours' edge faces: ``sendrecv_array`` sends one face and receives the opposite one
-straight into the ghost face (``out=``, a strided view: no copies, no shapes exchanged, no deadlock).
-At the edges of the grid ``Cart.Shift`` returns ``MPI.PROC_NULL``: nothing is sent there, and the
-ghost face is left as it was (the wall value), as MPI does.
+with its neighbours' edge faces, as HPC codes do: post a receive into each ghost face
+(``irecv_array(out=)``, a strided view: no copies, no shapes exchanged), send each edge face
+(``isend_array``), then ``waitall``. At the edges of the grid ``Cart.Shift`` returns
+``MPI.PROC_NULL``: nothing is sent there, and the ghost face is left as it was (the wall value), as
+MPI does.
 
 Run:  mpiexec -n 4 python examples/halo_exchange.py
+      mpiexec -n 4 python examples/halo_exchange.py --bench [--json halo.json]
+
+``--bench`` times the exchange against hand-written mpi4py that knows every shape (``Irecv`` into
+contiguous buffers copied into the ghost faces, ``Isend`` of contiguous copies of the edge faces,
+``Waitall``), side by side in one run: the median of ``--samples`` interleaved samples of ``--iters``
+exchanges each, per face size; rank 0 prints the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -21,6 +31,7 @@ from mpi4py import MPI
 import cai_mpi
 
 WALL = -1.0  # what a ghost face at the edge of the grid keeps
+THIN = 8  # --bench: interior cells along axis 0
 
 
 def block(rank: int, nx: int, ny: int) -> np.ndarray[Any, Any]:
@@ -28,23 +39,44 @@ def block(rank: int, nx: int, ny: int) -> np.ndarray[Any, Any]:
     return rank * 1_000_000.0 + np.arange(nx * ny, dtype=np.float64).reshape(nx, ny, order="F")
 
 
+def _faces(axis: int) -> tuple[tuple[slice | int, ...], ...]:
+    """Across ``axis``: (my first edge, my last edge, my lower ghost face, my upper ghost face)."""
+    first, last, ghost_lo, ghost_hi = ([slice(1, -1), slice(1, -1)] for _ in range(4))
+    first[axis], last[axis], ghost_lo[axis], ghost_hi[axis] = 1, -2, 0, -1
+    return tuple(first), tuple(last), tuple(ghost_lo), tuple(ghost_hi)
+
+
 def exchange(cart: MPI.Cartcomm, field: np.ndarray[Any, Any]) -> list[int]:
     """Fill ``field``'s ghost faces from the neighbours; returns the four neighbours (PROC_NULL at a wall)."""
-    neighbours = []
+    neighbours, recvs, sends = [], [], []
     for axis in (0, 1):
         lower, upper = cart.Shift(axis, 1)  # (source, dest) of a shift towards higher coordinates
-        # The faces across ``axis``: in Fortran order, axis 0's are strided rows, axis 1's contiguous columns.
-        first, last = [slice(1, -1)] * 2, [slice(1, -1)] * 2
-        ghost_lo, ghost_hi = [slice(1, -1)] * 2, [slice(1, -1)] * 2
-        first[axis], last[axis], ghost_lo[axis], ghost_hi[axis] = 1, -2, 0, -1
-        # Towards higher coordinates: my last face goes up, the lower neighbour's lands in my lower ghost face.
-        cai_mpi.sendrecv_array(field[tuple(last)], upper, 2 * axis, source=lower, recvtag=2 * axis,
-                               comm=cart, out=field[tuple(ghost_lo)])
-        # And back down.
-        cai_mpi.sendrecv_array(field[tuple(first)], lower, 2 * axis + 1, source=upper, recvtag=2 * axis + 1,
-                               comm=cart, out=field[tuple(ghost_hi)])
+        first, last, ghost_lo, ghost_hi = _faces(axis)  # (Fortran order: axis 0's faces strided, axis 1's not)
+        recvs += [cai_mpi.irecv_array(lower, 2 * axis, cart, out=field[ghost_lo]),
+                  cai_mpi.irecv_array(upper, 2 * axis + 1, cart, out=field[ghost_hi])]
+        sends += [cai_mpi.isend_array(field[last], upper, 2 * axis, cart),
+                  cai_mpi.isend_array(field[first], lower, 2 * axis + 1, cart)]
         neighbours += [lower, upper]
+    cai_mpi.waitall(recvs + sends)
     return neighbours
+
+
+def exchange_raw(cart: MPI.Cartcomm, field: np.ndarray[Any, Any], bufs: list[np.ndarray[Any, Any]]) -> None:
+    """The same exchange in hand-written mpi4py, every shape known: contiguous buffers for the faces."""
+    reqs, landings = [], []
+    for axis in (0, 1):
+        lower, upper = cart.Shift(axis, 1)
+        first, last, ghost_lo, ghost_hi = _faces(axis)
+        into_lo, into_hi, out_hi, out_lo = bufs[4 * axis : 4 * axis + 4]
+        reqs += [cart.Irecv(into_lo, lower, 2 * axis), cart.Irecv(into_hi, upper, 2 * axis + 1)]
+        out_hi[...] = field[last]
+        out_lo[...] = field[first]
+        reqs += [cart.Isend(out_hi, upper, 2 * axis), cart.Isend(out_lo, lower, 2 * axis + 1)]
+        landings += [(ghost_lo, into_lo, lower), (ghost_hi, into_hi, upper)]
+    MPI.Request.Waitall(reqs)
+    for ghost, buf, peer in landings:
+        if peer != MPI.PROC_NULL:
+            field[ghost] = buf
 
 
 def check(field: np.ndarray[Any, Any], neighbours: list[int], nx: int, ny: int) -> bool:
@@ -61,10 +93,42 @@ def check(field: np.ndarray[Any, Any], neighbours: list[int], nx: int, ny: int) 
     return ok
 
 
+def bench(cart: MPI.Cartcomm, sizes: list[int], iters: int, samples: int) -> list[dict[str, Any]]:
+    """Per face size (cells): the median time of one exchange, cai_mpi and raw mpi4py, sampled alternately."""
+    rows = []
+    for n in sizes:
+        # THIN x n interior cells: the faces across axis 0 (strided rows, in Fortran order) are n cells, those across
+        # axis 1 (contiguous columns) THIN cells; a 2-rank grid (2 x 1) exchanges the n-cell rows.
+        field = np.full((THIN + 2, n + 2), WALL, order="F")
+        bufs = [np.empty(n if i < 4 else THIN) for i in range(8)]
+        times: dict[str, list[float]] = {"cai": [], "raw": []}
+        runs = {"cai": lambda f=field: exchange(cart, f), "raw": lambda f=field, b=bufs: exchange_raw(cart, f, b)}
+        for run in runs.values():  # warm-up: first messages, pools, caches
+            for _ in range(max(iters // 10, 2)):
+                run()
+        for _ in range(samples):
+            for name, run in runs.items():
+                cart.Barrier()
+                start = time.perf_counter()
+                for _ in range(iters):
+                    run()
+                times[name].append((time.perf_counter() - start) / iters)
+        # every rank's exchange ends when its slowest neighbour's does: report the slowest rank's median
+        cai, raw = (cart.allreduce(statistics.median(times[k]), op=MPI.MAX) for k in ("cai", "raw"))
+        rows.append({"face_bytes": 8 * n, "cai_us": cai * 1e6, "raw_us": raw * 1e6, "ratio": cai / raw,
+                     "raw_per_cai_throughput": raw / cai})
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nx", type=int, default=96, help="interior cells per rank along axis 0")
     parser.add_argument("--ny", type=int, default=64, help="interior cells per rank along axis 1")
+    parser.add_argument("--bench", action="store_true", help="time the exchange against hand-written mpi4py")
+    parser.add_argument("--sizes", default="1024,131072", help="--bench: cells per face (8 KiB and 1 MiB faces)")
+    parser.add_argument("--iters", type=int, default=50, help="--bench: exchanges per sample")
+    parser.add_argument("--samples", type=int, default=7, help="--bench: interleaved samples per size")
+    parser.add_argument("--json", help="--bench: write the table here as JSON")
     args = parser.parse_args()
     world = MPI.COMM_WORLD
     dims = MPI.Compute_dims(world.Get_size(), 2)
@@ -76,8 +140,21 @@ def main() -> int:
     ok = check(field, neighbours, args.nx, args.ny)
     walls = sum(peer == MPI.PROC_NULL for peer in neighbours)
     print(f"rank {rank} at {tuple(cart.Get_coords(rank))} of {tuple(dims)}: {4 - walls} neighbours, "
-          f"{walls} walls: {'ok' if ok else 'WRONG'}")
+          f"{walls} walls: {'ok' if ok else 'WRONG'}", flush=True)
     failed = cart.allreduce(int(not ok))
+    if args.bench and not failed:
+        rows = bench(cart, [int(n) for n in args.sizes.split(",")], args.iters, args.samples)
+        if rank == 0:
+            print(f"# halo exchange, {cart.Get_size()} ranks on a {dims[0]} x {dims[1]} grid ({THIN} x n cells per "
+                  f"rank: faces of n cells across axis 0, strided), median of {args.samples} interleaved samples of "
+                  f"{args.iters} exchanges (slowest rank)")
+            print(f"{'face bytes':>12} {'cai_mpi (us)':>14} {'mpi4py (us)':>13} {'cai / raw':>10}")
+            for r in rows:
+                print(f"{r['face_bytes']:>12} {r['cai_us']:>14.1f} {r['raw_us']:>13.1f} {r['ratio']:>9.2f}x")
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"ranks": cart.Get_size(), "dims": dims, "samples": args.samples,
+                               "iters": args.iters, "rows": rows}, f, indent=1)
     cart.Free()
     return 0 if failed == 0 else 1
 

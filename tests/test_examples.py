@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from launch import ROOT, run_ranks
 
@@ -49,6 +52,17 @@ def test_halo_exchange_example(nprocs: int) -> None:
     assert out.count(": ok") == nprocs and "WRONG" not in out
     walls = 4 if nprocs == 1 else 2
     assert out.count(f"{4 - walls} neighbours, {walls} walls: ok") == nprocs, out
+
+
+def test_halo_exchange_example_benchmarks(tmp_path: Path) -> None:
+    """--bench times the exchange beside hand-written mpi4py and writes the table as JSON (a short run)."""
+    out = tmp_path / "halo.json"
+    text = run(4, "examples/halo_exchange.py", "--nx", "8", "--ny", "8", "--bench", "--sizes", "16,1024", "--iters",
+               "3", "--samples", "3", "--json", str(out))
+    assert "WRONG" not in text and "cai / raw" in text, text
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["face_bytes"] for r in rows] == [128, 8192]
+    assert all(r["cai_us"] > 0 and r["raw_us"] > 0 and r["ratio"] == pytest.approx(r["cai_us"] / r["raw_us"]) for r in rows)
 
 
 @pytest.mark.parametrize("nprocs", [1, 4])
