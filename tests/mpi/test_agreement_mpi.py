@@ -236,3 +236,24 @@ def test_allreduce_arrays_when_one_rank_turns_to_device_memory() -> None:
         assert np.array_equal(np.asarray(got[1]), want[1])
         first = got[0]
         assert np.array_equal(np.asarray(first.to_host() if not first.is_host else first), want[0])
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["first call", "after a call alike"])
+def test_a_root_out_of_range_on_one_rank(warm: bool) -> None:
+    """That rank raises its own ValueError; every other rank CollectiveMismatchError naming it: nobody hangs."""
+    x = values(4, rank)
+    calls: dict[str, Callable[[int], Any]] = {
+        "bcast_array": lambda root: cai_mpi.bcast_array(x if rank == root else None, root=root),
+        "reduce_array": lambda root: cai_mpi.reduce_array(x, root=root),
+        "gather_array": lambda root: cai_mpi.gather_array(x, root=root),
+        "scatter_array": lambda root: cai_mpi.scatter_array([x] * size if rank == root else None, root=root),
+    }
+    for name, call in calls.items():
+        if warm:
+            call(0)
+        if rank == LAST:
+            with pytest.raises(ValueError, match=f"{name}: root"):
+                call(size)
+        else:
+            everyone_raises(lambda c=call: c(0), f"rank {LAST}: could not take part")
+    still_in_step()

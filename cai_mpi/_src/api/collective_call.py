@@ -17,7 +17,7 @@ from ..transport.agreement import check_in_step
 from ..transport.privcomm import PrivateComms
 from .validation import PROC_NULL, check_comm, check_rank
 
-__all__ = ["NO_TAG", "setup"]
+__all__ = ["NO_TAG", "checked_root", "setup"]
 
 NO_TAG = -1  # collectives have no tag: the Arrays they return say so
 
@@ -34,9 +34,22 @@ def setup(fn: str, comm: Any, root: Any = None, timeout: Any = None) -> tuple[
     if not isinstance(intra, MPI.Intracomm):
         raise TypeError(f"{fn}: collectives need an intracommunicator, got an MPI.Intercomm")
     check_in_step(fn, pc)
-    rank = -1
-    if root is not None:
-        rank = check_rank(fn, "root", root, pc, wildcard=False)
-        if rank == PROC_NULL:
-            raise ValueError(f"{fn}: root must be a rank of the communicator, not PROC_NULL")
+    rank = -1 if root is None else _root(fn, root, pc)
     return pc, intra, rank, get_runtime(), config(), due
+
+
+def _root(fn: str, root: Any, pc: PrivateComms) -> int:
+    rank = check_rank(fn, "root", root, pc, wildcard=False)
+    if rank == PROC_NULL:
+        raise ValueError(f"{fn}: root must be a rank of the communicator, not PROC_NULL")
+    return rank
+
+
+def checked_root(fn: str, root: Any, pc: PrivateComms) -> tuple[int, Exception | None]:
+    """``root`` checked without raising: a one-shot collective takes part in its vote whatever its arguments, so a
+    bad root on one rank is an error on every rank (that rank's own, ``CollectiveMismatchError`` elsewhere), not a
+    hang. ``(root, None)``, or ``(-1, the error)``."""
+    try:
+        return _root(fn, root, pc), None
+    except (TypeError, ValueError) as exc:
+        return -1, exc

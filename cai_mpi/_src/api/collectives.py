@@ -46,7 +46,7 @@ from ..transport.agreement import (
 from ..transport.bigcount import INT_MAX, allgatherv, alltoallw, bcast, gatherv
 from ..transport.contiguous import ALIGN, Gathered, Landing, Outgoing, outgoing
 from ..transport.privcomm import PrivateComms
-from .collective_call import NO_TAG, setup
+from .collective_call import NO_TAG, checked_root, setup
 from .validation import check_meta, check_sync, receive_device
 
 __all__ = ["allgather_array", "alltoall_array", "bcast_array", "gather_array", "scatter_array"]
@@ -168,10 +168,11 @@ def bcast_array(
             step: later ones on it raise ``CollectiveMismatchError``).
     """
     fn = "bcast_array"
-    pc, comm_, root, rt, cfg, due = setup(fn, comm, root, timeout)
+    pc, comm_, _none, rt, cfg, due = setup(fn, comm, None, timeout)
+    root, bad_root = checked_root(fn, root, pc)
     me = comm_.Get_rank()
     common = _common(fn, root)
-    mine = Contribution(b"")
+    mine = Contribution(b"") if bad_root is None else Contribution.failed(bad_root)
     own = NOBODY
     if me == root:
         try:
@@ -219,7 +220,8 @@ def bcast_array(
     else:
         vote(fn, pc, ballot, due)
     if not ballot.same_common:
-        disagree(fn, comm_, f"root={root}", None, "every rank must name the same root")
+        text = f"root={root}" if mine.error is None else reason(mine.error)
+        disagree(fn, comm_, text, mine.error, "every rank must name the same root")
     if agreed is not None and ballot.matches(agreed.common, agreed.own):  # (large: the vote went first)
         info = agreed.fresh_info()
         fused = False
@@ -326,9 +328,8 @@ def _gathered(fn: str, pc: PrivateComms, mine: Contribution, root: int | None, d
     else:
         vote(fn, pc, ballot, due)
     if not ballot.agreed:
-        if not ballot.same_common:
-            disagree(fn, comm, f"root={root}", None, "every rank must name the same root")
-        disagree(fn, comm, "" if mine.error is None else reason(mine.error), mine.error, "")
+        text = f"root={root}" if mine.error is None else reason(mine.error)
+        disagree(fn, comm, text, mine.error, "every rank must name the same root")
     if ballot.alike:  # every rank described what this one did: the pieces go back to back
         info = read(mine.blob)
         assert isinstance(info, MessageInfo)
@@ -381,8 +382,10 @@ def gather_array(
             step: later ones on it raise ``CollectiveMismatchError``).
     """
     fn = "gather_array"
-    pc, _comm, root, rt, cfg, due = setup(fn, comm, root, timeout)
-    return _gathered(fn, pc, _contribute(fn, obj, sync, rt), root, due, rt, cfg.max_message_bytes)
+    pc, _comm, _none, rt, cfg, due = setup(fn, comm, None, timeout)
+    root, bad_root = checked_root(fn, root, pc)
+    mine = _contribute(fn, obj, sync, rt) if bad_root is None else Contribution.failed(bad_root)
+    return _gathered(fn, pc, mine, root, due, rt, cfg.max_message_bytes)
 
 
 def allgather_array(
@@ -450,12 +453,15 @@ def scatter_array(
             step: end the job).
     """
     fn = "scatter_array"
-    pc, comm_, root, rt, _cfg, due = setup(fn, comm, root, timeout)
+    pc, comm_, _none, rt, _cfg, due = setup(fn, comm, None, timeout)
+    root, bad_root = checked_root(fn, root, pc)
     me, size = comm_.Get_rank(), comm_.Get_size()
     parts = _per_rank(fn, objs, size, sync, rt) if me == root else []
-    ballot = vote(fn, pc, Ballot(_common(fn, root)), due)  # (the root's failure travels in its descriptions)
+    # (the root's own failure travels in its descriptions, below)
+    ballot = vote(fn, pc, Ballot(_common(fn, root), failed=bad_root is not None), due)
     if not ballot.agreed:
-        disagree(fn, comm_, f"root={root}", None, "every rank must name the same root")
+        text = f"root={root}" if bad_root is None else reason(bad_root)
+        disagree(fn, comm_, text, bad_root, "every rank must name the same root")
     heads = np.array([[len(c.blob), _nbytes(c)] for c in parts], np.int64) if parts else None
     head = np.empty(2, np.int64)
     comm_.Scatter(heads, head, root)

@@ -27,7 +27,7 @@ from ..transport.bigcount import INT_MAX, reduce
 from ..transport.contiguous import Landing, Outgoing, outgoing
 from ..transport.pool import host_receive_pool
 from ..transport.privcomm import PrivateComms
-from .collective_call import setup
+from .collective_call import checked_root, setup
 from .reduce_ops import ReduceOp, divide, parse_op, reduce_datatype
 from .validation import check_sync
 
@@ -226,10 +226,15 @@ def _speculate(fn: str, pc: PrivateComms, ballot: Ballot, due: Any, agreed: _Agr
 def _reduce(
     fn: str, obj: Any, op: Any, root: int | None, comm: Any, out: Any, sync: Any, timeout: Any
 ) -> Array | None:
-    pc, comm_, _root, rt, cfg, due = setup(fn, comm, root, timeout)
+    pc, comm_, _none, rt, cfg, due = setup(fn, comm, None, timeout)
+    bad_root = None
+    if root is not None:
+        root, bad_root = checked_root(fn, root, pc)
     me, size = comm_.Get_rank(), comm_.Get_size()
     gets_result = root is None or me == root
     try:
+        if bad_root is not None:
+            raise bad_root
         src, plan = _plan(fn, obj, op, sync, rt)
         error: Exception | None = None
         common = plan.fp if root is None else fingerprint(f"{plan.text} root={root}")
