@@ -96,26 +96,19 @@ def plan_recv(
     info, ptag = inbox.decode(inbox.hbuf, status.Get_count(BYTE), cfg.max_payload_bytes)
     if not info.inline:
         _check_payload_messages(info, ptag, pc)
-    if type(target) is np.ndarray:  # the common out=: a plain fit is taken without asking ``mismatch``
-        flags = target.flags
-        fits = target.shape == info.shape and (target.dtype is info.dtype or target.dtype == info.dtype) \
-            and flags.writeable and (flags.c_contiguous or flags.f_contiguous)
-    else:
-        fits = target is None
-    if info.channel != channel or not fits:
+    if info.channel != channel or (target is not None and mismatch(target, info.shape, info.dtype) is not None):
         problem = _refusal(fn, info, source, tag, target, channel)
-        if problem is not None:
-            return RecvPlan(None, source, ptag, NO_MESSAGES, _discard(pc, info, source, ptag, problem))
+        assert problem is not None
+        return RecvPlan(None, source, ptag, NO_MESSAGES, _discard(pc, info, source, ptag, problem))
     if type(target) is np.ndarray:  # (without building a Destination)
         result = Array._over_host(target, source, tag, info.meta)
         if info.inline:  # the payload is in the header buffer: copied into out= now, nothing left to post
-            (target.T if info.fortran else target)[...] = \
-                inbox._view if inbox._view_info is info else inbox.inline_payload(info)
+            (target.T if info.fortran else target)[...] = inbox.inline_payload(info)
             return RecvPlan(result, source, 0, NO_MESSAGES, None)
         landing = _into_host(result, target.T if info.fortran else target, info, source, ptag, inbox)
     elif target is None and ordinal is None and info.inline:
         # The payload is in the header buffer, which the next receive overwrites: copy it out.
-        arr = (inbox._view if inbox._view_info is info else inbox.inline_payload(info)).copy()
+        arr = inbox.inline_payload(info).copy()
         return RecvPlan(Array._over_host(arr.T if info.fortran else arr, source, tag, info.meta), source, 0,
                         NO_MESSAGES, None)
     else:
@@ -243,7 +236,7 @@ def _into_host(
 ) -> RecvPlan:
     """Land the payload in host array ``dst``, viewed in wire order (C-ordered, or strided ``out=``)."""
     if info.inline:  # (same dtype: the receive checked it)
-        dst[...] = inbox._view if inbox._view_info is info else inbox.inline_payload(info)
+        dst[...] = inbox.inline_payload(info)
         return RecvPlan(result, source, ptag, NO_MESSAGES, None)
     if info.payload_nbytes == 0 and not info.channel:  # (a channel's first payload is one message, even empty)
         return RecvPlan(result, source, ptag, NO_MESSAGES, None)
