@@ -16,7 +16,7 @@ from .deadlines import Awaited, Deadline, deadline
 from .driving import PENDING, complete, complete_by, drive_others
 from .waits import MPIWait, Waitable
 
-__all__ = ["PostedRequest", "Request", "RequestWait", "Steps", "drive", "keep_past_exit"]
+__all__ = ["PostedRequest", "Request", "RequestWait", "drive", "keep_past_exit"]
 
 T = TypeVar("T")
 
@@ -62,7 +62,6 @@ def _keep_pending_past_exit() -> None:
     Request._outliving_teardown.extend(list(PENDING))
 
 
-Steps = Generator["Waitable", None, T]
 
 
 def drive(steps: Generator[Waitable, None, T]) -> T:
@@ -112,19 +111,23 @@ class Request(Generic[T]):
     _dropped: ClassVar[BaseException] = _DROPPED
 
     def __init__(self, gen: Generator[Waitable, None, T], keep: Any = None, about: Awaited | None = None) -> None:
-        self._gen: Generator[Waitable, None, T] | None = gen
-        self._keep = keep
-        self._about = about
-        self._expired: BaseException | None = None
-        self._result: Any = _DONE
-        self._error: BaseException | None = None
-        self._pending: Waitable | None = None
-        self._lock = threading.Lock()
-        self._delivered = False  # its result (or error) was returned once: waitany skips it, as MPI skips null requests
+        self._begin(gen, _DONE, keep, about)
         self._advance()
         pending = self._pending
         if pending is not None and not pending.final:
             PENDING.add(self)
+
+    def _begin(self, gen: Generator[Waitable, None, T] | None, result: Any, keep: Any, about: Awaited | None) -> None:
+        """The state every request starts with (``PostedRequest`` too, which has no steps to advance)."""
+        self._gen: Generator[Waitable, None, T] | None = gen
+        self._result: Any = result
+        self._keep = keep
+        self._about = about
+        self._expired: BaseException | None = None
+        self._error: BaseException | None = None
+        self._pending: Waitable | None = None
+        self._lock = threading.Lock()
+        self._delivered = False  # its result (or error) was returned once: waitany skips it, as MPI skips null requests
 
     def _advance(self, failure: BaseException | None = None) -> None:
         """Run the steps to their next wait; ``failure``: the pending wait failed, raise it inside the steps so
@@ -322,17 +325,9 @@ class PostedRequest(Request[T]):
         self, reqs: list[MPI.Request], result: T, keep: Any = None, about: Awaited | None = None,
         cancellable: bool = False,
     ) -> None:
+        self._begin(None, result, keep, about)  # (not Request.__init__: there are no steps to advance)
         self._reqs: list[MPI.Request] | None = reqs
         self._cancellable = cancellable
-        self._result = result
-        self._keep = keep
-        self._about = about
-        self._expired = None
-        self._error = None
-        self._gen = None
-        self._pending = None
-        self._lock = threading.Lock()
-        self._delivered = False
 
     @property
     def done(self) -> bool:
