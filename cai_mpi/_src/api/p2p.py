@@ -26,10 +26,10 @@ from .validation import (
     PROC_NULL,
     Device,
     check_comm,
-    check_meta,
     check_rank,
     check_sync,
     check_tag,
+    outgoing_meta,
     receive_device,
 )
 
@@ -50,7 +50,7 @@ def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta
         dest = check_rank(fn, "dest", dest, pc, wildcard=False)
     if type(tag) is not int or not 0 <= tag <= pc.tag_ub:
         tag = check_tag(fn, tag, pc, wildcard=False)
-    meta_bytes = b"" if meta is None else check_meta(fn, meta)
+    meta_bytes = outgoing_meta(fn, obj, meta)
     if sync is not None:
         sync = check_sync(fn, sync)
     # (host memory needs no runtime: a numpy array is planned without one)
@@ -81,7 +81,8 @@ def isend_array(
             (cai_mpi duplicates it).
         sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer synchronization
             (the CAI v3 consumer opt-out).
-        meta: a small JSON dict delivered as ``Array.meta``.
+        meta: a small JSON dict delivered as ``Array.meta`` (None: a forwarded Array's own ``meta``; ``{}``
+            sends none).
 
     The producer's stream is synchronized before this returns, so work you enqueue afterwards cannot race
     with the data MPI reads; modifying the buffer before ``wait()`` is an error. The request keeps ``obj``
@@ -126,7 +127,8 @@ def send_array(
             (cai_mpi duplicates it).
         sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer synchronization
             (the CAI v3 consumer opt-out).
-        meta: a small JSON dict delivered as ``Array.meta``.
+        meta: a small JSON dict delivered as ``Array.meta`` (None: a forwarded Array's own ``meta``; ``{}``
+            sends none).
         timeout: seconds to wait at most for MPI to be done with ``obj`` (None: ``CAI_MPI_TIMEOUT``, off by
             default).
 
@@ -308,7 +310,8 @@ def sendrecv_array(
         device: without ``out=``: None (a GPU when this rank has one, else host), "host", or a GPU ordinal.
         sync: for the array sent: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer
             synchronization.
-        meta: a small JSON dict sent with ``obj``, delivered as the receiver's ``Array.meta``.
+        meta: a small JSON dict sent with ``obj``, delivered as the receiver's ``Array.meta`` (None: a forwarded
+            Array's own ``meta``; ``{}`` sends none).
         timeout: seconds each half (the send, the receive) may wait at most (None: ``CAI_MPI_TIMEOUT``, off by
             default).
 
