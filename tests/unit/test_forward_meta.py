@@ -45,8 +45,10 @@ def by_sendrecv(obj: Any, **kw: Any) -> cai_mpi.Array:
 
 def by_channel(obj: Any, **kw: Any) -> cai_mpi.Array:
     with cai_mpi.send_channel(obj, me, 2, **kw) as tx, cai_mpi.recv_channel(me, 2) as rx:
-        tx.send()
-        return rx.recv()
+        received, sent = rx.irecv(), tx.isend()  # (nonblocking: this rank is both ends)
+        got = received.wait()
+        sent.wait()
+        return got
 
 
 FORWARDERS: list[Callable[..., cai_mpi.Array]] = [by_send, by_isend, by_sendrecv, by_channel]
