@@ -74,7 +74,7 @@ def test_info_text_and_json(nprocs: int) -> None:
     data = json.loads(run(nprocs, "-m", "cai_mpi", "info", "--json"))
     assert len(data["ranks"]) == nprocs
     assert {"cuda_aware", "cuda_aware_source", "mpi_library", "gpu_route", "device_choice"} <= set(data["ranks"][0])
-    assert data["ranks"][0]["accelerators"] == [] and "accelerators  : none (cai_mpi is pure Python)" in text
+    assert data["ranks"][0]["accelerators"] == [] and "compiled code : none (cai_mpi is pure Python)" in text
 
 
 def test_every_example_ends_the_job_if_a_rank_fails() -> None:
