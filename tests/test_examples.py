@@ -18,6 +18,17 @@ def test_demo(nprocs: int) -> None:
     out = run(nprocs, "-m", "cai_mpi", "demo", "--size", "32")
     assert "all arrays arrived intact" in out
     assert "MISMATCH" not in out
+    # it says what it ran on and why, in words: not a runtime's name ("runtime 'simulated'", issue 34)
+    assert "runtime 'simulated'" not in out
+    assert " on GPU " in out.splitlines()[0] or " on host memory: no GPU found (" in out.splitlines()[0], out
+
+
+def test_the_demo_on_host_memory_by_request_says_so() -> None:
+    done = run_ranks(2, ["-m", "cai_mpi", "demo", "--size", "8"], timeout=180, env={"CAI_MPI_RUNTIME": "host"})
+    assert done.returncode == 0, done.output
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("cai_mpi demo: 9 arrays around a ring of 2 rank(s) on host memory: CAI_MPI_RUNTIME=host")
+    assert "a simulated stream stands in for a GPU's" in first
 
 
 @pytest.mark.parametrize("nprocs", [2, 4])
