@@ -37,6 +37,16 @@ def test_allreduce_arrays_test(tmp_path: Path) -> None:
     assert {t["key"]: t for t in doc["targets"]}["arrays8-cai-raw"]["status"] in ("PASS", "FAIL")
 
 
+def test_allreduce_arrays_runs_every_mode_it_lists_by_default(tmp_path: Path) -> None:
+    """Its defaults are its own modes (the bucketed one-shot and persistent forms beside mpi4py's): none listed and
+    then skipped, as ``cai-out`` was (issue 34)."""
+    out = tmp_path / "arrays.json"
+    proc = _bench(2, "allreduce-arrays", "--sizes", "8", "--iters", "5", "--samples", "2", "--json", str(out))
+    doc = _load(out)
+    assert sorted(doc["results"]) == ["cai", "cai-init", "raw", "raw-init"] and doc["skipped"] == {}
+    assert "# skipped" not in proc.stdout
+
+
 def test_persistent_targets_from_figures() -> None:
     def doc(test: str, rows: dict[str, dict[int, float]]) -> dict[str, Any]:
         return {"benchmark": {"test": test, "buffer": "host", "ranks": 2},

@@ -162,3 +162,38 @@ def test_info_on_a_simulated_gpu_sees_one_gpu_and_the_staged_route() -> None:
     (rank,) = json.loads(proc.stdout)["ranks"]
     assert (rank["runtime"], rank["gpus_visible"]) == ("simulated", 1), rank
     assert rank["gpu_route"] == "staged (through pinned host memory)", rank
+
+
+def test_info_names_compiled_code_and_mpi_4_persistent_collectives() -> None:
+    """``accelerators : none`` read as "no GPU" beside a GPU verdict; and an Open MPI 5 that reports MPI 3.1 has
+    MPI-4's persistent collectives all the same, which ``allreduce_init`` & co. use: info says so (issue 34)."""
+    import json
+
+    proc = subprocess.run([sys.executable, "-m", "cai_mpi", "info"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "compiled code : none (cai_mpi is pure Python)" in proc.stdout and "accelerators" not in proc.stdout
+    # both MPI wheels the suite runs on (Open MPI 5, MPICH 4 and later) have them
+    assert "MPI-4 persistent collectives: yes (allreduce_init & co. bind MPI's Allreduce_init...)" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "cai_mpi", "info", "--json"], capture_output=True, text=True,
+                          timeout=120)
+    assert json.loads(proc.stdout)["ranks"][0]["persistent_collectives"] is True
+
+
+def test_info_shows_what_differs_between_ranks_environments() -> None:
+    """The environment line holds what every rank shares; a variable that differs, or that only some ranks have,
+    is on the line of each rank that has it, so no rank's launcher variables stand for all (issue 34)."""
+    from cai_mpi._src.cli import info
+
+    base = info.collect()
+    ranks = []
+    for r, env in enumerate([{"CAI_MPI_SYNC": "0", "SLURM_LOCALID": "0", "UCX_TLS": "tcp"},
+                             {"CAI_MPI_SYNC": "0", "SLURM_LOCALID": "1"}]):
+        ranks.append({**base, "rank": r, "size": 2, "host": f"node{r}", "env": env})
+    lines = info._text(ranks).splitlines()
+    assert "environment   : CAI_MPI_SYNC=0 (the same on every rank)" in lines
+    rank_env = [line.strip() for line in lines if line.strip().startswith("environment of rank")]
+    assert rank_env == ["environment of rank 0: SLURM_LOCALID=0, UCX_TLS=tcp", "environment of rank 1: SLURM_LOCALID=1"]
+    apart = info._text([{**ranks[0], "env": {"SLURM_LOCALID": "0"}}, {**ranks[1], "env": {}}]).splitlines()
+    assert "environment   : (none the same on every rank: see each rank's)" in apart
+    one = info._text([{**base, "env": {"SLURM_LOCALID": "0"}}]).splitlines()
+    assert "environment   : SLURM_LOCALID=0" in one and not any("environment of rank" in x for x in one)

@@ -406,3 +406,20 @@ if __name__ == "__main__":  # python tests/test_docs.py: link the public names o
         linked, problems = link_api_names(path.read_text())
         path.write_text(linked)
         print(f"docs/{page}: {len(problems)} fixed or to fix by hand", *problems, sep="\n  ")
+
+
+@pytest.mark.one_wheel
+def test_one_recipe_builds_mpi4py_against_the_cluster_s_mpi() -> None:
+    """docs/installation.md holds the one command that builds mpi4py against a site's MPI; every other page that
+    tells how links to it rather than giving a command of its own (they had drifted apart, issue 34)."""
+    recipe = "MPI4PY_BUILD_MPICC=\"$(command -v mpicc)\" python -m pip install --force-reinstall --no-cache-dir " \
+             "--no-binary=mpi4py mpi4py"
+    assert recipe in (DOCS / "installation.md").read_text()
+    pages = [ROOT / "README.md", ROOT / "slurm" / "README.md", ROOT / "slurm" / "cai_mpi.sbatch",
+             *sorted(DOCS.glob("*.md"))]
+    for page in pages:
+        text = page.read_text()
+        if page.name != "installation.md":
+            assert "--no-binary=mpi4py" not in text, f"{page}: link to installation.md's recipe instead"
+    for page in (ROOT / "slurm" / "README.md", DOCS / "gpu-and-mpi.md"):
+        assert "installation.md#building-mpi4py-against-the-clusters-mpi" in page.read_text(), page

@@ -21,6 +21,17 @@ def test_demo(nprocs: int) -> None:
     out = run(nprocs, "-m", "cai_mpi", "demo", "--size", "32")
     assert "all arrays arrived intact" in out
     assert "MISMATCH" not in out
+    # it says what it ran on and why, in words: not a runtime's name ("runtime 'simulated'", issue 34)
+    assert "runtime 'simulated'" not in out
+    assert " on GPU " in out.splitlines()[0] or " on host memory: no GPU found (" in out.splitlines()[0], out
+
+
+def test_the_demo_on_host_memory_by_request_says_so() -> None:
+    done = run_ranks(2, ["-m", "cai_mpi", "demo", "--size", "8"], timeout=180, env={"CAI_MPI_RUNTIME": "host"})
+    assert done.returncode == 0, done.output
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("cai_mpi demo: 9 arrays around a ring of 2 rank(s) on host memory: CAI_MPI_RUNTIME=host")
+    assert "a simulated stream stands in for a GPU's" in first
 
 
 @pytest.mark.parametrize("nprocs", [2, 4])
@@ -89,7 +100,7 @@ def test_info_text_and_json(nprocs: int) -> None:
     data = json.loads(run(nprocs, "-m", "cai_mpi", "info", "--json"))
     assert len(data["ranks"]) == nprocs
     assert {"cuda_aware", "cuda_aware_source", "mpi_library", "gpu_route", "device_choice"} <= set(data["ranks"][0])
-    assert data["ranks"][0]["accelerators"] == [] and "accelerators  : none (cai_mpi is pure Python)" in text
+    assert data["ranks"][0]["accelerators"] == [] and "compiled code : none (cai_mpi is pure Python)" in text
 
 
 def test_every_example_ends_the_job_if_a_rank_fails() -> None:

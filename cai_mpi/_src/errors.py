@@ -102,14 +102,16 @@ class CudaError(CaiMpiError, RuntimeError):
         self.name = name
 
 
-class CollectiveMismatchError(CaiMpiError):
+class CollectiveMismatchError(CaiMpiError, ValueError):
     """The ranks of a collective disagree (shapes or dtypes of a reduction), or some rank could not take
-    part; raised on every rank, naming the ranks and what each had. The communicator stays usable."""
+    part; raised on every rank, naming the ranks and what each had. The communicator stays usable. A
+    ``ValueError`` too, as a receive's ``RecvMismatchError`` is."""
 
 
-class PipelineError(CaiMpiError):
+class PipelineError(CaiMpiError, RuntimeError):
     """A stage of a ``Pipeline`` failed: ``rank`` is the failing stage, ``meta`` the meta of the item it was
-    working on when known (else None). Raised on every other stage; the failing stage sees its own error.
+    working on when known (else None). Raised on every other stage; the failing stage sees its own error. A
+    ``RuntimeError`` too, so ``except RuntimeError`` catches a failed stage as it catches a ``CudaError``.
 
     Attributes:
         rank: the stage that failed.

@@ -51,6 +51,8 @@ class Case:
     program: tuple[str, ...] = (str(JOB_CHECK),)
     mpi_env: dict[str, str] = field(default_factory=dict)  # what job_check must see on every rank
     nodes: int = 2  # 1: submitted with `sbatch --nodes=1` (command-line options override #SBATCH)
+    cpu: bool = False  # submitted with `sbatch --gpus-per-node=0`: CPU nodes, CAI_MPI_GPU_BIND left to its default
+    preflight: str = ""  # CAI_MPI_PREFLIGHT, when set
 
     @property
     def ranks(self) -> int:
@@ -58,17 +60,20 @@ class Case:
 
     @property
     def options(self) -> tuple[str, ...]:
-        return () if self.nodes == 2 else (f"--nodes={self.nodes}",)
+        return (() if self.nodes == 2 else (f"--nodes={self.nodes}",)) + (("--gpus-per-node=0",) if self.cpu else ())
 
     def env(self, venv: str) -> dict[str, str]:
         env = {
             "CAI_MPI_VENV": venv,
             "CAI_MPI_LAUNCHER": self.launcher,
-            "CAI_MPI_GPU_BIND": self.bind,
             **ROOT_ENV,
         }
+        if not (self.cpu and self.bind == "none"):  # (on CPU nodes, the default binding is none)
+            env["CAI_MPI_GPU_BIND"] = self.bind
         if self.srun_mpi:
             env["CAI_MPI_SRUN_MPI"] = self.srun_mpi
+        if self.preflight:
+            env["CAI_MPI_PREFLIGHT"] = self.preflight
         return env
 
 
@@ -98,6 +103,12 @@ CASES = [
     # A rank raises while the others wait for it: the job ends at once, with its traceback.
     Case("rank-fails/srun-pmix", "openmpi", "srun-pmix", "per-task", expect="rank fails", program=(str(FAILING_RANK),)),
     Case("rank-fails/srun-pmi2", "mpich", "srun-pmi2", "per-task", expect="rank fails", program=(str(FAILING_RANK),)),
+    # CPU nodes: the template's one GPU request overridden (`sbatch --gpus-per-node=0`); the binding becomes none.
+    Case("cpu-nodes/srun-pmi2", "mpich", "srun-pmi2", "none", cpu=True),
+    Case("cpu-nodes/mpirun-openmpi", "openmpi", "mpirun", "none", cpu=True),
+    Case("cpu-nodes/per-task", "mpich", "srun-pmi2", "per-task", expect="refused", cpu=True),
+    # A production job skips the two preflight steps.
+    Case("no-preflight/srun-pmi2", "mpich", "srun-pmi2", "per-task", preflight="0"),
     # One node: the same template with `sbatch --nodes=1`.
     Case("one-node/srun-pmix/per-task", "openmpi", "srun-pmix", "per-task", nodes=1),
     Case("one-node/srun-pmi2/all", "mpich", "srun-pmi2", "all", nodes=1),
@@ -231,14 +242,18 @@ def test_template_job(case: Case, jobs: dict[str, Submitted], slurm_cluster: Any
     out = result.output
     assert result.state == "COMPLETED" and result.exit_code == "0:0", explain(result, slurm_cluster)
 
-    # The steps ran in order, each succeeded (the template stops at the first failure).
-    steps = [out.find(f"== step {i}:") for i in (1, 2, 3)]
-    assert -1 not in steps and steps == sorted(steps), f"missing or unordered steps\n{out}"
-    info = out[steps[0] : steps[1]]
-    for rank in range(case.ranks):
-        assert re.search(rf"\brank\s+{rank}\b", info), f"`cai_mpi info` has no line for rank {rank}\n{out}"
-    assert f"world size {case.ranks} == SLURM_NTASKS: ok" in out, out
     assert f"{case.launcher} gpu-bind={case.bind}" in out, out
+    if case.preflight == "0":  # no info, no world-size check: the program alone
+        assert "== steps 1 and 2 skipped (CAI_MPI_PREFLIGHT=0)" in out and "== step 1:" not in out, out
+        assert "== step 2:" not in out and "== step 3:" in out, out
+    else:
+        # The steps ran in order, each succeeded (the template stops at the first failure).
+        steps = [out.find(f"== step {i}:") for i in (1, 2, 3)]
+        assert -1 not in steps and steps == sorted(steps), f"missing or unordered steps\n{out}"
+        info = out[steps[0] : steps[1]]
+        for rank in range(case.ranks):
+            assert re.search(rf"\brank\s+{rank}\b", info), f"`cai_mpi info` has no line for rank {rank}\n{out}"
+        assert f"world size {case.ranks} == SLURM_NTASKS: ok" in out, out
 
     if not case.program:  # the demo: its own checks decide the exit code
         assert "== step 3: python -m cai_mpi demo" in out, out
@@ -256,7 +271,10 @@ def test_template_job(case: Case, jobs: dict[str, Submitted], slurm_cluster: Any
     for rank, d in sorted(devices.items()):
         where = f"rank {rank}: {d}"
         assert d["local_rank"] == local[rank], where
-        if case.bind == "per-task":
+        if case.bind == "none":
+            # CPU nodes: no GPU reached the task, and cai_mpi chose none.
+            assert d["cuda_visible_devices"] is None and d["ordinal"] is None, where
+        elif case.bind == "per-task":
             # Slurm bound one GPU to the task (CUDA_VISIBLE_DEVICES has one id): the rank uses device 0.
             assert d["cuda_visible_devices"] is not None and len(d["cuda_visible_devices"].split(",")) == 1, where
             assert (d["visible_count"], d["ordinal"]) == (1, 0), where
@@ -309,6 +327,13 @@ def test_mpirun_refuses_one_gpu_per_task(jobs: dict[str, Submitted]) -> None:
     result = get(jobs, "mpirun/per-task")
     assert result.state == "FAILED", result.describe()
     assert "CAI_MPI_LAUNCHER=mpirun needs CAI_MPI_GPU_BIND=all" in result.output, result.describe()
+    assert "== step 1:" not in result.output, result.describe()
+
+
+def test_a_gpu_binding_on_cpu_nodes_is_refused(jobs: dict[str, Submitted]) -> None:
+    result = get(jobs, "cpu-nodes/per-task")
+    assert result.state == "FAILED", result.describe()
+    assert "CAI_MPI_GPU_BIND=per-task but the job has no GPUs" in result.output, result.describe()
     assert "== step 1:" not in result.output, result.describe()
 
 

@@ -118,3 +118,15 @@ def test_repr_names_what_and_where() -> None:
     with pytest.raises(TypeError, match="0-d"):
         len(Array.from_host(np.array(1.0)))
     assert isinstance(a, cai_mpi.Array)
+
+
+def test_repr_names_mpi_s_special_values() -> None:
+    """PROC_NULL is -1 on MPICH and -2 on Open MPI: the repr prints the name, as for ANY_TAG."""
+    a = Array.from_host(np.zeros(2, "<f4"), source=MPI.PROC_NULL, tag=MPI.ANY_TAG)
+    assert repr(a) == "cai_mpi.Array(shape=(2,), dtype=float32, device=host, source=PROC_NULL, tag=ANY_TAG)"
+
+
+def test_an_array_made_by_hand_comes_from_no_rank() -> None:
+    """``from_host`` and ``from_device`` without ``source``/``tag``: MPI's values for no sender."""
+    a = Array.from_host(np.zeros(2, "<f4"))
+    assert (a.source, a.tag, a.meta) == (MPI.PROC_NULL, MPI.ANY_TAG, None)

@@ -119,7 +119,7 @@ def host_memory(out: Any) -> np.ndarray[Any, Any]:
 def untouched(got: cai_mpi.Array, out: Any, before: np.ndarray[Any, Any], read: Callable[[], np.ndarray[Any, Any]]
               ) -> None:
     assert isinstance(got, cai_mpi.Array)
-    assert got.source == MPI.PROC_NULL and got.meta is None
+    assert (got.source, got.tag, got.meta) == (MPI.PROC_NULL, MPI.ANY_TAG, None)  # MPI's status: no source, any tag
     assert np.array_equal(read(), before)
     if got.is_host:
         assert np.shares_memory(np.asarray(got), host_memory(out))
@@ -164,6 +164,8 @@ def test_device_out_from_proc_null_is_returned_unchanged(name: str, how: str, re
 def test_without_out_proc_null_gives_an_empty_array(how: str) -> None:
     got = receive(how, None)
     assert got.source == MPI.PROC_NULL and got.is_host and got.shape == (0,) and got.dtype == np.uint8
+    assert got.tag == MPI.ANY_TAG  # not the tag asked for (5): MPI's status of a receive from PROC_NULL
+    assert "source=PROC_NULL, tag=ANY_TAG" in repr(got)  # names, not numbers that differ between MPI libraries
     nothing_was_consumed()
 
 

@@ -47,3 +47,20 @@ def test_errors_pickle_with_their_message_and_attributes(err: Exception) -> None
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is type(err) and str(back) == str(err) and back.args == err.args
     assert vars(back) == vars(err)
+
+
+BUILTIN_BASES = [
+    (cai_mpi.CAIError, BufferError),
+    (cai_mpi.RecvMismatchError, ValueError),
+    (cai_mpi.CudaError, RuntimeError),
+    (cai_mpi.CollectiveMismatchError, ValueError),
+    (cai_mpi.PipelineError, RuntimeError),
+    (cai_mpi.TimeoutError, TimeoutError),
+]
+
+
+@pytest.mark.parametrize("cls, builtin", BUILTIN_BASES, ids=[c.__name__ for c, _ in BUILTIN_BASES])
+def test_errors_a_python_user_would_catch_have_the_builtin_base(cls: type, builtin: type) -> None:
+    """``except ValueError`` catches a collective's mismatch as it catches a receive's; ``except RuntimeError`` a
+    failed Pipeline stage as a CUDA error (issue 34); each stays a CaiMpiError."""
+    assert issubclass(cls, builtin) and issubclass(cls, cai_mpi.CaiMpiError)

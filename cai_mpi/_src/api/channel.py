@@ -35,10 +35,10 @@ from .validation import (
     PROC_NULL,
     Device,
     check_comm,
-    check_meta,
     check_rank,
     check_sync,
     check_tag,
+    outgoing_meta,
     receive_device,
 )
 
@@ -90,7 +90,7 @@ class SendChannel(ChannelEnd):
         if self.dest == PROC_NULL:
             raise ValueError(f"{fn}: a channel needs a real destination rank, not PROC_NULL")
         self.tag = check_tag(fn, tag, pc, wildcard=False)
-        meta_bytes = check_meta(fn, meta)
+        meta_bytes = outgoing_meta(fn, obj, meta)
         rt = get_runtime()
         self._sync = check_sync(fn, sync)
         src = send_source(fn, obj, self._sync, rt)
@@ -344,7 +344,8 @@ def send_channel(
         comm: None for COMM_WORLD; the first use of any other communicator is collective over it.
         sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer synchronization that
             otherwise precedes every send.
-        meta: a small JSON dict, sent with the first message (the description) and delivered as ``Array.meta``.
+        meta: a small JSON dict, sent with the first message (the description) and delivered as ``Array.meta``
+            (None: a forwarded Array's own ``meta``; ``{}`` sends none).
 
     Returns:
         A SendChannel (a context manager: closes on exit).

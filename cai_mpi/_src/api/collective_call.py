@@ -9,6 +9,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from ..arrays.array import NO_TAG
 from ..config import Config, config
 from ..progress.deadlines import Deadline, deadline
 from ..runtime import get_runtime
@@ -19,7 +20,7 @@ from .validation import PROC_NULL, check_comm, check_rank
 
 __all__ = ["NO_TAG", "checked_root", "setup"]
 
-NO_TAG = -1  # collectives have no tag: the Arrays they return say so
+# (NO_TAG: collectives have no tag, so the Arrays they return carry MPI's ANY_TAG, -1 on every MPI library)
 
 
 def setup(fn: str, comm: Any, root: Any = None, timeout: Any = None) -> tuple[

@@ -1,10 +1,11 @@
-"""The life of a persistent collective, whatever it reduces or moves: ``start`` and ``wait`` (with a timeout),
-``close`` (collective), the context manager, a dropped object finished in the background, and the exit hook.
+"""The life of a persistent collective, whatever it reduces or moves: ``start``, ``test`` and ``wait`` (with a
+timeout), ``close`` (collective), the context manager, a dropped object finished in the background, and the exit
+hook.
 
 ``PersistentLifecycle`` owns that bookkeeping and the errors of a misuse (used after ``close``, or after a wait
-timed out; ``start`` twice; ``wait`` without ``start``; an input whose shape changed). A subclass says only what
-differs: how a use begins (``_begin``: the MPI requests it started) and completes (``_done``: the result), and
-which memory MPI uses while a dropped use finishes (``_memory``).
+timed out; ``start`` twice; ``wait`` or ``test`` without ``start``; an input whose shape changed). A subclass says
+only what differs: how a use begins (``_begin``: the MPI requests it started) and completes (``_done``: the
+result), and which memory MPI uses while a dropped use finishes (``_memory``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 from mpi4py import MPI
 
 from ..progress.deadlines import collective_expired, deadline
-from ..progress.driving import complete, complete_by, idle
+from ..progress.driving import complete, complete_by, drive_others, idle
 from ..progress.requests import keep_past_exit
 from .agreed import Started, background, open_collectives
 
@@ -116,6 +117,26 @@ class PersistentLifecycle:
             raise error
         self._started = False
         return self._done()
+
+    def test(self) -> tuple[bool, Any]:
+        """Make progress on the use begun by ``start()`` without blocking, as mpi4py's lowercase ``Request.test``:
+        ``(True, result)`` once it completed (what ``wait()`` returns; the use is then over, and the next
+        ``start()`` allowed), else ``(False, None)``.
+
+        Example:
+            >>> red.start()  # doctest: +SKIP
+            >>> while not (done := red.test())[0]:  # doctest: +SKIP
+            ...     work_on_something_else()
+            >>> total = done[1]  # doctest: +SKIP
+        """
+        if not self._started:
+            self._check("test()")
+            raise ValueError(f"{self._fn}: test() without start()")
+        drive_others(self)
+        if not Started(self._now).test():
+            return False, None
+        self._started = False
+        return True, self._done()
 
     def __call__(self, timeout: float | None = None) -> Any:
         """``start()`` then ``wait(timeout)``: one use, with the input's current contents."""

@@ -26,10 +26,10 @@ from .validation import (
     PROC_NULL,
     Device,
     check_comm,
-    check_meta,
     check_rank,
     check_sync,
     check_tag,
+    outgoing_meta,
     receive_device,
 )
 
@@ -50,7 +50,7 @@ def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta
         dest = check_rank(fn, "dest", dest, pc, wildcard=False)
     if type(tag) is not int or not 0 <= tag <= pc.tag_ub:
         tag = check_tag(fn, tag, pc, wildcard=False)
-    meta_bytes = b"" if meta is None else check_meta(fn, meta)
+    meta_bytes = outgoing_meta(fn, obj, meta)
     if sync is not None:
         sync = check_sync(fn, sync)
     # (host memory needs no runtime: a numpy array is planned without one)
@@ -81,7 +81,8 @@ def isend_array(
             (cai_mpi duplicates it).
         sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer synchronization
             (the CAI v3 consumer opt-out).
-        meta: a small JSON dict delivered as ``Array.meta``.
+        meta: a small JSON dict delivered as ``Array.meta`` (None: a forwarded Array's own ``meta``; ``{}``
+            sends none).
 
     The producer's stream is synchronized before this returns, so work you enqueue afterwards cannot race
     with the data MPI reads; modifying the buffer before ``wait()`` is an error. The request keeps ``obj``
@@ -126,7 +127,8 @@ def send_array(
             (cai_mpi duplicates it).
         sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer synchronization
             (the CAI v3 consumer opt-out).
-        meta: a small JSON dict delivered as ``Array.meta``.
+        meta: a small JSON dict delivered as ``Array.meta`` (None: a forwarded Array's own ``meta``; ``{}``
+            sends none).
         timeout: seconds to wait at most for MPI to be done with ``obj`` (None: ``CAI_MPI_TIMEOUT``, off by
             default).
 
@@ -174,19 +176,20 @@ def _receive_args(fn: str, source: Any, tag: Any, comm: Any, out: Any, device: A
     return pc, source, tag, None, rt.current_device() if device is None else receive_device(fn, device, rt), rt
 
 
-def _from_proc_null(target: Target | None, tag: int) -> Array:
+def _from_proc_null(target: Target | None) -> Array:
     """A receive from PROC_NULL completes at once with no data (MPI semantics): an Array over ``out=`` as it is
-    (a plain numpy array is its own target), or an empty host Array without ``out=``."""
+    (a plain numpy array is its own target), or an empty host Array without ``out=``; its source and tag are
+    what MPI's status reports, PROC_NULL and ANY_TAG."""
     if target is None:
-        return Array._over_host(np.empty(0, np.uint8), PROC_NULL, tag, None)
+        return Array._over_host(np.empty(0, np.uint8), PROC_NULL, ANY_TAG, None)
     if type(target) is np.ndarray:
-        return Array._over_host(target, PROC_NULL, tag, None)
+        return Array._over_host(target, PROC_NULL, ANY_TAG, None)
     assert isinstance(target, RecvTarget)
     if target.host is not None:
-        return Array._over_host(target.host, PROC_NULL, tag, None, target.owner)
+        return Array._over_host(target.host, PROC_NULL, ANY_TAG, None, target.owner)
     assert target.desc is not None and target.ordinal is not None
     return Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=PROC_NULL,
-                 tag=tag)
+                 tag=ANY_TAG)
 
 
 def recv_array(
@@ -213,7 +216,8 @@ def recv_array(
     Returns:
         An Array carrying the data, its descriptor, ``source``, ``tag`` and ``meta``; with ``out=``, an Array over
         ``out=``'s memory (no copy). From PROC_NULL nothing is received (MPI's rule): an Array over ``out=``, its
-        contents untouched, or without ``out=`` an empty uint8 host Array; ``source`` is PROC_NULL, ``meta`` None.
+        contents untouched, or without ``out=`` an empty uint8 host Array; as MPI's status says, ``source`` is
+        PROC_NULL and ``tag`` ANY_TAG (whatever ``tag`` asked for); ``meta`` is None.
 
     Raises:
         TypeError, ValueError: a bad argument (the message names it).
@@ -236,7 +240,7 @@ def recv_array(
         # (a numpy array is its own target: nothing to describe or synchronize)
         target, ordinal = out if type(out) is np.ndarray else recv_target("recv_array", out, rt), None
     if source == PROC_NULL:
-        return _from_proc_null(target, tag)
+        return _from_proc_null(target)
     return receive("recv_array", pc, source, tag, target, ordinal, rt, out, due, cfg)
 
 
@@ -272,7 +276,7 @@ def irecv_array(
 def _start_recv(fn: str, source: Any, tag: Any, comm: Any, out: Any, device: Any) -> Request[Array]:
     pc, source, tag, target, ordinal, rt = _receive_args(fn, source, tag, comm, out, device)
     if source == PROC_NULL:
-        return PostedRequest([], _from_proc_null(target, tag))
+        return PostedRequest([], _from_proc_null(target))
     return ireceive(fn, pc, source, tag, target, ordinal, rt, out)
 
 
@@ -308,7 +312,8 @@ def sendrecv_array(
         device: without ``out=``: None (a GPU when this rank has one, else host), "host", or a GPU ordinal.
         sync: for the array sent: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer
             synchronization.
-        meta: a small JSON dict sent with ``obj``, delivered as the receiver's ``Array.meta``.
+        meta: a small JSON dict sent with ``obj``, delivered as the receiver's ``Array.meta`` (None: a forwarded
+            Array's own ``meta``; ``{}`` sends none).
         timeout: seconds each half (the send, the receive) may wait at most (None: ``CAI_MPI_TIMEOUT``, off by
             default).
 
@@ -334,7 +339,7 @@ def sendrecv_array(
     sent = None if plan is None else isend_plan(fn, plan, pc, dest, sendtag, (obj, src))
     try:
         if source == PROC_NULL:
-            return _from_proc_null(target, recvtag)
+            return _from_proc_null(target)
         return receive(fn, pc, source, recvtag, target, ordinal, rt, out, due, config())
     finally:
         if sent is not None:

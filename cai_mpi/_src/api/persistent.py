@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..arrays.array import Array
+from ..arrays.array import NO_SOURCE, NO_TAG, Array
 from ..arrays.operands import DeviceSource, RecvTarget, describe_target, mismatch, recv_target, send_source
 from ..config import config
 from ..core.header import MessageInfo
@@ -29,8 +29,6 @@ from .reduce_ops import parse_op, reduce_datatype
 from .validation import check_sync
 
 __all__ = ["PersistentCollective", "single_allreduce_init"]
-
-_NO_TAG = -1
 
 
 def _view(address: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
@@ -165,12 +163,12 @@ class PersistentCollective(PersistentLifecycle):
             self._result = None
             return
         if self._kind == "bcast" and not into_obj:  # the root: its own buffer is the result
-            self._result = Array.from_host(src, owner=self._obj, source=self._root, tag=_NO_TAG)
+            self._result = Array.from_host(src, owner=self._obj, source=self._source, tag=NO_TAG)
             return
         if self._kind == "allgather":
             whole = np.empty((size, *shape), dtype)
             self._recv = _address(whole)
-            self._result = [Array.from_host(whole[r, ...], owner=whole, source=r, tag=_NO_TAG) for r in range(size)]
+            self._result = [Array.from_host(whole[r, ...], owner=whole, source=r, tag=NO_TAG) for r in range(size)]
             return
         if host is None:  # no out= (allreduce, reduce): allocated once
             host = np.empty(shape, dtype)
@@ -179,7 +177,7 @@ class PersistentCollective(PersistentLifecycle):
         self._unpack = None if direct else (host, landing)
         self._recv = _address(landing)
         self._result = Array.from_host(host, owner=self._out if self._out is not None else
-                                       (self._obj if into_obj else host), source=self._root, tag=_NO_TAG)
+                                       (self._obj if into_obj else host), source=self._source, tag=NO_TAG)
         if sends and self._recv and self._recv == self._send:
             self._send = -1  # out= is obj: MPI.IN_PLACE
         elif sends and self._recv and np.shares_memory(landing, self._send_buffer):
@@ -194,9 +192,9 @@ class PersistentCollective(PersistentLifecycle):
             self._result = None
             return
         if self._kind == "bcast" and not into_obj:  # the root: its own buffer is the result
-            self._result = (Array.from_host(src, owner=self._obj, source=self._root, tag=_NO_TAG)
+            self._result = (Array.from_host(src, owner=self._obj, source=self._source, tag=NO_TAG)
                             if isinstance(src, np.ndarray) else Array(src.desc.replace(stream=None),
-                            device=src.ordinal, owner=src.owner, source=self._root, tag=_NO_TAG))
+                            device=src.ordinal, owner=src.owner, source=self._source, tag=NO_TAG))
             return
         if into_obj or self._out is not None:
             self._target = self._obj if into_obj else self._out
@@ -205,11 +203,11 @@ class PersistentCollective(PersistentLifecycle):
         ordinal = src.ordinal if isinstance(src, DeviceSource) else rt.current_device()
         whole_shape = (size, *shape) if self._kind == "allgather" else shape
         if ordinal is None:
-            whole: Array = Array.from_host(np.empty(whole_shape, dtype))
+            whole: Array = Array.from_host(np.empty(whole_shape, dtype), source=self._source)
         else:
             nbytes = int(np.prod(whole_shape, dtype=np.int64)) * dtype.itemsize
             buffer = rt.alloc_device(nbytes, ordinal, internal_stream(rt, ordinal), handed_out=True)
-            whole = Array.from_device(buffer, whole_shape, dtype, source=self._root, tag=_NO_TAG)
+            whole = Array.from_device(buffer, whole_shape, dtype, source=self._source, tag=NO_TAG)
         self._target = whole
         if self._kind == "allgather":
             self._info = self._info._replace(shape=whole_shape, payload_nbytes=self._info.payload_nbytes * size)
@@ -268,7 +266,7 @@ class PersistentCollective(PersistentLifecycle):
             src, rt, direct=self._direct_send, c_order=True)
         landing = None
         if self._target is not None:
-            landing = Landing.plan(self._info, recv_target(self._fn, self._target, rt), None, self._root, _NO_TAG, rt,
+            landing = Landing.plan(self._info, recv_target(self._fn, self._target, rt), None, self._source, NO_TAG, rt,
                                    direct=self._direct_recv)
         send = 0 if piece is None else piece.address
         recv = 0 if landing is None else landing.address
@@ -319,6 +317,12 @@ class PersistentCollective(PersistentLifecycle):
         self.start()
         return self.wait(timeout)
 
+    @property
+    def _source(self) -> int:
+        """The ``source`` of this collective's result: the root of a broadcast; a reduction's comes from no single
+        rank (PROC_NULL, as MPI's status says for no sender). An allgather's pieces name their rank (``_row``)."""
+        return self._root if self._kind == "bcast" else NO_SOURCE
+
     def _shut(self) -> None:
         self._closed, self._fast = True, False
 
@@ -338,7 +342,7 @@ def _row(whole: Array, r: int) -> Array:
 
     sub = CAIDescriptor.for_new_buffer(desc.ptr + r * nbytes if nbytes else 0, shape, desc.dtype,
                                        stream=desc.stream)
-    return Array(sub, device=whole.device, owner=whole, source=r, tag=_NO_TAG)
+    return Array(sub, device=whole.device, owner=whole, source=r, tag=NO_TAG)
 
 
 def single_allreduce_init(obj: Any, op: Any, comm: Any, out: Any, sync: Any) -> PersistentCollective:

@@ -113,6 +113,11 @@ class Pipeline(Leaving):
     (``timeout * size * (depth + 1)``); past it, ``TimeoutError``, and the pipeline is abandoned
     (its pending messages finish in the background; ``comm`` stays usable).
 
+    A failing stage's error reaches the others as ``PipelineError`` at their next wait (for an item, a credit,
+    or on leaving); items it sent before it failed are not withdrawn, so a later stage may still receive some of
+    them first (how many depends on timing). Items reach the next stage in the order sent, each once. See
+    docs/reliability.md, "A failing Pipeline stage".
+
     Args:
         comm: the ranks of the chain, in order (None for COMM_WORLD); any intracommunicator.
         depth: the most items a stage may have sent and the next not yet received (an int >= 1).

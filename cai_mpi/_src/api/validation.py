@@ -8,6 +8,7 @@ from typing import Any, Literal
 import numpy as np
 from mpi4py import MPI
 
+from ..arrays.array import Array
 from ..core.header import encode_meta
 from ..runtime.base import Runtime
 from ..transport import privcomm
@@ -15,7 +16,7 @@ from ..transport.privcomm import PrivateComms
 
 __all__ = [
     "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "check_comm", "check_device", "check_meta", "check_rank", "check_sync",
-    "check_tag", "receive_device",
+    "check_tag", "outgoing_meta", "receive_device",
 ]
 
 ANY_SOURCE: int = MPI.ANY_SOURCE
@@ -106,6 +107,14 @@ def check_meta(fn: str, meta: Any) -> bytes:
         return encode_meta(meta)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{fn}: {exc}") from None
+
+
+def outgoing_meta(fn: str, obj: Any, meta: Any) -> bytes:
+    """The ``meta`` a send carries, encoded: ``meta=`` when given, else a forwarded ``Array``'s own (a received
+    Array is forwarded as it is), else none."""
+    if meta is None and type(obj) is not np.ndarray and isinstance(obj, Array):
+        meta = obj.meta
+    return check_meta(fn, meta)
 
 
 def check_sync(fn: str, sync: Any) -> bool | None:

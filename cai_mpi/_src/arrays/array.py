@@ -5,15 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from ..core.descriptor import CAIDescriptor, descriptor_from_numpy
 from ..runtime.base import DeviceBuffer
 from . import dlpack
 from .sync import sync_unnamed
 
-__all__ = ["Array"]
+__all__ = ["NO_SOURCE", "NO_TAG", "Array"]
 
 _new = object.__new__
+
+NO_SOURCE: int = MPI.PROC_NULL  # MPI's status of a message from no rank: source PROC_NULL, tag ANY_TAG
+NO_TAG: int = MPI.ANY_TAG
+_SOURCE_NAMES = {MPI.PROC_NULL: "PROC_NULL"}  # -1 on MPICH, -2 on Open MPI: printed by name
+_TAG_NAMES = {MPI.ANY_TAG: "ANY_TAG"}
 
 
 class Array:
@@ -34,8 +40,14 @@ class Array:
     ``send_array`` to forward it.
 
     Attributes:
-        source: rank it came from (in the communicator it was received on).
-        tag: the user tag it was sent with.
+        source: the rank it came from (in the communicator it was received on). What MPI's status says where
+            no one rank sent it: ``PROC_NULL`` for a receive from ``PROC_NULL`` and for an Array made with
+            ``from_host``/``from_device``. Collective results: the root for ``bcast_array``/``scatter_array``
+            (and their persistent forms), the sending rank for each piece of a gather, allgather or alltoall,
+            ``PROC_NULL`` for a reduction's result (every rank contributed). The repr prints ``PROC_NULL`` by
+            name (its value differs between MPI libraries).
+        tag: the user tag it was sent with; ``ANY_TAG`` where there is none (a receive from ``PROC_NULL``, as
+            MPI reports it, and every collective's result).
         meta: the sender's ``meta`` dict, or None.
     """
 
@@ -50,8 +62,8 @@ class Array:
         device: str | int,
         owner: Any,
         host: np.ndarray[Any, Any] | None = None,
-        source: int = -1,
-        tag: int = -1,
+        source: int = NO_SOURCE,
+        tag: int = NO_TAG,
         meta: dict[str, Any] | None = None,
     ) -> None:
         if descriptor is not None:
@@ -69,8 +81,8 @@ class Array:
         host: np.ndarray[Any, Any],
         *,
         owner: Any = None,
-        source: int = -1,
-        tag: int = -1,
+        source: int = NO_SOURCE,
+        tag: int = NO_TAG,
         meta: dict[str, Any] | None = None,
     ) -> Array:
         """Wrap a host numpy array (no copy); ``owner`` keeps the memory alive if ``host`` does not."""
@@ -98,8 +110,8 @@ class Array:
         dtype: np.dtype[Any],
         *,
         fortran: bool = False,
-        source: int = -1,
-        tag: int = -1,
+        source: int = NO_SOURCE,
+        tag: int = NO_TAG,
         meta: dict[str, Any] | None = None,
     ) -> Array:
         """Wrap a device allocation holding ``shape``/``dtype`` elements in C (or F) order."""
@@ -250,5 +262,5 @@ class Array:
         meta = f", meta={self.meta!r}" if self.meta else ""
         return (
             f"cai_mpi.Array(shape={self.shape}, dtype={self.dtype}, device={where}, "
-            f"source={self.source}, tag={self.tag}{meta})"
+            f"source={_SOURCE_NAMES.get(self.source, self.source)}, tag={_TAG_NAMES.get(self.tag, self.tag)}{meta})"
         )

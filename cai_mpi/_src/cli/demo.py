@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 from ..api.p2p import isend_array, recv_array
 from ..arrays.array import Array
+from ..config import config
 from ..runtime import get_runtime, set_runtime
 
 __all__ = ["main"]
@@ -57,7 +58,23 @@ _EXAMPLES = """examples:
   mpiexec -n 2 python -m cai_mpi demo --size 1024    # larger arrays
 
 Rank 0 prints each array's shape, dtype, hops and result; the exit status is 1 if any arrived changed.
-Without a GPU the demo runs on the CPU, with a simulated stream standing in for a GPU's."""
+Without a GPU the demo runs on host memory (its first line says so, and why), with a simulated stream standing
+in for a GPU's."""
+
+
+def _placement() -> str:
+    """Where the demo's arrays live on rank 0, and why, in words (before a simulated stream is installed)."""
+    rt = get_runtime()
+    if rt.device_count():
+        return f"on GPU {rt.current_device()} (CUDA)"
+    if config().runtime == "host":
+        why = "CAI_MPI_RUNTIME=host"
+    else:
+        from ..runtime.cudadriver import probe
+
+        usable, reason = probe()
+        why = "no GPU found" + ("" if usable else f" ({reason.split(': ', 1)[0].split('; ', 1)[0]})")
+    return f"on host memory: {why}; a simulated stream stands in for a GPU's"
 
 
 def main(argv: list[str]) -> int:
@@ -65,6 +82,7 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--size", type=int, default=64, help="edge length of the sample arrays (default 64)")
     args = p.parse_args(argv)
+    placement = _placement()
     if get_runtime().device_count() == 0:
         # No GPU: simulated streams stand in for a GPU's, so the demo still shows the stream being waited for.
         from ...testing import SimulatedRuntime
@@ -101,9 +119,7 @@ def main(argv: list[str]) -> int:
     failures = comm.allreduce(failures)
     if rank == 0:
         dt = time.perf_counter() - t0
-        rt = get_runtime()
-        where = "" if rt.device_count() else " (no GPU: a simulated stream stands in for a GPU's)"
-        print(f"cai_mpi demo: {len(rows)} arrays around a ring of {size} rank(s), runtime {rt.name!r}{where}")
+        print(f"cai_mpi demo: {len(rows)} arrays around a ring of {size} rank(s) {placement}")
         print(f"{'array':<28} {'shape':<12} {'dtype':<12} {'hops':>4}  result")
         for name, shape, dtype, hops, result in rows:
             print(f"{name:<28} {shape:<12} {dtype:<12} {hops:>4}  {result}")

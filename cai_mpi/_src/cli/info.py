@@ -9,6 +9,7 @@ import socket
 import sys
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from ..config import ENV_VARS, TEST_HOOKS
@@ -47,6 +48,21 @@ def _accelerators() -> list[str]:
                   if name.startswith("cai_mpi") and str(getattr(mod, "__file__", "") or "").endswith((".so", ".pyd")))
 
 
+def _persistent_collectives() -> bool:
+    """Whether this MPI library has MPI-4's persistent collectives, which ``allreduce_init`` & co. bind on host
+    memory (without them they start a nonblocking collective per use). Asked of the library itself: Open MPI 5
+    reports MPI 3.1 and has them. Made and freed on COMM_SELF, so no other rank takes part."""
+    if not hasattr(MPI.Comm, "Allreduce_init"):
+        return False
+    x, y = np.zeros(1), np.zeros(1)
+    try:
+        req = MPI.COMM_SELF.Allreduce_init(x, y)
+    except NotImplementedError:
+        return False
+    req.Free()
+    return True
+
+
 def collect(comm: MPI.Comm | None = None) -> dict[str, Any]:
     """This rank's findings as a JSON-ready dict."""
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -68,6 +84,7 @@ def collect(comm: MPI.Comm | None = None) -> dict[str, Any]:
         "mpi_library": aware.library,  # first line, stripped (Open MPI ends it with a NUL)
         "mpi_version": "{}.{}".format(*MPI.Get_version()),
         "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
+        "persistent_collectives": _persistent_collectives(),
         "cuda_aware": aware.aware,
         "cuda_aware_source": aware.source,
         "cuda_aware_detail": aware.detail,
@@ -145,16 +162,35 @@ def _advice(r: dict[str, Any]) -> list[str]:
     return tips + _attribution_advice(r.get("device_attribution"))
 
 
+def _environments(reports: list[dict[str, Any]]) -> tuple[str, dict[int, str]]:
+    """The environment line (what every rank has alike) and, per rank, the variables that differ or that only
+    some ranks have (launcher variables such as SLURM_LOCALID differ by rank and node)."""
+    envs = [r["env"] for r in reports]
+    shared = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
+    own = {r["rank"]: ", ".join(f"{k}={v}" for k, v in r["env"].items() if k not in shared) for r in reports}
+    own = {rank: text for rank, text in own.items() if text}
+    line = ", ".join(f"{k}={v}" for k, v in shared.items())
+    if not line:
+        line = "(none the same on every rank: see each rank's)" if own else "(no cai_mpi variables set)"
+    elif len(reports) > 1:
+        line += " (the same on every rank)"
+    return line, own
+
+
 def _text(reports: list[dict[str, Any]]) -> str:
     r0 = reports[0]
+    persistent = ("yes (allreduce_init & co. bind MPI's Allreduce_init...)" if r0.get("persistent_collectives")
+                  else "no (allreduce_init & co. start a nonblocking collective per use)")
+    environment, own = _environments(reports)
     lines = [
         f"cai_mpi {r0['versions'].get('cai_mpi', '?')} on {r0['size']} rank(s)",
         f"MPI library   : {r0['mpi_library']} (MPI {r0['mpi_version']}, thread level {r0['thread_level']})",
+        f"                MPI-4 persistent collectives: {persistent}",
         f"CUDA-aware    : {'yes' if r0['cuda_aware'] else 'no'} (from {r0['cuda_aware_source']})",
         f"                {r0['cuda_aware_detail']}",
         "versions      : " + ", ".join(f"{k} {v}" for k, v in r0["versions"].items()),
-        "accelerators  : " + (", ".join(r0["accelerators"]) or "none (cai_mpi is pure Python)"),
-        "environment   : " + (", ".join(f"{k}={v}" for k, v in r0["env"].items()) or "(no cai_mpi variables set)"),
+        "compiled code : " + (", ".join(r0["accelerators"]) or "none (cai_mpi is pure Python)"),
+        "environment   : " + environment,
         "ranks:",
     ]
     for r in reports:
@@ -165,6 +201,8 @@ def _text(reports: list[dict[str, Any]]) -> str:
             f"CUDA_VISIBLE_DEVICES={vis} gpus={r['gpus_visible']} device={r['device']} "
             f"choice={dc['ordinal']} runtime={r['runtime']}"
         )
+        if r["rank"] in own:
+            lines.append(f"{'':11}environment of rank {r['rank']}: {own[r['rank']]}")
         attribution = _attribution_text(r.get("device_attribution"))
         if attribution:
             lines.append(f"{'':11}{attribution}")

@@ -82,7 +82,8 @@ def drive(steps: Generator[Waitable, None, T]) -> T:
 
 
 class Request(Generic[T]):
-    """A nonblocking cai_mpi operation: ``wait()`` returns its result, ``test()`` returns ``(flag, result)``.
+    """A nonblocking cai_mpi operation: ``wait()`` returns its result, ``test()`` returns ``(flag, result)``,
+    ``cancel()`` withdraws a receive no message has matched yet.
 
     The request holds every object whose memory the transfer uses (the
     source object, temporaries, the receive buffer) until it completes, so
@@ -301,6 +302,32 @@ class Request(Generic[T]):
                     return False, None
         return True, self._outcome()
 
+    def cancel(self) -> bool:
+        """Withdraw a receive that no message has matched yet, as ``MPI_Cancel`` does: a cancelled receive takes
+        no message (the next one goes to a later receive) and writes nothing into ``out=``.
+
+        Returns:
+            True when withdrawn: the request is then complete, ``wait()`` returns None and ``test()``
+            ``(True, None)``. False when nothing was withdrawn and the request completes as usual: its message
+            matched already, it completed, or it is a send (cai_mpi never withdraws a send; MPI deprecated it).
+        """
+        with self._lock:
+            pending = self._pending
+            if self._gen is None or self._expired is not None or pending is None or not pending.cancellable:
+                return False
+            try:
+                withdrawn = pending.cancel()
+            except BaseException as exc:
+                self._advance(exc)
+                return False
+            if not withdrawn:  # a message matched it meanwhile: the receive goes on
+                self._advance()
+                return False
+            assert self._gen is not None
+            self._gen.close()  # its cleanup runs now
+            self._finish(None, None)
+            return True
+
     def __repr__(self) -> str:
         return f"<cai_mpi.Request {'done' if self.done else 'pending'}>"
 
@@ -406,3 +433,14 @@ class PostedRequest(Request[T]):
             if not (self._test() or self._expired is not None):
                 return False, None
         return True, self._outcome()
+
+    def cancel(self) -> bool:
+        with self._lock:
+            reqs = self._reqs
+            if reqs is None or self._expired is not None or not self._cancellable:
+                return False
+            withdrawn = MPIWait(reqs).cancel()
+            if withdrawn:
+                self._result = None  # (typed T: a cancelled receive's wait() returns None, as documented)
+            self._reqs = self._keep = None  # withdrawn, or completed by a message meanwhile: settled either way
+            return withdrawn

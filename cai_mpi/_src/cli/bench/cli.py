@@ -20,7 +20,13 @@ from mpi4py import MPI
 from .buffers import BUFFER_KINDS, BufferUnavailable, make_buffer_kind
 from .kernels import TESTS, Plan, mode_table, run_plan
 from .modes import DEFAULT_MODES, MODES, Context
-from .multirank import COLLECTIVE_MODES, COLLECTIVE_TESTS, DEFAULT_COLLECTIVE_MODES, PIPELINE_MODES
+from .multirank import (
+    COLLECTIVE_DEFAULTS,
+    COLLECTIVE_MODES,
+    COLLECTIVE_TESTS,
+    DEFAULT_COLLECTIVE_MODES,
+    PIPELINE_MODES,
+)
 from .preflight import abort_job, output_problems
 from .progress import Progress
 from .report import SCHEMA, check_targets, plot, render_markdown, render_targets, render_text, results_json
@@ -127,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     for test, what in TESTS.items():
         s = sub.add_parser(test, help=what, description=f"{test}: {what}", epilog=_EPILOG + "\n" + _examples(test),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        defaults = {**dict.fromkeys(COLLECTIVE_TESTS, DEFAULT_COLLECTIVE_MODES),
+        defaults = {**dict.fromkeys(COLLECTIVE_TESTS, DEFAULT_COLLECTIVE_MODES), **COLLECTIVE_DEFAULTS,
                     "pipeline": (*DEFAULT_MODES, "cai-pipeline")}.get(test, DEFAULT_MODES)
         s.add_argument("--modes", type=_modes, default=list(defaults),
                        help=f"comma-separated modes (default {','.join(defaults)})")

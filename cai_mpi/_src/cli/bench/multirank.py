@@ -12,8 +12,8 @@ from mpi4py import MPI
 from .modes import Context, Mode, ModeSpec
 
 __all__ = [
-    "COLLECTIVE_MODES", "COLLECTIVE_TESTS", "DEFAULT_COLLECTIVE_MODES", "PIPELINE_MODES", "PipelineMode",
-    "collective_loop",
+    "COLLECTIVE_DEFAULTS", "COLLECTIVE_MODES", "COLLECTIVE_TESTS", "DEFAULT_COLLECTIVE_MODES", "PIPELINE_MODES",
+    "PipelineMode", "collective_loop",
 ]
 
 COLLECTIVE_TESTS = {
@@ -125,6 +125,8 @@ COLLECTIVE_MODES: dict[str, ModeSpec] = {
 }
 
 DEFAULT_COLLECTIVE_MODES = ("raw", "cai", "cai-out")
+# A test's default modes are modes it runs: none listed only to be skipped (allgather_array has no out=).
+COLLECTIVE_DEFAULTS: dict[str, tuple[str, ...]] = {"allgather": ("raw", "cai")}
 
 
 def collective_loop(m: Mode, ctx: Context, iters: int, window: int) -> float:

@@ -16,7 +16,14 @@ import numpy as np
 from mpi4py import MPI
 
 from .modes import Context, ModeSpec
-from .multirank import COLLECTIVE_MODES, COLLECTIVE_TESTS, CaiCollective, CollectiveMode, RawCollective
+from .multirank import (
+    COLLECTIVE_DEFAULTS,
+    COLLECTIVE_MODES,
+    COLLECTIVE_TESTS,
+    CaiCollective,
+    CollectiveMode,
+    RawCollective,
+)
 
 __all__ = ["ARRAYS_TEST", "register"]
 
@@ -129,6 +136,7 @@ def register() -> None:
     """Add the modes and the ``allreduce-arrays`` test to the collective tests (called once, by the package)."""
     COLLECTIVE_TESTS[ARRAYS_TEST] = (f"{_N_ARRAYS} arrays of the message size each (float64 and float32, mixed "
                                      "shapes): allreduce_arrays vs 16 mpi4py Allreduce calls with known shapes")
+    COLLECTIVE_DEFAULTS[ARRAYS_TEST] = ("raw", "raw-init", "cai", "cai-init")  # (it has no cai-out: see below)
     raw, cai, cai_out = COLLECTIVE_MODES["raw"], COLLECTIVE_MODES["cai"], COLLECTIVE_MODES["cai-out"]
     COLLECTIVE_MODES["raw"] = ModeSpec(
         raw.name, raw.description + f"; {ARRAYS_TEST}: 16 Allreduce calls",
