@@ -1,6 +1,6 @@
-"""A reduction's result comes from no single rank: its ``Array`` carries ``source == -1`` and, like every
-collective's, ``tag == -1`` (docs/collectives.md), on the root of ``reduce_array`` and on every rank of
-``allreduce_array``; the other ranks of ``reduce_array`` get None. A survivor of the mutation run (a result naming
+"""A reduction's result comes from no single rank: its ``Array`` carries MPI's status of a message from no rank,
+``source == MPI.PROC_NULL`` and ``tag == MPI.ANY_TAG`` (docs/collectives.md), on the root of ``reduce_array`` and
+on every rank of ``allreduce_array``; the other ranks of ``reduce_array`` get None. A survivor of the mutation run (a result naming
 rank 1 as its source passed every test, docs/testing.md). Passes at any world size >= 2."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def test_an_allreduce_result_names_no_source_and_no_tag() -> None:
     got = cai_mpi.allreduce_array(mine())
     assert isinstance(got, cai_mpi.Array)
     assert np.asarray(got).tolist() == expected_sum()
-    assert (got.source, got.tag) == (-1, -1)
+    assert (got.source, got.tag) == (MPI.PROC_NULL, MPI.ANY_TAG)
 
 
 @pytest.mark.parametrize("last", [False, True], ids=["root-0", "root-last"])
@@ -41,4 +41,4 @@ def test_a_reduce_result_names_no_source_and_no_tag_on_the_root(last: bool) -> N
         return
     assert isinstance(got, cai_mpi.Array)
     assert np.asarray(got).tolist() == expected_sum()
-    assert (got.source, got.tag) == (-1, -1)
+    assert (got.source, got.tag) == (MPI.PROC_NULL, MPI.ANY_TAG)

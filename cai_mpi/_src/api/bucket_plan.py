@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..arrays.array import Array
+from ..arrays.array import NO_SOURCE, NO_TAG, Array
 from ..arrays.operands import DeviceSource, send_source
 from ..runtime.base import Runtime
 from ..transport import internal_stream, outgoing
@@ -159,13 +159,13 @@ class Plan:
             if bucket.host:  # (each a view of buf, which it keeps alive)
                 dtype, size = bucket.dtype, bucket.dtype.itemsize
                 for pos, shape, start in zip(bucket.positions, bucket.shapes, bucket.starts, strict=True):
-                    out[pos] = over_host(view(shape, dtype, buf, start * size), -1, -1, None)
+                    out[pos] = over_host(view(shape, dtype, buf, start * size), NO_SOURCE, NO_TAG, None)
                 continue
             for pos, shape, start, n, ordinal in zip(bucket.positions, bucket.shapes, bucket.starts, bucket.counts,
                                                      bucket.ordinals, strict=True):
                 part = buf[start : start + n]
                 if ordinal is None:
-                    out[pos] = over_host(part.reshape(shape), -1, -1, None)  # (the view keeps the bucket alive)
+                    out[pos] = over_host(part.reshape(shape), NO_SOURCE, NO_TAG, None)  # (the view keeps the bucket)
                     continue
                 stream = internal_stream(rt, ordinal)
                 arr = device.get(pos)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..arrays.array import Array
+from ..arrays.array import NO_SOURCE, NO_TAG, Array
 from ..arrays.operands import DeviceSource, RecvTarget, Target, describe_target, mismatch, recv_target, send_source
 from ..core.header import MessageInfo
 from ..runtime.base import Runtime
@@ -163,9 +163,9 @@ def _buffers(src: np.ndarray[Any, Any] | DeviceSource, plan: _Plan, target: Targ
             return _Buffers(src, np.empty(info.shape, info.dtype))
         if target is None:
             recv = host_receive_pool().take_array(info.shape, info.dtype, info.payload_nbytes)
-            return _Buffers(src, recv, result=Array._over_host(recv, -1, -1, None))
+            return _Buffers(src, recv, result=Array._over_host(recv, NO_SOURCE, NO_TAG, None))
         assert isinstance(target, np.ndarray)
-        return _Buffers(src, target, result=Array._over_host(target, -1, -1, None, target),
+        return _Buffers(src, target, result=Array._over_host(target, NO_SOURCE, NO_TAG, None, target),
                         in_place=target.size > 0 and target.ctypes.data == src.ctypes.data)
     on_device = target.desc is not None if isinstance(target, RecvTarget) else (
         target is None and isinstance(src, DeviceSource))
@@ -181,7 +181,7 @@ def _buffers(src: np.ndarray[Any, Any] | DeviceSource, plan: _Plan, target: Targ
     if trouble is not None:
         return _Buffers(send, np.empty(max(info.payload_nbytes, 1), np.uint8), piece=piece)
     ordinal = src.ordinal if target is None and isinstance(src, DeviceSource) else None
-    landing = Landing.plan(info, target, ordinal, -1, -1, rt, direct=direct)
+    landing = Landing.plan(info, target, ordinal, NO_SOURCE, NO_TAG, rt, direct=direct)
     return _Buffers(send, _raw(landing.address, landing.nbytes), piece=piece, landing=landing,
                     in_place=landing.nbytes > 0 and landing.address == piece.address)
 
