@@ -198,3 +198,67 @@ def test_bucketed_allreduce_init_large_on_device_on_some_ranks_only(gpu: tuple[R
             got = red()
             assert np.array_equal(host(got[0]), sum(values(r, n, step=step) for r in range(size)))
             assert np.array_equal(host(got[1]), sum(values(r, n + 3, step=step) for r in range(size)))
+
+
+def test_bcast_init_and_reduce_init_from_every_root_on_the_device(gpu: tuple[Runtime, MPI.Comm]) -> None:
+    """Every rank as the root of a device broadcast and reduction (MPI's nonblocking form per start): the root's
+    data reaches every rank, the reduction lands on the root only."""
+    rt, comm = gpu
+    for root in range(size):
+        mine = values(root, 12, "i4") * (root + 2) if rank == root else np.zeros(12, "i4")
+        buf = DoubleDeviceArray(rt, mine, stream=1)
+        with cai_mpi.bcast_init(buf, root=root, comm=comm) as bc:
+            for step in range(2):
+                if rank == root:
+                    slow_write(rt, buf, values(root, 12, "i4", step) * (root + 2))
+                assert np.array_equal(host(bc()), values(root, 12, "i4", step) * (root + 2))
+        x = DoubleDeviceArray(rt, values(rank), stream=1)
+        with cai_mpi.reduce_init(x, op="sum", root=root, comm=comm) as rd:
+            got = rd()
+        if rank == root:
+            assert got.device == 0 and np.array_equal(host(got), sum(values(r) for r in range(size)))
+        else:
+            assert got is None
+
+
+@pytest.mark.parametrize("fn", ["bcast_init", "reduce_init"])
+def test_ranks_naming_different_roots_on_the_device_is_an_error_on_every_rank(gpu: tuple[Runtime, MPI.Comm],
+                                                                               fn: str) -> None:
+    rt, comm = gpu
+    kind = fn.removesuffix("_init")
+    x = DoubleDeviceArray(rt, values(rank))
+    with pytest.raises(cai_mpi.CollectiveMismatchError, match=rf"rank 0: {kind} .*root=0; rank 1: {kind} .*root=1"):
+        getattr(cai_mpi, fn)(x, root=0 if rank == 0 else 1, comm=comm)
+    with cai_mpi.allreduce_init(x, comm=comm) as red:  # still in step
+        assert np.array_equal(host(red()), sum(values(r) for r in range(size)))
+
+
+def test_2d_f_ordered_and_strided_host_arrays_in_a_bucket_beside_a_device_array(gpu: tuple[Runtime, MPI.Comm]) -> None:
+    """Host arrays of every layout share a bucket (their dtype) with a device array: each comes back in its own
+    shape with its elements where they were (an F-ordered one copied in memory order would come back transposed)."""
+    rt, comm = gpu
+
+    def grid(r: int, step: int = 0) -> np.ndarray[Any, Any]:
+        return (np.arange(12).reshape(3, 4) * (r + 1) + 10 * step).astype("f8")
+
+    def layouts(r: int, step: int = 0) -> list[np.ndarray[Any, Any]]:
+        g = grid(r, step)
+        return [g.copy(), np.asfortranarray(g), np.repeat(g, 2, axis=1)[:, ::2], np.asfortranarray(g[:, :3])]
+
+    dev = DoubleDeviceArray(rt, values(rank, 6), stream=1)
+    hosts = layouts(rank)
+    assert hosts[1].flags.f_contiguous and not hosts[1].flags.c_contiguous
+    wants = [sum(layouts(r)[i] for r in range(size)) for i in range(len(hosts))]
+    got = cai_mpi.allreduce_arrays([dev, *hosts], comm=comm)
+    assert np.array_equal(host(got[0]), sum(values(r, 6) for r in range(size)))
+    for a, want in zip(got[1:], wants, strict=True):
+        assert a.shape == want.shape and np.array_equal(host(a), want)
+    with cai_mpi.allreduce_init([dev, *hosts], comm=comm) as red:
+        for step in range(2):
+            for h, new in zip(hosts, layouts(rank, step), strict=True):
+                h[...] = new
+            got = red()
+            assert np.array_equal(host(got[0]), sum(values(r, 6) for r in range(size)))
+            for i, a in enumerate(got[1:]):
+                want = sum(layouts(r, step)[i] for r in range(size))
+                assert a.shape == want.shape and np.array_equal(host(a), want)
