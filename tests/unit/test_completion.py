@@ -105,3 +105,21 @@ def test_waitall_raises_the_first_failure_in_list_order_not_the_first_to_fail() 
     with pytest.raises(cai_mpi.RecvMismatchError, match=r"tag 26\b"):
         while not cai_mpi.testall(again)[0]:
             pass
+
+
+def test_waitall_times_out_naming_how_many_of_several_did_not_complete_and_the_first() -> None:
+    """Two of four receives never get a message: the timeout names 2 of 4 and the first of them in list order;
+    the completed ones keep their results, the two are withdrawn (a message sent later is not swallowed)."""
+    reqs = [cai_mpi.irecv_array(me, 30), cai_mpi.irecv_array(me, 31), cai_mpi.irecv_array(me, 32), None,
+            cai_mpi.irecv_array(me, 33)]
+    for tag in (32, 30):
+        cai_mpi.send_array(np.arange(2.0) + tag, me, tag)
+    with pytest.raises(cai_mpi.TimeoutError, match=r"^waitall: 2 of 4 requests did not complete within 0.2 s; the "
+                                                   r"first, requests\[1\]: .*tag 31") as info:
+        cai_mpi.waitall(reqs, timeout=0.2)
+    assert info.value.cancelled
+    assert [np.asarray(reqs[i].wait()).tolist() for i in (0, 2)] == [[30.0, 31.0], [32.0, 33.0]]  # type: ignore[union-attr]
+    for tag in (31, 33):  # (the receive first: MPICH completes a send to its own rank only once matched)
+        late = cai_mpi.irecv_array(me, tag)
+        cai_mpi.send_array(np.arange(3.0), me, tag)
+        assert np.asarray(late.wait()).tolist() == [0.0, 1.0, 2.0]
