@@ -1,7 +1,9 @@
 """Persistent collectives and the bucketed allreduce on device arrays: each rank on its own CUDA driver double,
 handed to MPI directly (a CUDA-aware MPI: CAI_MPI_CUDA_AWARE=1) or staged through pinned memory (device memory
 faults on host access, as an MPI that is not CUDA-aware would). The producer stream is synchronized before each
-use: a slow kernel writing the input on its stream is always seen. Results are compared exactly with numpy."""
+use: the double's streams are lazy (queued work runs only once something synchronizes on it), so a kernel writing
+the input on its stream is seen only through that synchronization, however fast or slow the machine. Results are
+compared exactly with numpy."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.mpi(min_size=2)
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
-SLOW = 0.2
+LAZY = 40.0  # s: queued device work runs when synchronized on, or only after this (a missing wait fails every time)
 
 
 @pytest.fixture(params=["direct", "staged"])
@@ -35,7 +37,7 @@ def gpu(request: pytest.FixtureRequest) -> Iterator[tuple[Runtime, MPI.Comm]]:
         detected = cai_mpi.cuda_aware(comm).aware
     finally:
         del os.environ["CAI_MPI_CUDA_AWARE"]
-    rt = double_runtime(cuda_aware=direct)
+    rt = double_runtime(cuda_aware=direct, lazy=LAZY)
     try:
         with use_runtime(rt):
             assert detected is direct
@@ -57,15 +59,25 @@ def host(a: Any) -> np.ndarray[Any, Any]:
 
 
 def slow_write(rt: Runtime, x: DoubleDeviceArray, data: np.ndarray[Any, Any]) -> None:
-    """A kernel on x's stream writes ``data`` after a delay: only a synchronized producer sees it."""
+    """A kernel on x's stream writes ``data`` once something synchronizes on it: only a synchronized producer sees
+    it (on the lazy double, not by luck of timing)."""
     with rt._driver.on(0):  # type: ignore[attr-defined]
-        rt.driver_double.kernel_write(x.stream, x.buf.ptr, data.tobytes(), delay=SLOW)  # type: ignore[attr-defined]
+        rt.driver_double.kernel_write(x.stream, x.buf.ptr, data.tobytes())  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("dtype", ["f8", "i4", "c8"])
-def test_allreduce_init_of_device_arrays_reused(gpu: tuple[Runtime, MPI.Comm], dtype: str) -> None:
+def non_blocking_stream(rt: Runtime) -> int:
+    """A stream of the user's that CUDA orders after nothing: only the stream policy orders a read after it."""
+    double = rt.driver_double  # type: ignore[attr-defined]
+    with rt._driver.on(0):  # type: ignore[attr-defined]
+        (handle,) = rt._driver.check("cuStreamCreate", double.CUstream_flags.CU_STREAM_NON_BLOCKING)  # type: ignore[attr-defined]
+    return int(handle)
+
+
+@pytest.mark.parametrize("dtype, stream", [("f8", "legacy"), ("i4", "legacy"), ("c8", "legacy"),
+                                           ("f8", "non-blocking")])
+def test_allreduce_init_of_device_arrays_reused(gpu: tuple[Runtime, MPI.Comm], dtype: str, stream: str) -> None:
     rt, comm = gpu
-    x = DoubleDeviceArray(rt, values(rank, dtype=dtype), stream=1)
+    x = DoubleDeviceArray(rt, values(rank, dtype=dtype), stream=1 if stream == "legacy" else non_blocking_stream(rt))
     with cai_mpi.allreduce_init(x, comm=comm) as red:
         for step in range(3):
             slow_write(rt, x, values(rank, dtype=dtype, step=step))
