@@ -34,7 +34,10 @@ STATE = ROOT / ".mutation"
 VENV = Path(os.environ.get("CAI_MPI_MUTATION_VENV", ROOT / ".venv-mut"))
 BIN = VENV / "bin"
 
-# module -> (files to mutate, unit test files run in one process, MPI test files run at 2 and 3 ranks)
+# module -> (files to mutate, unit test files run in one process, MPI test files run at 2 and 3 ranks). Unit test files
+# are under tests/unit unless named from the repository root ("tests/..."): top-level tests that start mpiexec
+# themselves. Every module under cai_mpi/_src outside cli/ is in exactly one entry (``uncovered()`` says which are
+# not; tests/unit/test_mutation_coverage.py checks it).
 MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "sync": (["cai_mpi/_src/arrays/sync.py"],
              ["test_sync_policy.py", "test_device_ordering.py", "test_device_rule.py", "test_config.py",
@@ -58,11 +61,11 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "pipeline": (["cai_mpi/_src/api/pipeline.py", "cai_mpi/_src/api/pipeline_wire.py",
                   "cai_mpi/_src/api/pipeline_leave.py"], ["test_p2p_self.py", "test_wait_polling.py"],
                  ["test_pipeline_mpi.py", "test_pipeline_notice_mpi.py", "test_pipeline_window_mpi.py",
-                  "test_pipeline_bare_mpi.py"]),
+                  "test_pipeline_bare_mpi.py", "test_close_timeouts_mpi.py"]),
     "channel": (["cai_mpi/_src/api/channel.py", "cai_mpi/_src/api/channel_ends.py"],
                 ["test_channel_close.py", "test_channel_one_message.py", "test_p2p_self.py", "test_input_errors.py",
                  "test_exit_hooks.py", "test_device_ordering.py"],
-                ["test_channel_mpi.py", "test_lifetime_mpi.py"]),
+                ["test_channel_mpi.py", "test_lifetime_mpi.py", "test_close_timeouts_mpi.py"]),
     "collectives": (["cai_mpi/_src/api/collectives.py", "cai_mpi/_src/api/collective_call.py"],
                     ["test_collective_counts.py"],
                     ["test_collectives_mpi.py", "test_fused_collectives_mpi.py", "test_collectives_with_timeout_mpi.py",
@@ -72,16 +75,60 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
                   "cai_mpi/_src/progress/backoff.py"],
                  ["test_wait_polling.py", "test_completion.py", "test_dropped_requests.py", "test_request_timeouts.py",
                   "test_device_ordering.py", "test_exit_hooks.py"],
-                 ["test_requests_mpi.py", "test_lifetime_mpi.py", "test_channel_mpi.py"]),
+                 ["test_requests_mpi.py", "test_lifetime_mpi.py", "test_channel_mpi.py", "test_timeouts_mpi.py"]),
     "transport": (["cai_mpi/_src/transport"],
                   ["test_p2p_self.py", "test_sendrecv_self.py", "test_send_failure.py", "test_device_ordering.py"],
                   ["test_p2p_mpi.py", "test_posting_forms_mpi.py", "test_staging_mpi.py", "test_send_failure_mpi.py",
                    "test_edge_paths_mpi.py"]),
     "persistent": (["cai_mpi/_src/api/persistent.py", "cai_mpi/_src/api/persistent_init.py",
                     "cai_mpi/_src/api/bucketed.py", "cai_mpi/_src/api/bucket_plan.py", "cai_mpi/_src/api/agreed.py"],
-                   ["test_exit_hooks.py"],
+                   ["test_exit_hooks.py", "tests/test_persistent_exit.py"],
                    ["test_persistent_mpi.py", "test_persistent_device_mpi.py", "test_bucketed_paths_mpi.py"]),
+    "lifecycle": (["cai_mpi/_src/api/lifecycle.py"],
+                  ["test_exit_hooks.py", "tests/test_persistent_exit.py"],
+                  ["test_persistent_mpi.py", "test_persistent_device_mpi.py", "test_close_timeouts_mpi.py"]),
+    "completion": (["cai_mpi/_src/api/completion.py"],
+                   ["test_completion.py", "test_request_timeouts.py", "test_wait_polling.py"],
+                   ["test_requests_mpi.py", "test_timeouts_mpi.py"]),
+    "array": (["cai_mpi/_src/arrays/array.py", "cai_mpi/_src/arrays/dlpack.py"],
+              ["test_array.py", "test_array_dlpack.py", "test_zero_size_exports.py", "test_p2p_self.py"],
+              ["test_p2p_mpi.py", "test_bucketed_paths_mpi.py", "test_double_mpi.py"]),
+    "core": (["cai_mpi/_src/core/typestr.py", "cai_mpi/_src/core/meta.py", "cai_mpi/_src/core/__init__.py"],
+             ["test_descriptor.py", "test_datatypes.py", "test_header.py", "test_input_errors.py",
+              "test_bad_input_table.py", "test_reduce_ops.py"],
+             ["test_p2p_mpi.py", "test_reduce_byte_order_mpi.py"]),
+    "waits": (["cai_mpi/_src/progress/waits.py", "cai_mpi/_src/progress/deadlines.py",
+               "cai_mpi/_src/progress/__init__.py"],
+              ["test_request_timeouts.py", "test_wait_polling.py", "test_progress.py", "test_device_ordering.py",
+               "test_completion.py"],
+              ["test_timeouts_mpi.py", "test_close_timeouts_mpi.py", "test_requests_mpi.py"]),
+    "p2p": (["cai_mpi/_src/api/p2p.py", "cai_mpi/_src/api/validation.py", "cai_mpi/_src/api/abort.py",
+             "cai_mpi/_src/api/__init__.py", "cai_mpi/_src/arrays/__init__.py", "cai_mpi/_src/__init__.py"],
+            ["test_p2p_self.py", "test_sendrecv_self.py", "test_input_errors.py", "test_bad_input_table.py",
+             "test_proc_null.py", "test_public_names.py", "tests/test_abort_on_error.py"],
+            ["test_p2p_mpi.py", "test_bad_input_mpi.py", "test_proc_null_mpi.py", "test_receive_refusals_mpi.py"]),
+    "config": (["cai_mpi/_src/config.py", "cai_mpi/_src/errors.py"],
+               ["test_config.py", "test_input_errors.py", "test_bad_input_table.py", "test_request_timeouts.py",
+                "test_bind_device.py"],
+               ["test_timeouts_mpi.py", "test_send_failure_mpi.py"]),
+    "runtime": (["cai_mpi/_src/runtime"],
+                ["runtime/test_host_runtime.py", "runtime/test_cuda_runtime_double.py",
+                 "runtime/test_cuda_pack_double.py", "runtime/test_cuda_pointers_double.py", "test_device.py",
+                 "test_device_rule.py", "test_device_ordering.py", "test_bind_device.py", "test_pool.py"],
+                ["test_double_mpi.py", "test_staging_mpi.py", "test_persistent_device_mpi.py"]),
 }
+
+
+def uncovered() -> list[str]:
+    """The modules under cai_mpi/_src (outside cli/) that no MODULES entry mutates."""
+    covered: set[Path] = set()
+    for paths, _, _ in MODULES.values():
+        for name in paths:
+            path = ROOT / name
+            covered |= set(path.rglob("*.py")) if path.is_dir() else {path}
+    src = ROOT / "cai_mpi" / "_src"
+    return sorted(str(p.relative_to(ROOT)) for p in src.rglob("*.py") if "cli" not in p.relative_to(src).parts[:1]
+                  and p not in covered)
 
 # Survivors judged equivalent (no input can tell them from the original), with why: (file, operator, occurrence) ->
 # reason. Occurrences number the operator's sites in the file: re-judge these when the file changes.
@@ -131,7 +178,7 @@ def stages(module: str) -> list[list[str]]:
               "--timeout-method=thread", "-m", "not slow and not gpu and not slurm"]
     out = []
     if unit:
-        out.append([str(BIN / "python"), *common, *(f"tests/unit/{f}" for f in unit)])
+        out.append([str(BIN / "python"), *common, *(f if f.startswith("tests/") else f"tests/unit/{f}" for f in unit)])
     for n in RANKS.get(module, (2, 3)):
         out.append([str(BIN / "mpiexec"), "-n", str(n), str(BIN / "python"), *common, "--with-mpi",
                     *(f"tests/mpi/{f}" for f in mpi)])
@@ -276,7 +323,10 @@ def skip_all_but(session: Path, sample: int, seed: int) -> None:
 
     with use_db(str(session)) as db:
         done = {job for job, _ in db.results}
-        ids = sorted(item.job_id for item in db.work_items if item.job_id not in done)
+        # Drawn from the mutants in a stable order (file, operator, occurrence): cosmic-ray's job ids are new random
+        # UUIDs at every init, so a draw over them could not be repeated from the seed.
+        items = sorted((item for item in db.work_items if item.job_id not in done), key=_where)
+        ids = [item.job_id for item in items]
         keep = set(random.Random(seed).sample(ids, min(sample, len(ids))))
         skipped = [job for job in ids if job not in keep]
         if skipped:
@@ -284,19 +334,29 @@ def skip_all_but(session: Path, sample: int, seed: int) -> None:
                                                         output="not in the sample"))
 
 
+def _where(item: Any) -> tuple[str, str, int, tuple[int, int]]:
+    m = item.mutations[0]
+    return str(m.module_path), m.operator_name, m.occurrence, tuple(m.start_pos)
+
+
 def grow_sample(session: Path, sample: int, seed: int) -> None:
-    """Raise a sampled session's sample to ``sample`` mutants: more of the skipped ones become pending."""
+    """Raise a sampled session's sample to ``sample`` mutants: more of the skipped ones become pending (drawn in the
+    same stable order as ``skip_all_but``)."""
     import sqlite3
 
-    with sqlite3.connect(session) as db:
-        skipped = sorted(job for (job,) in db.execute(
-            "SELECT job_id FROM work_results WHERE output = 'not in the sample'"))
-        (sampled,) = db.execute("SELECT count(*) FROM work_items").fetchone()
-        (equivalent,) = db.execute("SELECT count(*) FROM work_results WHERE output = ?", (ANNOTATION,)).fetchone()
-        more = sample - (sampled - len(skipped) - equivalent)
-        if more > 0:
-            chosen = random.Random(seed + sample).sample(skipped, min(more, len(skipped)))
-            db.executemany("DELETE FROM work_results WHERE job_id = ?", [(job,) for job in chosen])
+    from cosmic_ray.work_db import use_db
+
+    with use_db(str(session)) as db:
+        results = list(db.results)
+        skipped_ids = {job for job, result in results if result.output == "not in the sample"}
+        equivalent = sum(result.output == ANNOTATION for _, result in results)
+        items = sorted(db.work_items, key=_where)
+    skipped = [item.job_id for item in items if item.job_id in skipped_ids]
+    more = sample - (len(items) - len(skipped) - equivalent)
+    if more > 0:
+        chosen = random.Random(seed + sample).sample(skipped, min(more, len(skipped)))
+        with sqlite3.connect(session) as conn:
+            conn.executemany("DELETE FROM work_results WHERE job_id = ?", [(job,) for job in chosen])
 
 
 def score(module: str) -> dict[str, Any] | None:

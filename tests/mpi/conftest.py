@@ -1,19 +1,31 @@
-"""Under mpiexec: a failure on any rank ends the whole run at once, and every rank reports what it ran.
+"""Under mpiexec: a failure or a hang on any rank ends the whole run at once, naming the test, and every rank
+reports what it ran.
 
 A failed assertion on one rank used to leave the other ranks waiting in a collective until the outer
 time limit, with no output. Now the failing rank prints its report to stderr and aborts
 MPI_COMM_WORLD, so mpiexec ends within seconds and the assertion text is in the output.
 
-Every rank also writes a summary (passed, failed, skipped with reasons) to
+A test still running after ``CAI_MPI_TEST_HANG_SECONDS`` (50 by default; a ``timeout`` marker of the test or its
+module gives it that long instead) is a hang: a watchdog thread on each rank records the test as failed, writes
+its main thread's stack to ``rank<N>.stack`` in the report directory, and the first rank to get there prints
+``FAILED <test> (hung ...)`` with its own stack, alone, then aborts MPI_COMM_WORLD. ``tests/test_under_mpiexec.py``
+then starts the run again after that test, so the rest of the world size still runs and reports.
+
+Every rank also writes a summary (passed, failed, skipped with reasons, every test that finished) to
 ``$CAI_MPI_TEST_REPORT_DIR/rank<N>.json`` when that variable is set, which ``tests/test_under_mpiexec.py``
-reads: the outer run then knows exactly what ran on each rank and shows the inner skips.
+reads: the outer run then knows exactly what ran on each rank and shows the inner skips. Tests named in
+``$CAI_MPI_TEST_DONE_FILE`` (one node id a line: those an earlier, aborted run finished) are deselected.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import threading
+import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,22 +33,111 @@ from typing import Any
 import pytest
 from mpi4py import MPI
 
-_summary: dict[str, Any] = {"passed": 0, "failed": [], "skipped": []}
+_summary: dict[str, Any] = {"passed": 0, "failed": [], "skipped": [], "done": [], "hung": None}
+HANG_SECONDS = float(os.environ.get("CAI_MPI_TEST_HANG_SECONDS", "50"))
+
+
+_config: list[pytest.Config] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _config.append(config)
 
 
 def _under_mpiexec() -> bool:
     return MPI.COMM_WORLD.Get_size() > 1
 
 
-def _write_summary() -> None:
+def _report_dir() -> Path | None:
     where = os.environ.get("CAI_MPI_TEST_REPORT_DIR")
+    return Path(where) if where else None
+
+
+def _write_summary() -> None:
+    where = _report_dir()
     if where:
-        path = Path(where) / f"rank{MPI.COMM_WORLD.Get_rank()}.json"
+        path = where / f"rank{MPI.COMM_WORLD.Get_rank()}.json"
         # Whole or not at all: a rank may be killed mid-write (another rank's abort), and a half-written
         # summary would fail the outer run's reading of it.
         partial = path.with_suffix(".partial")
         partial.write_text(json.dumps(_summary))
         os.replace(partial, path)
+
+
+_LIMIT = pytest.StashKey[float]()
+BACKSTOP = 60  # s past the watchdog: pytest-timeout's own limit, should the watchdog thread never run
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's hang limit (the watchdog's; pytest-timeout's moved past it, so that the watchdog speaks first);
+    a run started again after an abort leaves out what the aborted run finished (and the test that ended it)."""
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        limit = float(marker.args[0]) if marker is not None and marker.args else HANG_SECONDS
+        item.stash[_LIMIT] = limit
+        item.add_marker(pytest.mark.timeout(limit + BACKSTOP), append=False)
+    done_file = os.environ.get("CAI_MPI_TEST_DONE_FILE")
+    if not done_file:
+        return
+    done = set(Path(done_file).read_text().splitlines())
+    gone = [item for item in items if item.nodeid in done]
+    if gone:
+        items[:] = [item for item in items if item.nodeid not in done]
+        config.hook.pytest_deselected(items=gone)
+
+
+_PLUMBING = ("/_pytest/", "/pluggy/", "/pytest/__main__.py", "<frozen runpy>")  # frames left out of a hang's stack
+
+
+def _hung(nodeid: str, seconds: float, main: int) -> None:
+    """The watchdog's verdict: the test is failed, this rank's stack kept, one rank prints, the job ends."""
+    rank = MPI.COMM_WORLD.Get_rank()
+    frame = sys._current_frames().get(main)
+    frames = [f for f in traceback.extract_stack(frame) if not any(part in f.filename for part in _PLUMBING)]
+    stack = "".join(traceback.format_list(frames)) if frame is not None else "(no stack)\n"
+    _summary["failed"].append(nodeid)
+    _summary["hung"] = nodeid
+    _write_summary()
+    where, first = _report_dir(), True
+    if where is not None:  # the first rank here prints; the others' stacks are in their files (shown after it)
+        with contextlib.suppress(OSError):
+            (where / f"rank{rank}.stack").write_text(stack)
+        try:
+            fd = os.open(where / "hung", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.write(fd, str(rank).encode())
+            os.close(fd)
+        except FileExistsError:
+            first = False
+        except OSError:
+            pass
+    if first:
+        capture = _config[0].pluginmanager.getplugin("capturemanager") if _config else None
+        if capture is not None:  # (the test's output is being captured: this goes to the job's own stderr)
+            capture.suspend_global_capture(in_=True)
+        sys.stdout.flush()
+        sys.stderr.write(f"\n==== rank {rank}: FAILED {nodeid} (hung: still running after {seconds:g} s); aborting "
+                         f"MPI_COMM_WORLD ====\n---- rank {rank}'s main thread ----\n{stack}")
+        sys.stderr.flush()
+    else:
+        time.sleep(5)  # (the first rank's abort ends this one; if it never comes, abort from here)
+    MPI.COMM_WORLD.Abort(1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A watchdog over the whole test (setup, call, teardown) while under mpiexec."""
+    if not _under_mpiexec():
+        yield
+        return
+    seconds = item.stash.get(_LIMIT, HANG_SECONDS)
+    watchdog = threading.Timer(seconds, _hung, (item.nodeid, seconds, threading.get_ident()))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        yield
+    finally:
+        watchdog.cancel()
+    _summary["done"].append(item.nodeid)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -52,27 +52,37 @@ def total(dtype: Any, shape: Any, step: int = 0) -> np.ndarray[Any, Any]:
     return np.sum(every(dtype, shape, step), axis=0, dtype=np.dtype(dtype).newbyteorder("="))
 
 
-def plan_of(objs: Any, op: str = "sum") -> Any:
-    """The cached plan of a call just made on host numpy arrays (which path it took)."""
-    values_ = list(objs.values()) if isinstance(objs, dict) else objs
-    key = (op, None if isinstance(objs, list) else tuple(objs), tuple(v.shape for v in values_),
-           tuple(v.dtype for v in values_))
-    return bucketed._PLANS[key]
+def split() -> tuple[MPI.Intracomm, list[int]]:
+    """COMM_WORLD split in two (even and odd ranks): the communicator and the world ranks in it."""
+    return world.Split(rank % 2, rank), list(range(rank % 2, size, 2))
 
 
-@pytest.mark.parametrize("n, fused", [(FITS, True), (FITS + 1, False)])
-def test_the_slot_boundary(n: int, fused: bool) -> None:
-    """A float64 array filling the slot exactly travels in the exchange; one element more takes the buckets."""
-    objs = [values("f8", rank, n)]
-    got = cai_mpi.allreduce_arrays(objs)
-    same(got[0], total("f8", n))
+def among(members: list[int], dtype: Any, shape: Any, op: str = "sum") -> np.ndarray[Any, Any]:
+    """The sum (or mean, in the dtype) of the members' values."""
+    native = np.dtype(dtype).newbyteorder("=")
+    want = np.sum([values(dtype, r, shape) for r in members], axis=0, dtype=native)
+    return want if op == "sum" else np.true_divide(want, native.type(len(members)), dtype=native)
+
+
+@pytest.mark.parametrize("n", [FITS, FITS + 1], ids=["fills the slot", "one more"])
+def test_the_slot_boundary(n: int) -> None:
+    """An array of 8-byte elements filling the slot exactly travels in the exchange; one element more takes the
+    buckets: exact either way, in every dtype and byte order of that size, and on a split communicator (mean)."""
+    for dtype in ("f8", ">f8", "i8", "<u8", "c8"):
+        objs = [values(dtype, rank, n)]
+        same(cai_mpi.allreduce_arrays(objs)[0], total(dtype, n))
+    comm, members = split()
+    for dtype in ("f8", ">f8"):
+        got = cai_mpi.allreduce_arrays({"x": values(dtype, rank, n)}, op="mean", comm=comm)
+        same(got["x"], among(members, dtype, n, "mean"))
+    comm.Free()
 
 
 def test_the_slot_holds_every_bucket_aligned() -> None:
     """Mixed dtypes in one slot: each dtype's bucket starts 16-aligned; a layout one element over does not fit."""
     shapes = [(3,), (2, 5), (), (0,), (4, 1)]
     dtypes = ["f8", "f4", "i2", "f8", ">i4", "c16", "u1"]
-    for extra in (0, 200):
+    for extra in (0, 200):  # (the slot holds the layout; one over, it does not)
         objs = {f"k{i}": values(dt, rank, shapes[i % len(shapes)]) for i, dt in enumerate(dtypes)}
         objs["big"] = values("f8", rank, 100 + extra)
         got = cai_mpi.allreduce_arrays(objs)
@@ -80,6 +90,12 @@ def test_the_slot_holds_every_bucket_aligned() -> None:
         for i, dt in enumerate(dtypes):
             same(got[f"k{i}"], total(dt, shapes[i % len(shapes)]))
         same(got["big"], total("f8", 100 + extra))
+        comm, members = split()
+        got = cai_mpi.allreduce_arrays(objs, comm=comm)
+        for i, dt in enumerate(dtypes):
+            same(got[f"k{i}"], among(members, dt, shapes[i % len(shapes)]))
+        same(got["big"], among(members, "f8", 100 + extra))
+        comm.Free()
 
 
 @pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "mean"])
@@ -108,9 +124,20 @@ def test_bool_ops_on_every_path(op: Any, ufunc: Any, n: int) -> None:
     for part in every(bool, n)[1:]:
         want = ufunc(want, part)
     same(got["flags"], want)
-    if not isinstance(op, str):
-        return
-    same(got["x"], {"min": np.min, "max": np.max}[op](every("i4", 3), axis=0))
+    if isinstance(op, str):
+        same(got["x"], {"min": np.min, "max": np.max}[op](every("i4", 3), axis=0))
+    else:  # MPI's logical ops on integers: 1 or 0, as MPI's own Allreduce gives
+        logical = every("i4", 3)[0] != 0
+        for part in every("i4", 3)[1:]:
+            logical = ufunc(logical, part != 0)
+        same(got["x"], logical.astype("i4"))
+        mpi = np.empty(3, "i4")
+        world.Allreduce(values("i4", rank, 3), mpi, op)
+        same(got["x"], mpi)
+    with cai_mpi.allreduce_init({"flags": values(bool, rank, n), "x": values("i4", rank, 3)}, op=op) as red:
+        again = red()  # the persistent form, the same values
+        same(again["flags"], want)
+        same(again["x"], np.asarray(got["x"]))
 
 
 @pytest.mark.parametrize("nbytes", [DIRECT - 8, DIRECT])
@@ -129,8 +156,15 @@ def test_the_direct_boundary(nbytes: int) -> None:
     same(got[4], total("f8", ()))
     same(got[5], values("f4", rank, (0, 3)))
     same(got[6], total("f8", 7))
-    direct = [d.position for d in plan_of(arrays).direct]
-    assert direct == ([0, 1, 2, 3] if nbytes == DIRECT else [])  # (the (2, n) float32 array is 8 * n bytes too)
+    comm, members = split()  # the same arrays on a split communicator, with the mean of the floating ones
+    got = cai_mpi.allreduce_arrays(arrays[:3] + arrays[4:], op="mean", comm=comm)
+    same(got[0], among(members, "f8", n, "mean"))
+    same(got[1], among(members, "f4", (2, n), "mean"))
+    parts = [values("f8", r, 2 * n)[::2] for r in members]
+    same(got[2], np.true_divide(np.sum(parts, axis=0), float(len(members))))
+    same(got[3], among(members, "f8", (), "mean"))
+    same(got[5], among(members, "f8", 7, "mean"))
+    comm.Free()
 
 
 def test_results_are_kept_while_referred_to() -> None:
@@ -267,7 +301,6 @@ def test_bucketed_allreduce_init_with_large_arrays(op: str, container: str) -> N
               values("f4", rank, n - 1), values("f8", rank, (2, 3))]
     objs: Any = arrays if container == "list" else {f"a{i}": x for i, x in enumerate(arrays)}
     with cai_mpi.allreduce_init(objs, op=op) as red:
-        assert [d.position for d in red._plan.direct] == [0, 1, 2]
         first = None
         for step in range(20):
             for x in arrays:

@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 import cai_mpi
 
-pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.slow]
+pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.slow, pytest.mark.timeout(120)]  # (beyond the 50 s hang limit)
 
 comm = MPI.COMM_WORLD
 NWORDS = (2**31 + 4096) // 8  # over the int32 count limit of MPI libraries without large-count calls

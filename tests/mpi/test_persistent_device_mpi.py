@@ -1,7 +1,9 @@
 """Persistent collectives and the bucketed allreduce on device arrays: each rank on its own CUDA driver double,
 handed to MPI directly (a CUDA-aware MPI: CAI_MPI_CUDA_AWARE=1) or staged through pinned memory (device memory
 faults on host access, as an MPI that is not CUDA-aware would). The producer stream is synchronized before each
-use: a slow kernel writing the input on its stream is always seen. Results are compared exactly with numpy."""
+use: the double's streams are lazy (queued work runs only once something synchronizes on it), so a kernel writing
+the input on its stream is seen only through that synchronization, however fast or slow the machine. Results are
+compared exactly with numpy."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.mpi(min_size=2)
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
-SLOW = 0.2
+LAZY = 40.0  # s: queued device work runs when synchronized on, or only after this (a missing wait fails every time)
 
 
 @pytest.fixture(params=["direct", "staged"])
@@ -35,7 +37,7 @@ def gpu(request: pytest.FixtureRequest) -> Iterator[tuple[Runtime, MPI.Comm]]:
         detected = cai_mpi.cuda_aware(comm).aware
     finally:
         del os.environ["CAI_MPI_CUDA_AWARE"]
-    rt = double_runtime(cuda_aware=direct)
+    rt = double_runtime(cuda_aware=direct, lazy=LAZY)
     try:
         with use_runtime(rt):
             assert detected is direct
@@ -57,15 +59,25 @@ def host(a: Any) -> np.ndarray[Any, Any]:
 
 
 def slow_write(rt: Runtime, x: DoubleDeviceArray, data: np.ndarray[Any, Any]) -> None:
-    """A kernel on x's stream writes ``data`` after a delay: only a synchronized producer sees it."""
+    """A kernel on x's stream writes ``data`` once something synchronizes on it: only a synchronized producer sees
+    it (on the lazy double, not by luck of timing)."""
     with rt._driver.on(0):  # type: ignore[attr-defined]
-        rt.driver_double.kernel_write(x.stream, x.buf.ptr, data.tobytes(), delay=SLOW)  # type: ignore[attr-defined]
+        rt.driver_double.kernel_write(x.stream, x.buf.ptr, data.tobytes())  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("dtype", ["f8", "i4", "c8"])
-def test_allreduce_init_of_device_arrays_reused(gpu: tuple[Runtime, MPI.Comm], dtype: str) -> None:
+def non_blocking_stream(rt: Runtime) -> int:
+    """A stream of the user's that CUDA orders after nothing: only the stream policy orders a read after it."""
+    double = rt.driver_double  # type: ignore[attr-defined]
+    with rt._driver.on(0):  # type: ignore[attr-defined]
+        (handle,) = rt._driver.check("cuStreamCreate", double.CUstream_flags.CU_STREAM_NON_BLOCKING)  # type: ignore[attr-defined]
+    return int(handle)
+
+
+@pytest.mark.parametrize("dtype, stream", [("f8", "legacy"), ("i4", "legacy"), ("c8", "legacy"),
+                                           ("f8", "non-blocking")])
+def test_allreduce_init_of_device_arrays_reused(gpu: tuple[Runtime, MPI.Comm], dtype: str, stream: str) -> None:
     rt, comm = gpu
-    x = DoubleDeviceArray(rt, values(rank, dtype=dtype), stream=1)
+    x = DoubleDeviceArray(rt, values(rank, dtype=dtype), stream=1 if stream == "legacy" else non_blocking_stream(rt))
     with cai_mpi.allreduce_init(x, comm=comm) as red:
         for step in range(3):
             slow_write(rt, x, values(rank, dtype=dtype, step=step))
@@ -188,7 +200,6 @@ def test_bucketed_allreduce_init_large_on_device_on_some_ranks_only(gpu: tuple[R
     big: Any = values(rank, n) if rank == 0 else DoubleDeviceArray(rt, values(rank, n))
     other = values(rank, n + 3)
     with cai_mpi.allreduce_init([big, other], comm=comm) as red:
-        assert not red._plan.direct
         for step in range(3):
             if rank == 0:
                 big[...] = values(rank, n, step=step)
@@ -198,3 +209,67 @@ def test_bucketed_allreduce_init_large_on_device_on_some_ranks_only(gpu: tuple[R
             got = red()
             assert np.array_equal(host(got[0]), sum(values(r, n, step=step) for r in range(size)))
             assert np.array_equal(host(got[1]), sum(values(r, n + 3, step=step) for r in range(size)))
+
+
+def test_bcast_init_and_reduce_init_from_every_root_on_the_device(gpu: tuple[Runtime, MPI.Comm]) -> None:
+    """Every rank as the root of a device broadcast and reduction (MPI's nonblocking form per start): the root's
+    data reaches every rank, the reduction lands on the root only."""
+    rt, comm = gpu
+    for root in range(size):
+        mine = values(root, 12, "i4") * (root + 2) if rank == root else np.zeros(12, "i4")
+        buf = DoubleDeviceArray(rt, mine, stream=1)
+        with cai_mpi.bcast_init(buf, root=root, comm=comm) as bc:
+            for step in range(2):
+                if rank == root:
+                    slow_write(rt, buf, values(root, 12, "i4", step) * (root + 2))
+                assert np.array_equal(host(bc()), values(root, 12, "i4", step) * (root + 2))
+        x = DoubleDeviceArray(rt, values(rank), stream=1)
+        with cai_mpi.reduce_init(x, op="sum", root=root, comm=comm) as rd:
+            got = rd()
+        if rank == root:
+            assert got.device == 0 and np.array_equal(host(got), sum(values(r) for r in range(size)))
+        else:
+            assert got is None
+
+
+@pytest.mark.parametrize("fn", ["bcast_init", "reduce_init"])
+def test_ranks_naming_different_roots_on_the_device_is_an_error_on_every_rank(gpu: tuple[Runtime, MPI.Comm],
+                                                                               fn: str) -> None:
+    rt, comm = gpu
+    kind = fn.removesuffix("_init")
+    x = DoubleDeviceArray(rt, values(rank))
+    with pytest.raises(cai_mpi.CollectiveMismatchError, match=rf"rank 0: {kind} .*root=0; rank 1: {kind} .*root=1"):
+        getattr(cai_mpi, fn)(x, root=0 if rank == 0 else 1, comm=comm)
+    with cai_mpi.allreduce_init(x, comm=comm) as red:  # still in step
+        assert np.array_equal(host(red()), sum(values(r) for r in range(size)))
+
+
+def test_2d_f_ordered_and_strided_host_arrays_in_a_bucket_beside_a_device_array(gpu: tuple[Runtime, MPI.Comm]) -> None:
+    """Host arrays of every layout share a bucket (their dtype) with a device array: each comes back in its own
+    shape with its elements where they were (an F-ordered one copied in memory order would come back transposed)."""
+    rt, comm = gpu
+
+    def grid(r: int, step: int = 0) -> np.ndarray[Any, Any]:
+        return (np.arange(12).reshape(3, 4) * (r + 1) + 10 * step).astype("f8")
+
+    def layouts(r: int, step: int = 0) -> list[np.ndarray[Any, Any]]:
+        g = grid(r, step)
+        return [g.copy(), np.asfortranarray(g), np.repeat(g, 2, axis=1)[:, ::2], np.asfortranarray(g[:, :3])]
+
+    dev = DoubleDeviceArray(rt, values(rank, 6), stream=1)
+    hosts = layouts(rank)
+    assert hosts[1].flags.f_contiguous and not hosts[1].flags.c_contiguous
+    wants = [sum(layouts(r)[i] for r in range(size)) for i in range(len(hosts))]
+    got = cai_mpi.allreduce_arrays([dev, *hosts], comm=comm)
+    assert np.array_equal(host(got[0]), sum(values(r, 6) for r in range(size)))
+    for a, want in zip(got[1:], wants, strict=True):
+        assert a.shape == want.shape and np.array_equal(host(a), want)
+    with cai_mpi.allreduce_init([dev, *hosts], comm=comm) as red:
+        for step in range(2):
+            for h, new in zip(hosts, layouts(rank, step), strict=True):
+                h[...] = new
+            got = red()
+            assert np.array_equal(host(got[0]), sum(values(r, 6) for r in range(size)))
+            for i, a in enumerate(got[1:]):
+                want = sum(layouts(r, step)[i] for r in range(size))
+                assert a.shape == want.shape and np.array_equal(host(a), want)

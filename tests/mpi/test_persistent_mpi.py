@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import gc
 import weakref
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.api.agreed import open_collectives
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -261,21 +260,25 @@ def test_mismatched_creation_on_one_rank_is_an_error_on_every_rank() -> None:
 
 
 def test_close_and_drop_without_leaks() -> None:
-    before = len(open_collectives())
+    """Objects dropped without close() are collected and free their MPI requests (seen from MPI's side)."""
     x = values("f4", rank)
-    red = cai_mpi.allreduce_init(x)
+    comm = _Counting(world.Dup())
+    _Counting.made.clear()
+    red: Any = cai_mpi.allreduce_init(x, comm=comm)
     red()
     gone = weakref.ref(red)
     del red
     gc.collect()
     assert gone() is None
-    bucket = cai_mpi.allreduce_init([values("f4", rank), values("i4", rank)])
+    bucket = cai_mpi.allreduce_init([values("f4", rank), values("i4", rank)], comm=comm)
     bucket()
     gone = weakref.ref(bucket)
     del bucket
     gc.collect()
     assert gone() is None
-    assert len(open_collectives()) == before
+    assert len(_Counting.made) == 3 and all(req == MPI.REQUEST_NULL for req in _Counting.made)
+    _Counting.made.clear()
+    comm.Free()
     # dropped while in flight: MPI finishes it in the background; the next collective is in step
     red = cai_mpi.allgather_init(x)
     red.start()
@@ -362,3 +365,144 @@ def test_allreduce_arrays_calls_are_independent() -> None:
     third = cai_mpi.allreduce_arrays(arrays)
     same(third[2], total("f4", (2, 2)))
     same(third[0], total("f8", step=5))
+
+
+class _NoPersistent(MPI.Intracomm):
+    """A communicator whose MPI lacks MPI-4's persistent collectives: every ``*_init`` raises NotImplementedError,
+    as mpi4py does on such an MPI, so the persistent collectives take their nonblocking form per start. Its
+    duplicates (cai_mpi's private communicators) are of this class too."""
+
+    def _lacks(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("MPI-4 persistent collectives")
+
+    Allreduce_init = Bcast_init = Allgather_init = Reduce_init = _lacks
+
+
+class _Counting(MPI.Intracomm):
+    """A communicator that keeps every persistent collective request MPI makes on it (and its duplicates): what
+    ``close()`` must free, seen from MPI's side."""
+
+    made: ClassVar[list[MPI.Request]] = []
+
+    def _keep(self, name: str, *args: Any, **kwargs: Any) -> MPI.Request:
+        req: MPI.Request = getattr(super(), name)(*args, **kwargs)
+        _Counting.made.append(req)
+        return req
+
+    def Allreduce_init(self, *args: Any, **kwargs: Any) -> MPI.Request:  # type: ignore[override]
+        return self._keep("Allreduce_init", *args, **kwargs)
+
+    def Bcast_init(self, *args: Any, **kwargs: Any) -> MPI.Request:  # type: ignore[override]
+        return self._keep("Bcast_init", *args, **kwargs)
+
+    def Allgather_init(self, *args: Any, **kwargs: Any) -> MPI.Request:  # type: ignore[override]
+        return self._keep("Allgather_init", *args, **kwargs)
+
+    def Reduce_init(self, *args: Any, **kwargs: Any) -> MPI.Request:  # type: ignore[override]
+        return self._keep("Reduce_init", *args, **kwargs)
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "nonblocking"])
+def test_bcast_init_and_reduce_init_from_every_root(persistent: bool) -> None:
+    """Every rank as the root, on MPI's persistent collectives and on the nonblocking form an MPI without them
+    takes: the root's data reaches every rank (a root lost on the way delivers rank 0's, or zeros)."""
+    comm: Any = world.Dup() if persistent else _NoPersistent(world.Dup())
+    try:
+        for root in range(size):
+            buf = values("i4", root) * (root + 2) if rank == root else np.zeros((3, 4), "i4")
+            with cai_mpi.bcast_init(buf, root=root, comm=comm) as bc:
+                for step in range(2):
+                    if rank == root:
+                        buf[...] = values("i4", root, step=step) * (root + 2)
+                    same(bc(), values("i4", root, step=step) * (root + 2))
+            x = values("f8", rank)
+            with cai_mpi.reduce_init(x, op="max", root=root, comm=comm) as rd:
+                got = rd()
+                if rank == root:
+                    same(got, values("f8", size - 1))
+                else:
+                    assert got is None
+    finally:
+        comm.Free()
+
+
+@pytest.mark.parametrize("fn", ["bcast_init", "reduce_init"])
+def test_ranks_naming_different_roots_is_an_error_on_every_rank(fn: str) -> None:
+    """Different roots are refused at creation on every rank, naming each rank's (never a first use that hangs)."""
+    make = getattr(cai_mpi, fn)
+    root = 0 if rank == 0 else 1
+    kind = fn.removesuffix("_init")
+    with pytest.raises(cai_mpi.CollectiveMismatchError, match=rf"rank 0: {kind} .*root=0; rank 1: {kind} .*root=1"):
+        make(values("f8", rank), root=root)
+    with cai_mpi.allreduce_init(np.ones(2)) as red:  # still in step
+        same(red(), np.full(2, float(size)))
+
+
+@pytest.mark.parametrize("how", ["bucketed", "one array", "one large array"])
+def test_mean_on_a_split_communicator_divides_by_its_size(how: str) -> None:
+    """``mean`` on a communicator smaller than the world divides by that communicator's size."""
+    comm = world.Split(rank % 2, rank)
+    members = list(range(rank % 2, size, 2))
+
+    def mean(dtype: str, shape: tuple[int, ...], step: int = 0) -> np.ndarray[Any, Any]:
+        parts = [values(dtype, r, shape, step) for r in members]
+        return np.true_divide(np.sum(parts, axis=0, dtype=dtype), np.dtype(dtype).type(len(members)), dtype=dtype)
+
+    try:
+        if how == "bucketed":
+            from cai_mpi._src.api.bucketed import DIRECT_BYTES
+
+            shapes = [((3, 4), "f8"), ((5,), "f4"), ((DIRECT_BYTES // 8,), "f8")]  # (the last one reduced alone)
+            arrays = [values(dt, rank, shape) for shape, dt in shapes]
+            with cai_mpi.allreduce_init(arrays, op="mean", comm=comm) as red:
+                for step in range(2):
+                    for (shape, dt), x in zip(shapes, arrays, strict=True):
+                        x[...] = values(dt, rank, shape, step)
+                    for a, (shape, dt) in zip(red(), shapes, strict=True):
+                        same(a, mean(dt, shape, step))
+        else:
+            shape = (3, 4) if how == "one array" else (40_000,)
+            x = values("c16", rank, shape)
+            with cai_mpi.allreduce_init(x, op="mean", comm=comm) as red:
+                same(red(), mean("c16", shape))
+            with cai_mpi.reduce_init(x, op="mean", root=0, comm=comm) as rd:
+                got = rd()
+                if comm.Get_rank() == 0:
+                    same(got, mean("c16", shape))
+    finally:
+        comm.Free()
+
+
+def test_close_frees_every_mpi_request() -> None:
+    """``close()``, the end of a ``with`` block and leaving one on an error free every persistent request MPI made
+    for the object (seen on the communicator's side: each is MPI.REQUEST_NULL), without waiting for the collector."""
+    comm = _Counting(world.Dup())
+    made = _Counting.made
+    made.clear()
+    kept = []
+    try:
+        objs: list[Any] = [
+            cai_mpi.allreduce_init(values("f8", rank), comm=comm),
+            cai_mpi.bcast_init(values("i4", 0) if rank == 0 else np.zeros((3, 4), "i4"), comm=comm),
+            cai_mpi.allgather_init(values("u1", rank), comm=comm),
+            cai_mpi.reduce_init(values("f4", rank), comm=comm),
+            cai_mpi.allreduce_init([values("f8", rank), values("i4", rank), values("f8", rank, (70_000,))],
+                                   comm=comm),
+        ]
+        assert len(made) == 7 and not any(req == MPI.REQUEST_NULL for req in made)
+        for obj in objs:
+            obj()
+            obj.close()
+            kept.append(obj)  # (alive: only close() can have freed its requests)
+        assert [req == MPI.REQUEST_NULL for req in made] == [True] * 7
+        made.clear()
+        with cai_mpi.allreduce_init(values("f8", rank), comm=comm) as red:
+            red()
+        kept.append(red)
+        with pytest.raises(KeyError), cai_mpi.allreduce_init([values("f8", rank)], comm=comm) as bucket:
+            raise KeyError("leaving on an error")
+        kept.append(bucket)
+        assert [req == MPI.REQUEST_NULL for req in made] == [True] * 2
+    finally:
+        made.clear()
+        comm.Free()

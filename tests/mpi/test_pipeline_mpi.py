@@ -85,25 +85,47 @@ def test_stages_transform_and_the_end_of_the_stream_is_sticky() -> None:
 
 
 def test_send_blocks_beyond_depth_items_not_yet_received() -> None:
-    depth, extra, pause = 2, 3, 0.6
-    returned: list[float] = []
-    started = np.zeros(1)
-    with cai_mpi.Pipeline(depth=depth) as pipe:
-        if rank == 0:
-            for i in range(depth + extra):
-                pipe.send(np.full(1000, i), meta={"i": i})
-                returned.append(time.monotonic())
-        elif rank == 1:
-            time.sleep(pause)  # nothing received yet: stage 0 may have depth items in flight, no more
-            started[0] = time.monotonic()
-            forward_all(pipe)
-        else:
-            forward_all(pipe)
-    comm.Bcast(started, root=1)
-    if rank == 0:
-        assert all(t < started[0] for t in returned[:depth])  # depth sends never wait
-        assert all(t >= started[0] for t in returned[depth:]), (returned, started[0])
+    """Stage 0 sends ``depth`` items while stage 1 receives nothing, and the next send cannot complete (it times out,
+    sending nothing, however long the machine takes): only then does stage 1 start receiving, and the rest goes
+    through. Order, not clocks: stage 1 waits for stage 0's word before it receives anything."""
+    depth, extra = 2, 3
+    probe = 0.3  # s: only how long stage 0's blocked send waits before it says so
+    side = comm.Dup()
+    try:
+        with cai_mpi.Pipeline(depth=depth, timeout=probe if rank == 0 else None) as pipe:
+            if rank == 0:
+                for i in range(depth):
+                    retried(pipe.send, np.full(1000, i), meta={"i": i})  # (a wait for stage 1 would never end)
+                with pytest.raises(cai_mpi.TimeoutError):
+                    pipe.send(np.full(1000, depth), meta={"i": depth})  # stage 1 has received nothing
+                side.send("blocked", dest=1)
+                for i in range(depth, depth + extra):
+                    retried(pipe.send, np.full(1000, i), meta={"i": i})
+                pipe.close()
+            else:
+                if rank == 1:
+                    assert side.recv(source=0) == "blocked"
+                kept = forward_all(pipe)
+                pipe.close()  # (the end of the stream goes on before the barrier; nothing on the last stage)
+            side.Barrier()  # every stream has ended: stage 0 leaves within its short timeout
+    finally:
+        side.Free()
+    if rank == size - 1:
+        assert [a.meta for a in kept] == [{"i": i} for i in range(depth + extra)]
+        assert [np.asarray(a)[0] for a in kept] == list(range(depth + extra))
     reuse_of_the_communicator()
+
+
+def retried(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """A send of a stage with a short timeout, retried until it does not time out (a send that times out sends
+    nothing); 30 s of timeouts in a row is a hang, which fails the test."""
+    give_up = time.monotonic() + 30
+    while True:
+        try:
+            return call(*args, **kwargs)
+        except cai_mpi.TimeoutError:
+            if time.monotonic() > give_up:
+                raise
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])

@@ -3,13 +3,14 @@
 received what it was sent. Every rank is a stage; passes at any world size >= 2.
 
 One edge of the chain is probed: stage ``e`` (the prober) sends ``m`` items, stage ``e + 1`` (the stopper)
-receives exactly those and then stops receiving, and the prober sends until a send has timed out several times
-in a row (its Pipeline alone has a short timeout; a send that times out sends nothing and may be retried). What
-it managed to send beyond ``m`` is how far ahead it got. Then the stopper resumes and every item must arrive at
-the last stage, in order and intact. ``m`` is a multiple of the half window, so every received item has been
-credited: the prober must get exactly ``depth`` items ahead, no more (the bound) and no fewer (no credit lost).
-Items with a meta each travel self-described; items of one shape without meta travel as bare payloads after the
-first: the bound is the same either way.
+receives exactly those and then stops receiving; the prober's next ``depth`` sends must complete (retried while
+they time out: its Pipeline alone has a short timeout, and a send that times out sends nothing) and the one after
+them must time out at every try. No clock decides the outcome: a send past the bound can never complete while the
+stopper waits, however slow the machine, and a send within it always does. Then the stopper resumes and every
+item must arrive at the last stage, in order and intact. ``m`` is a multiple of the half window, so every
+received item has been credited: the prober must get exactly ``depth`` items ahead, no more (the bound) and no
+fewer (no credit lost). Items with a meta each travel self-described; items of one shape without meta travel as
+bare payloads after the first: the bound is the same either way.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ rank, size = comm.Get_rank(), comm.Get_size()
 
 M = 12  # items the stopper receives before it stops: a multiple of depth // 2 for every depth below
 PROBE_TIMEOUT = 0.2  # the prober's Pipeline timeout (seconds): only how long one probe waits
-MISSES = 3  # probes in a row that must time out before the prober counts itself blocked
+MISSES = 3  # probes of the send past the bound, each of which must time out (none can complete, however slow)
+GIVE_UP = 30  # seconds of timeouts in a row on a send that must complete: a hang (a credit lost)
 
 
 def item(i: int) -> np.ndarray[Any, Any]:
@@ -38,9 +40,9 @@ def item(i: int) -> np.ndarray[Any, Any]:
 
 
 def until_done(call: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call a send or receive of the prober until it does not time out (its timeout is short on purpose); a
-    minute of timeouts in a row is a hang, which fails the test (and the prober's failure reaches every stage)."""
-    for _ in range(int(60 / PROBE_TIMEOUT)):
+    """Call a send or receive of the prober until it does not time out (its timeout is short on purpose); GIVE_UP
+    seconds of timeouts in a row is a hang, which fails the test (and the prober's failure reaches every stage)."""
+    for _ in range(int(GIVE_UP / PROBE_TIMEOUT)):
         try:
             return call(*args, **kwargs)
         except cai_mpi.TimeoutError:
@@ -70,16 +72,19 @@ def test_a_stage_never_gets_more_than_depth_items_ahead(depth: int, edge: str, b
                     x, meta = next(source)
                     until_done(pipe.send, x, meta=meta)
                 assert side.recv(source=stopper) == M  # the stopper has received M items and stopped
-                ahead, misses, held = 0, 0, None
-                while misses < MISSES:
-                    if held is None:
-                        held = next(source)
+                ahead, held = 0, None
+                for _ in range(depth):  # the credits for the M items received let depth more through: no fewer...
+                    x, meta = next(source)
+                    until_done(pipe.send, x, meta=meta)
+                    ahead += 1
+                held = next(source)
+                for _ in range(MISSES):  # ... and no more: the next send cannot complete, however slow the machine
                     try:
                         pipe.send(held[0], meta=held[1])
                     except cai_mpi.TimeoutError:
-                        misses += 1
                         continue
-                    ahead, misses, held = ahead + 1, 0, None
+                    ahead, held = ahead + 1, None
+                    break
                 side.send(ahead, dest=stopper)
                 rest = ([held] if held is not None else []) + list(source)
                 for x, meta in rest:

@@ -1,7 +1,7 @@
 """A reduction's result comes from no single rank: its ``Array`` carries MPI's status of a message from no rank,
 ``source == MPI.PROC_NULL`` and ``tag == MPI.ANY_TAG`` (docs/collectives.md), on the root of ``reduce_array`` and
-on every rank of ``allreduce_array``; the other ranks of ``reduce_array`` get None. A survivor of the mutation run (a result naming
-rank 1 as its source passed every test, docs/testing.md). Passes at any world size >= 2."""
+on every rank of ``allreduce_array``; the other ranks of ``reduce_array`` get None. A survivor of the mutation run
+(a result naming rank 1 as its source passed every test, docs/testing.md). Passes at any world size >= 2."""
 
 from __future__ import annotations
 

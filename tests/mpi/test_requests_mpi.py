@@ -164,3 +164,43 @@ def test_waitall_and_waitany_time_out_and_withdraw_what_did_not_match(comm: MPI.
         assert np.array_equal(np.asarray(got), data(left, 3, tag))
     assert cai_mpi.waitall([*late, sent], timeout=HANG) == [None] * 4
     quiet(comm)
+
+
+def test_testall_returns_at_once_while_some_of_several_requests_are_pending(comm: MPI.Comm) -> None:
+    """Of five requests, two receives' messages arrive while testall is polling and a third waits for a message rank
+    1 sends only once rank 0 is done testing: every testall says (False, None) without blocking, including the one
+    that sees the first two complete; then, once the last arrives, every result in order. (If testall blocked, rank 1
+    would send after ``give_up`` seconds and testall would return True: the test fails instead of hanging.)"""
+    give_up = 20.0  # s: far beyond the microseconds testall takes, only ends a broken run
+    cai_mpi.isend_array(np.empty(0), MPI.PROC_NULL, 0, comm).wait()  # cai_mpi's own communicators, made on every rank
+    if rank == 0:
+        reqs = [cai_mpi.irecv_array(1, 51, comm), cai_mpi.irecv_array(1, 52, comm), None,
+                cai_mpi.isend_array(data(0, 5), 1, 50, comm), cai_mpi.irecv_array(1, 53, comm)]
+        comm.Barrier()  # (rank 1 has sent 51 and 52)
+        deadline = time.monotonic() + HANG
+        while not (reqs[0].done and reqs[1].done and reqs[3].done):  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the messages sent before the barrier never arrived"
+            assert cai_mpi.testall(reqs) == (False, None)  # (the one that completes them too)
+        assert not reqs[4].done  # type: ignore[union-attr]
+        comm.send("tested", dest=1, tag=99)
+        flag, results = cai_mpi.testall(reqs)
+        while not flag:
+            assert time.monotonic() < deadline, "testall never saw the last message arrive"
+            flag, results = cai_mpi.testall(reqs)
+        assert results is not None and results[2] is None and results[3] is None
+        for got, tag in zip((results[0], results[1], results[4]), (51, 52, 53), strict=True):
+            assert got.tag == tag and np.array_equal(np.asarray(got), data(1, 4, tag))
+    elif rank == 1:
+        assert np.array_equal(np.asarray(cai_mpi.recv_array(0, 50, comm)), data(0, 5))
+        for tag in (51, 52):
+            cai_mpi.send_array(data(1, 4, tag), 0, tag, comm)
+        comm.Barrier()
+        notice = comm.irecv(source=0, tag=99)
+        until = time.monotonic() + give_up
+        while not notice.test()[0] and time.monotonic() < until:
+            time.sleep(1e-3)
+        cai_mpi.send_array(data(1, 4, 53), 0, 53, comm)
+        notice.wait()  # (had it given up, rank 0 would fail its assertion and end the run)
+    else:
+        comm.Barrier()
+    quiet(comm)

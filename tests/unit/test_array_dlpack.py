@@ -237,3 +237,14 @@ def test_host_arrays_stay_zero_copy_and_to_host_copies() -> None:
     assert np.asarray(a, dtype=np.float32).dtype == np.float32
     copied = a.to_host()
     assert np.array_equal(copied, data) and not np.shares_memory(copied, data)
+
+
+@pytest.mark.parametrize("readonly", [True, False], ids=["read-only", "writable"])
+def test_a_read_only_device_array_exports_a_read_only_capsule(rt: CudaRuntime, readonly: bool) -> None:
+    """A versioned capsule carries DLPack's read-only flag exactly when the Array is read-only, so a consumer
+    never writes into memory it was lent read-only; a legacy capsule has no flags (consumers must not write)."""
+    a = on_device(np.arange(6.0))
+    lent = cai_mpi.Array(a.descriptor.replace(readonly=readonly), device=0, owner=a)
+    managed, _t = consume(lent.__dlpack__(stream=-1, max_version=(1, 0)))
+    assert managed.flags == (1 if readonly else 0)  # DLPACK_FLAG_BITMASK_READ_ONLY
+    managed.deleter(ctypes.addressof(managed))

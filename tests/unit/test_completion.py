@@ -81,3 +81,45 @@ def test_waitany_skips_what_wait_already_returned() -> None:
     assert index == 1 and np.asarray(got).tolist() == [0, 1, 2, 3, 4]
     assert cai_mpi.waitany([first, second]) == (MPI.UNDEFINED, None)
     assert [np.asarray(a).tolist() for a in cai_mpi.waitall([first, second])] == [[0, 1], [0, 1, 2, 3, 4]]
+
+
+def test_waitall_raises_the_first_failure_in_list_order_not_the_first_to_fail() -> None:
+    """Three failing receives among good ones, their messages sent in the reverse of list order: the error of the
+    first in the list is raised, once every request has completed."""
+    reqs = [cai_mpi.irecv_array(me, 20), cai_mpi.irecv_array(me, 21, out=np.zeros(4)),
+            cai_mpi.irecv_array(me, 22), cai_mpi.irecv_array(me, 23, out=np.zeros(5, "i4")),
+            cai_mpi.irecv_array(me, 24, out=np.zeros(1, "u1"))]
+    for tag in (24, 23, 22, 21, 20):  # the last failing one completes first
+        cai_mpi.send_array(np.arange(3.0) + tag, me, tag)
+    with pytest.raises(cai_mpi.RecvMismatchError, match=r"tag 21\b"):
+        cai_mpi.waitall(reqs)
+    assert all(req.done for req in reqs)
+    assert np.asarray(reqs[0].wait()).tolist() == [20.0, 21.0, 22.0]
+    for req, tag in ((reqs[3], 23), (reqs[4], 24)):
+        with pytest.raises(cai_mpi.RecvMismatchError, match=rf"tag {tag}\b"):
+            req.wait()
+    # testall, once everything completed, raises the first in list order too
+    again = [cai_mpi.irecv_array(me, 26, out=np.zeros(2)), cai_mpi.irecv_array(me, 25, out=np.zeros(2))]
+    for tag in (25, 26):
+        cai_mpi.send_array(np.arange(3.0), me, tag)
+    with pytest.raises(cai_mpi.RecvMismatchError, match=r"tag 26\b"):
+        while not cai_mpi.testall(again)[0]:
+            pass
+
+
+def test_waitall_times_out_naming_how_many_of_several_did_not_complete_and_the_first() -> None:
+    """Two of four receives never get a message: the timeout names 2 of 4 and the first of them in list order;
+    the completed ones keep their results, the two are withdrawn (a message sent later is not swallowed)."""
+    reqs = [cai_mpi.irecv_array(me, 30), cai_mpi.irecv_array(me, 31), cai_mpi.irecv_array(me, 32), None,
+            cai_mpi.irecv_array(me, 33)]
+    for tag in (32, 30):
+        cai_mpi.send_array(np.arange(2.0) + tag, me, tag)
+    with pytest.raises(cai_mpi.TimeoutError, match=r"^waitall: 2 of 4 requests did not complete within 0.2 s; the "
+                                                   r"first, requests\[1\]: .*tag 31") as info:
+        cai_mpi.waitall(reqs, timeout=0.2)
+    assert info.value.cancelled
+    assert [np.asarray(reqs[i].wait()).tolist() for i in (0, 2)] == [[30.0, 31.0], [32.0, 33.0]]  # type: ignore[union-attr]
+    for tag in (31, 33):  # (the receive first: MPICH completes a send to its own rank only once matched)
+        late = cai_mpi.irecv_array(me, tag)
+        cai_mpi.send_array(np.arange(3.0), me, tag)
+        assert np.asarray(late.wait()).tolist() == [0.0, 1.0, 2.0]
