@@ -159,9 +159,6 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
         "equivalent: a stage holding a description receives only FAST (taken before), END or SWITCH on its bare "
         "receive (the previous stage sends SWITCH before any self-described item), and of END (1) and SWITCH (4) "
         "'tag <= END' holds for END alone, as 'tag == END' does",
-    ("cai_mpi/_src/api/bucketed.py", "core/ReplaceComparisonOperator_NotEq_Gt", 1):
-        "equivalent: getrefcount(kept[i]) is never below LISTED_ONLY (the list's reference and the call's own), "
-        "so '> LISTED_ONLY' and '!= LISTED_ONLY' agree",
 }
 
 # World sizes per module (default 2 and 3): a pipeline of 4 has two middle stages, which index their neighbours.
