@@ -112,15 +112,24 @@ class RetiredBlocks:
             self._held.append((events, give_back))
 
     def reap(self) -> None:
-        """Give back, oldest first, the blocks whose user work has passed (queries only: it never blocks)."""
-        while self._held:
-            with self._lock:
-                if not self._held:
-                    return
-                events, give_back = self._held[0]
-                if not all(e.query() for e in events):
-                    return
-                self._held.popleft()
+        """Give back, oldest first, the blocks whose user work has passed (queries only: it never blocks).
+
+        The lock guards the list only: the queries run Python that allocates, so the collector may finalize a dead
+        Array right there and retire its block (``hold``) on this very thread; the blocks go back outside it too."""
+        with self._lock:
+            held = list(self._held)
+        passed = []
+        for entry in held:
+            if not all(e.query() for e in entry[0]):
+                break
+            passed.append(entry)
+        given = []
+        with self._lock:
+            for entry in passed:
+                if self._held and self._held[0] is entry:  # (another thread may have reaped it meanwhile)
+                    self._held.popleft()
+                    given.append(entry[1])
+        for give_back in given:
             give_back()
 
     def __len__(self) -> int:

@@ -1,0 +1,80 @@
+"""Retired device blocks of the CUDA runtime on the CUDA driver double: a received Array's block goes back to its
+pool only once the user work that may read it has passed, without hanging when the garbage collector re-enters,
+and without one GPU's failure reaching another."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from cai_mpi._src.runtime import cudadriver
+from cai_mpi._src.runtime.cuda import CudaRuntime
+from cai_mpi.testing import CudaDriverDouble
+
+HANG = 30.0  # seconds after which a call that should return at once is declared hung (only a failure waits this)
+LAZY = 600.0  # queued device work runs only when something waits for it (no test lives this long)
+
+
+@pytest.fixture
+def d(monkeypatch: pytest.MonkeyPatch) -> Iterator[CudaDriverDouble]:
+    double = CudaDriverDouble(2, lazy=LAZY)
+    monkeypatch.setattr(cudadriver, "load_driver", lambda: double)
+    monkeypatch.setattr(cudadriver, "load_cupy", lambda: None)
+    yield double
+    gc.collect()
+    double.close()
+
+
+@pytest.fixture
+def rt(d: CudaDriverDouble) -> CudaRuntime:
+    return CudaRuntime(0, driver=d)
+
+
+def finishes(fn: Callable[[], Any]) -> bool:
+    """Whether ``fn()`` returns (or raises) within ``HANG`` seconds; run in a thread, so a deadlock fails the test
+    instead of hanging the run."""
+    worker = threading.Thread(target=fn, daemon=True)
+    worker.start()
+    worker.join(HANG)
+    return not worker.is_alive()
+
+
+def pending_kernel(rt: CudaRuntime, d: CudaDriverDouble, ordinal: int) -> None:
+    """A user kernel still queued on ``ordinal``'s legacy default stream (the lazy double runs it only on demand)."""
+    with rt._driver.on(ordinal):
+        d.launch(1, lambda: None)
+
+
+# -- defect 1: the retired list's lock and the garbage collector -----------------------------------------------------
+
+
+def test_an_array_collected_while_reap_queries_does_not_hang(
+    rt: CudaRuntime, d: CudaDriverDouble, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # reap() queries events, which runs Python that allocates; the collector may then finalize a dead received
+    # Array in a reference cycle, whose finalizer retires its block (hold) on the same thread.
+    gc.disable()
+    try:
+        second = rt.alloc_device(256, 0, handed_out=True)
+        cycle: list[Any] = [second]
+        cycle.append(cycle)  # only the collector frees it
+        del second, cycle
+        first = rt.alloc_device(256, 0, handed_out=True)
+        first.free()  # retired
+        rt.sync_device(0)  # its events have passed: the next reap queries them
+        query = d.cuEventQuery
+
+        def collecting_query(event: Any) -> Any:
+            gc.collect()
+            return query(event)
+
+        monkeypatch.setattr(d, "cuEventQuery", collecting_query)
+        got: list[Any] = []
+        assert finishes(lambda: got.append(rt.alloc_device(256, 0)))
+        assert got and got[0].ptr
+    finally:
+        gc.enable()
