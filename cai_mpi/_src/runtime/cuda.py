@@ -230,7 +230,7 @@ class CudaRuntime(Runtime):
         buf = CudaDeviceBuffer(0, nbytes, ordinal, consumer)
         if nbytes == 0:
             return buf
-        self._retired.reap()
+        self._retired.reap(ordinal)
         cp = self._load_cupy()
         give_back: Callable[[], None]
         if cp is not None:

@@ -92,12 +92,13 @@ class OrderedFree:
 
 class RetiredBlocks:
     """Handed-out device blocks whose Array has died, each kept from its pool until the events recorded at its
-    release (the user work that may still read it) have passed. Finalizers add to it from any thread."""
+    release (the user work that may still read it) have passed. One queue per GPU, so a GPU with work pending (or a
+    sticky error) holds back none of another's blocks. Finalizers add to it from any thread."""
 
     def __init__(self, release_events: Callable[[int, int], list[Event]]) -> None:
         """``release_events(ordinal, consumer)``: events recorded now on the streams user work may still run on."""
         self._release_events = release_events
-        self._held: collections.deque[tuple[list[Event], Callable[[], None]]] = collections.deque()
+        self._held: dict[int, collections.deque[tuple[list[Event], Callable[[], None]]]] = {}
         self._lost: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
@@ -109,28 +110,38 @@ class RetiredBlocks:
                 self._lost.append(give_back)
             return
         with self._lock:
-            self._held.append((events, give_back))
+            self._held.setdefault(ordinal, collections.deque()).append((events, give_back))
 
-    def reap(self) -> None:
-        """Give back, oldest first, the blocks whose user work has passed (queries only: it never blocks).
+    def reap(self, ordinal: int) -> None:
+        """Give back, oldest first, GPU ``ordinal``'s blocks whose user work has passed (queries only: it never
+        blocks). A block whose query fails (a sticky error in its context) is never reused, as a pool's idle check
+        would treat it.
 
-        The lock guards the list only: the queries run Python that allocates, so the collector may finalize a dead
+        The lock guards the queue only: the queries run Python that allocates, so the collector may finalize a dead
         Array right there and retire its block (``hold``) on this very thread; the blocks go back outside it too."""
         with self._lock:
-            held = list(self._held)
-        passed = []
+            held = list(self._held.get(ordinal, ()))
+        passed: list[tuple[list[Event], Callable[[], None]]] = []
+        failed: list[tuple[list[Event], Callable[[], None]]] = []
         for entry in held:
-            if not all(e.query() for e in entry[0]):
-                break
+            try:
+                if not all(e.query() for e in entry[0]):
+                    break
+            except Exception:
+                failed.append(entry)
+                continue
             passed.append(entry)
-        given = []
+        given: list[Callable[[], None]] = []
         with self._lock:
-            for entry in passed:
-                if self._held and self._held[0] is entry:  # (another thread may have reaped it meanwhile)
-                    self._held.popleft()
-                    given.append(entry[1])
+            queue = self._held.get(ordinal, collections.deque())
+            for entry in passed + failed:
+                try:
+                    queue.remove(entry)  # (unless another thread reaped it meanwhile)
+                except ValueError:
+                    continue
+                (given if any(entry is p for p in passed) else self._lost).append(entry[1])
         for give_back in given:
             give_back()
 
     def __len__(self) -> int:
-        return len(self._held)
+        return sum(len(q) for q in self._held.values())

@@ -78,3 +78,30 @@ def test_an_array_collected_while_reap_queries_does_not_hang(
         assert got and got[0].ptr
     finally:
         gc.enable()
+
+
+# -- defect 3: a sticky error on one GPU, and one retirement queue per GPU ------------------------------------------
+
+
+def test_a_sticky_error_on_one_gpu_leaves_allocation_on_another_working(rt: CudaRuntime, d: CudaDriverDouble) -> None:
+    lost = rt.alloc_device(256, 0, handed_out=True)
+    lost_ptr = lost.ptr
+    lost.free()  # retired, its events recorded on GPU 0
+    d.fault(0)  # a kernel on GPU 0 faulted: every call in its context fails from now on
+    other = rt.alloc_device(256, 1)  # GPU 1 is fine
+    assert other.ptr and other.ordinal == 1
+    d.clear_fault(0)  # (a reset) a block whose events could not be asked about is never reused
+    again = rt.alloc_device(256, 0)
+    assert again.ptr != lost_ptr
+
+
+def test_a_gpu_with_pending_work_does_not_hold_back_another_gpus_blocks(rt: CudaRuntime, d: CudaDriverDouble) -> None:
+    pending_kernel(rt, d, 0)
+    busy = rt.alloc_device(256, 0, handed_out=True)
+    busy.free()  # retired behind the pending kernel on GPU 0
+    idle = rt.alloc_device(256, 1, handed_out=True)
+    idle_ptr = idle.ptr
+    idle.free()
+    rt.sync_device(1)  # every event on GPU 1 has passed
+    again = rt.alloc_device(256, 1)
+    assert again.ptr == idle_ptr  # reused: GPU 0's pending block is no reason to hold it back
