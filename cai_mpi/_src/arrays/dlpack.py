@@ -83,9 +83,13 @@ _alive_lock = threading.Lock()  # the consumer may call the deleter from any thr
 
 
 def _forget(address: int | None) -> None:
-    """The tensor's ``deleter``: forget the structs and release the Array (its memory may then be freed)."""
+    """The tensor's ``deleter``: forget the structs and release the Array (its memory may then be freed).
+
+    The entry is dropped outside the lock: releasing the Array may release another export (an Array received into
+    a tensor adopted from one), whose deleter comes back here on the same thread."""
     with _alive_lock:
-        _alive.pop(address or 0, None)
+        entry = _alive.pop(address or 0, None)
+    del entry
 
 
 _delete = _Deleter(_forget)  # one C function for every tensor (kept alive here, as C may call it at any time)
