@@ -22,7 +22,17 @@ from .base import (
     Runtime,
     Stream,
 )
-from .cudadriver import NOT_READY, SUCCESS, Driver, classify_pointer, error_text, load_cupy, load_driver, raw_call
+from .cudadriver import (
+    NOT_READY,
+    OUT_OF_MEMORY,
+    SUCCESS,
+    Driver,
+    classify_pointer,
+    error_text,
+    load_cupy,
+    load_driver,
+    raw_call,
+)
 from .cudamemory import CudaDeviceBuffer, CudaPinnedBuffer, HostAllocation, Keep, OrderedFree, RetiredBlocks
 from .cudapack import as_cupy, byte_view
 from .cudastrided import pack_with_copies, unpack_with_copies
@@ -231,20 +241,35 @@ class CudaRuntime(Runtime):
         if nbytes == 0:
             return buf
         self._retired.reap(ordinal)
-        cp = self._load_cupy()
-        give_back: Callable[[], None]
-        if cp is not None:
-            with self._cupy_on(cp, ordinal, own):
-                mem = cp.cuda.alloc(nbytes)
-            buf.ptr, give_back = int(mem.ptr), Keep(mem)
-        else:
-            buf.ptr, give_back = self._alloc_ordered(nbytes, ordinal, own)
+        try:
+            buf.ptr, give_back = self._allocate(nbytes, ordinal, own)
+        except Exception as exc:
+            # The pool lacks the memory: blocks retired behind user work are worth waiting for before failing.
+            if not self._out_of_memory(exc) or not self._retired.drain(ordinal):
+                raise
+            buf.ptr, give_back = self._allocate(nbytes, ordinal, own)
         if handed_out:
             assert consumer is not None
             buf.release_with(self._retired.hold, ordinal, consumer, give_back)
         else:
             buf.release_with(give_back)
         return buf
+
+    def _allocate(self, nbytes: int, ordinal: int, own: CudaStream | None) -> tuple[int, Callable[[], None]]:
+        """A block from CuPy's pool (on ``own``, else CuPy's current stream) or the driver's, and what gives it back."""
+        cp = self._load_cupy()
+        if cp is None:
+            return self._alloc_ordered(nbytes, ordinal, own)
+        with self._cupy_on(cp, ordinal, own):
+            mem = cp.cuda.alloc(nbytes)
+        return int(mem.ptr), Keep(mem)
+
+    def _out_of_memory(self, exc: Exception) -> bool:
+        """Whether ``exc`` says the device (or CuPy's pool) has no room."""
+        if isinstance(exc, CudaError):
+            return exc.code == OUT_OF_MEMORY
+        cp = self._load_cupy()
+        return cp is not None and isinstance(exc, cp.cuda.memory.OutOfMemoryError)
 
     def _alloc_ordered(self, nbytes: int, ordinal: int, stream: CudaStream | None) -> tuple[int, Callable[[], None]]:
         """Device memory from the driver's stream-ordered pool on ``stream`` (None: the legacy default stream), and

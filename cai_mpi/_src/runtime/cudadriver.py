@@ -15,11 +15,12 @@ from typing import Any
 from ..errors import CudaError
 from .base import HOST, Location, MemoryKind
 
-__all__ = ["FIXED_BINDINGS", "NOT_READY", "SUCCESS", "Driver", "bindings_version", "check", "classify_pointer",
-           "error_text", "load_cupy", "load_driver", "ordinal_unreliable", "probe", "raw_call", "signed_ordinal",
-           "visible_device_count"]
+__all__ = ["FIXED_BINDINGS", "NOT_READY", "OUT_OF_MEMORY", "SUCCESS", "Driver", "bindings_version", "check",
+           "classify_pointer", "error_text", "load_cupy", "load_driver", "ordinal_unreliable", "probe", "raw_call",
+           "signed_ordinal", "visible_device_count"]
 
 SUCCESS = 0
+OUT_OF_MEMORY = 2
 NO_DEVICE = 100
 NOT_READY = 600
 MEMTYPE_HOST = 1

@@ -111,6 +111,26 @@ class RetiredBlocks:
             return
         with self._lock:
             self._held.setdefault(ordinal, collections.deque()).append((events, give_back))
+        self.reap(ordinal)  # an Array's death is news: blocks retired before it may be free by now
+
+    def drain(self, ordinal: int) -> bool:
+        """Wait for the user work on every block GPU ``ordinal`` holds back, give them back, and say whether any went
+        back: what an allocation that does not fit tries before it fails."""
+        with self._lock:
+            queue = self._held.pop(ordinal, collections.deque())
+        given: list[Callable[[], None]] = []
+        for events, give_back in queue:
+            try:
+                for event in events:
+                    event.synchronize()
+            except Exception:  # a sticky error: never reuse it
+                with self._lock:
+                    self._lost.append(give_back)
+                continue
+            given.append(give_back)
+        for give_back in given:
+            give_back()
+        return bool(given)
 
     def reap(self, ordinal: int) -> None:
         """Give back, oldest first, GPU ``ordinal``'s blocks whose user work has passed (queries only: it never

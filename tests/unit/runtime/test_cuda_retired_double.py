@@ -105,3 +105,38 @@ def test_a_gpu_with_pending_work_does_not_hold_back_another_gpus_blocks(rt: Cuda
     rt.sync_device(1)  # every event on GPU 1 has passed
     again = rt.alloc_device(256, 1)
     assert again.ptr == idle_ptr  # reused: GPU 0's pending block is no reason to hold it back
+
+
+# -- defect 7: retired blocks go back when an Array dies and when memory runs out ----------------------------------
+
+
+def frees(d: CudaDriverDouble) -> int:
+    """How many blocks went back to the driver's stream-ordered pool."""
+    return sum(1 for name, _ctx in d.calls if name == "cuMemFreeAsync")
+
+
+def test_a_dead_arrays_block_goes_back_when_the_next_array_dies(rt: CudaRuntime, d: CudaDriverDouble) -> None:
+    first = rt.alloc_device(256, 0, handed_out=True)
+    second = rt.alloc_device(256, 0, handed_out=True)
+    first.free()
+    rt.sync_device(0)  # first's readers are done: nothing needs its block held back any more
+    assert frees(d) == 0
+    second.free()  # no allocation follows: the first block must not wait for one
+    assert frees(d) == 1
+    assert len(rt._retired) == 1  # second's events are still pending (the lazy double runs nothing unasked)
+
+
+def test_an_allocation_that_does_not_fit_waits_for_retired_blocks(rt: CudaRuntime, d: CudaDriverDouble) -> None:
+    d.device_memory_bytes = 8192
+    first = rt.alloc_device(8192, 0, handed_out=True)
+    old = bytes(range(256)) * 32
+    d.write_device(first.ptr, old)
+    seen = bytearray()
+    ptr = first.ptr
+    with rt._driver.on(0):  # a user kernel still reads the block on the legacy default stream
+        d.launch(1, lambda: seen.extend(d.read_device(ptr, 8192)))
+    first.free()  # retired behind that kernel
+    second = rt.alloc_device(8192, 0)  # the device has no room but the retired block's
+    assert second.ptr
+    d.write_device(second.ptr, b"\xff" * 8192)
+    assert bytes(seen) == old  # the kernel finished reading before the block was handed out again
