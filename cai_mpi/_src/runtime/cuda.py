@@ -132,6 +132,8 @@ class CudaRuntime(Runtime):
         self._retired = RetiredBlocks(self._release_events)
         # CuPy calls the real driver: with a driver given (the double), its memory means nothing to CuPy.
         self._load_cupy = load_cupy if driver is None else _no_cupy
+        #: Where the caller's current streams come from (each: ordinal -> (CAI handle, its owner) or None).
+        self._stream_sources: tuple[Callable[[int], tuple[int, Any] | None], ...] = (self._cupy_stream,)
 
     def __repr__(self) -> str:
         return f"<CudaRuntime GPU {self.ordinal}>"
@@ -219,10 +221,26 @@ class CudaRuntime(Runtime):
     def current_stream(self, ordinal: int) -> int:
         """The calling thread's current stream on ``ordinal`` as a CAI v3 handle: CuPy's current stream (where
         CuPy work the user launches next runs), else the legacy default stream (1)."""
+        streams = self._current_streams(ordinal)
+        return streams[0][0] if streams else LEGACY_STREAM
+
+    def _current_streams(self, ordinal: int) -> list[tuple[int, Any]]:
+        """The calling thread's current streams on ``ordinal`` in the libraries users compute with, each as its CAI
+        handle and the object that keeps it alive (``_stream_sources``)."""
+        found = []
+        for source in self._stream_sources:
+            stream = source(ordinal)
+            if stream is not None:
+                found.append(stream)
+        return found
+
+    def _cupy_stream(self, ordinal: int) -> tuple[int, Any] | None:
+        """CuPy's current stream on ``ordinal`` (its null stream: the legacy one), or None without CuPy."""
         cp = self._load_cupy()
         if cp is None:
-            return LEGACY_STREAM
-        return int(cp.cuda.get_current_stream(ordinal).ptr) or LEGACY_STREAM  # CuPy's null stream: the legacy one
+            return None
+        stream = cp.cuda.get_current_stream(ordinal)
+        return int(stream.ptr) or LEGACY_STREAM, stream
 
     def alloc_device(
         self, nbytes: int, ordinal: int, stream: Stream | None = None, *, handed_out: bool = False
