@@ -254,8 +254,12 @@ class CudaRuntime(Runtime):
         block goes back to the pool once they have passed, so the next receive cannot overwrite it under a kernel.
         """
         own = None if stream is None else _own_stream(stream)
-        consumer = self.current_stream(ordinal) if handed_out else None
-        buf = CudaDeviceBuffer(0, nbytes, ordinal, consumer)
+        # The streams the user computes on now, with their objects: the Array names the first, and the buffer (so
+        # the Array) keeps them alive, so that handle never names a destroyed (or reused) stream while it lives.
+        consumers = self._current_streams(ordinal) if handed_out else []
+        buf = CudaDeviceBuffer(0, nbytes, ordinal, (consumers[0][0] if consumers else LEGACY_STREAM)
+                               if handed_out else None)
+        buf.consumers = consumers
         if nbytes == 0:
             return buf
         self._retired.reap(ordinal)
@@ -267,8 +271,7 @@ class CudaRuntime(Runtime):
                 raise
             buf.ptr, give_back = self._allocate(nbytes, ordinal, own)
         if handed_out:
-            assert consumer is not None
-            buf.release_with(self._retired.hold, ordinal, consumer, give_back)
+            buf.release_with(self._retired.hold, ordinal, consumers, give_back)
         else:
             buf.release_with(give_back)
         return buf
@@ -298,12 +301,15 @@ class CudaRuntime(Runtime):
         ptr = int(dptr)
         return ptr, OrderedFree(self._driver, ordinal, ptr, handle, stream)
 
-    def _release_events(self, ordinal: int, consumer: int) -> list[Event]:
-        """Events recorded now on the streams user work on a handed-out block runs on (see ``alloc_device``)."""
+    def _release_events(self, ordinal: int, consumers: list[tuple[int, Any]]) -> list[Event]:
+        """Events recorded now on the streams user work on a handed-out block runs on (see ``alloc_device``):
+        the legacy default stream and each of ``consumers`` (their objects still alive here)."""
         events: list[Event] = [self.record_event_on(LEGACY_STREAM, ordinal)]
-        if consumer not in (LEGACY_STREAM, PER_THREAD_STREAM):  # the per-thread default stream is a blocking one
+        for handle in {handle for handle, _owner in consumers}:
+            if handle in (LEGACY_STREAM, PER_THREAD_STREAM):  # the per-thread default stream is a blocking one
+                continue
             try:
-                events.append(self.record_event_on(consumer, ordinal))
+                events.append(self.record_event_on(handle, ordinal))
             except CudaError:  # the user's stream is gone: what ran on it is ordered by nothing we can see
                 self.sync_device(ordinal)
         return events

@@ -26,6 +26,9 @@ class CudaDeviceBuffer(DeviceBuffer):
         self.nbytes = nbytes
         self.ordinal = ordinal
         self.stream = stream
+        #: The streams the block's users compute on, each ``(CAI handle, the object keeping it alive)``: a handed-out
+        #: block keeps them alive (``stream`` is the first's) and is retired behind each when it dies.
+        self.consumers: list[tuple[int, Any]] = []
         self._release: weakref.finalize[Any, Any] | None = None
 
     def release_with(self, give_back: Callable[..., None], *args: Any) -> None:
@@ -95,16 +98,17 @@ class RetiredBlocks:
     release (the user work that may still read it) have passed. One queue per GPU, so a GPU with work pending (or a
     sticky error) holds back none of another's blocks. Finalizers add to it from any thread."""
 
-    def __init__(self, release_events: Callable[[int, int], list[Event]]) -> None:
-        """``release_events(ordinal, consumer)``: events recorded now on the streams user work may still run on."""
+    def __init__(self, release_events: Callable[[int, list[tuple[int, Any]]], list[Event]]) -> None:
+        """``release_events(ordinal, consumers)``: events recorded now on the streams user work may still run on
+        (``consumers``: a buffer's, each a CAI handle and the object keeping it alive)."""
         self._release_events = release_events
         self._held: dict[int, collections.deque[tuple[list[Event], Callable[[], None]]]] = {}
         self._lost: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
-    def hold(self, ordinal: int, consumer: int, give_back: Callable[[], None]) -> None:
+    def hold(self, ordinal: int, consumers: list[tuple[int, Any]], give_back: Callable[[], None]) -> None:
         try:
-            events = self._release_events(ordinal, consumer)
+            events = self._release_events(ordinal, consumers)
         except Exception:  # the driver is gone (interpreter exit) or the context is dead: never reuse the block
             with self._lock:
                 self._lost.append(give_back)
