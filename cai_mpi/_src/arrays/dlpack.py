@@ -143,6 +143,8 @@ def device_capsule(
             "counts strides in elements; use the Array's __cuda_array_interface__ (cupy.asarray(a)) instead"
         )
     wait_on_consumer_stream(runtime, desc, ordinal, stream)
+    if stream is not None and stream != -1:  # its work there may read the memory after the Array is gone
+        runtime.read_on(desc.ptr, ordinal, stream)
     ndim = len(desc.shape)
     shape = (ctypes.c_int64 * max(ndim, 1))(*desc.shape)
     strides = (ctypes.c_int64 * max(ndim, 1))(*(s // itemsize for s in desc.byte_strides))

@@ -165,6 +165,12 @@ class Runtime(abc.ABC):
         dies, on the streams users compute on, so it goes back to the pool only once those are idle; ``stream`` of
         the buffer is then the caller's current stream (where its data is ready for the user)."""
 
+    def read_on(self, ptr: int, ordinal: int, stream: int) -> None:
+        """A consumer reads the device memory at ``ptr`` on GPU ``ordinal`` on CAI stream ``stream`` (a DLPack
+        consumer's): a handed-out block there is held back until that stream's work at its Array's death has
+        passed. Runtimes that hand out no device memory ignore it."""
+        return None
+
     @abc.abstractmethod
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer: ...
 

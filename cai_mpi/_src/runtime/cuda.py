@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -133,7 +134,10 @@ class CudaRuntime(Runtime):
         # CuPy calls the real driver: with a driver given (the double), its memory means nothing to CuPy.
         self._load_cupy = load_cupy if driver is None else _no_cupy
         #: Where the caller's current streams come from (each: ordinal -> (CAI handle, its owner) or None).
-        self._stream_sources: tuple[Callable[[int], tuple[int, Any] | None], ...] = (self._cupy_stream,)
+        self._load_torch = _imported_torch if driver is None else _no_cupy
+        self._stream_sources: tuple[Callable[[int], tuple[int, Any] | None], ...] = (
+            self._cupy_stream, self._torch_stream)
+        self._handed: weakref.WeakValueDictionary[int, CudaDeviceBuffer] = weakref.WeakValueDictionary()
 
     def __repr__(self) -> str:
         return f"<CudaRuntime GPU {self.ordinal}>"
@@ -242,6 +246,20 @@ class CudaRuntime(Runtime):
         stream = cp.cuda.get_current_stream(ordinal)
         return int(stream.ptr) or LEGACY_STREAM, stream
 
+    def _torch_stream(self, ordinal: int) -> tuple[int, Any] | None:
+        """PyTorch's current stream on ``ordinal`` (``with torch.cuda.stream(s):`` runs on side streams), or None
+        where PyTorch is not imported or has not initialized CUDA (asking must not initialize it)."""
+        torch = self._load_torch()
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        stream = torch.cuda.current_stream(ordinal)
+        return int(stream.cuda_stream) or LEGACY_STREAM, stream
+
+    def read_on(self, ptr: int, ordinal: int, stream: int) -> None:
+        buf = self._handed.get(ptr)
+        if buf is not None and buf.ordinal == ordinal and all(stream != h for h, _ in buf.consumers):
+            buf.consumers.append((stream, None))  # (the consumer keeps its stream alive while it uses it)
+
     def alloc_device(
         self, nbytes: int, ordinal: int, stream: Stream | None = None, *, handed_out: bool = False
     ) -> DeviceBuffer:
@@ -249,9 +267,11 @@ class CudaRuntime(Runtime):
         pool (cuMemAllocAsync). Both give a block freed on ``stream`` to the next allocation on it at once.
 
         A block ``handed_out`` (a received Array) is retired when the Array dies: events recorded then on the
-        legacy default stream (which every blocking stream orders against: CuPy's, PyTorch's and Numba's defaults)
-        and on the caller's current stream at receive time mark the user work that may still read it, and the
-        block goes back to the pool once they have passed, so the next receive cannot overwrite it under a kernel.
+        legacy default stream (which every blocking stream orders against: CuPy's, PyTorch's and Numba's defaults),
+        on the caller's current streams at receive time (CuPy's, PyTorch's) and on each stream a DLPack consumer
+        named (``read_on``) mark the user work that may still read it, and the block goes back to the pool once
+        they have passed, so the next receive cannot overwrite it under a kernel. A user kernel on another
+        non-blocking stream is the documented limit (docs/gpu-and-mpi.md).
         """
         own = None if stream is None else _own_stream(stream)
         # The streams the user computes on now, with their objects: the Array names the first, and the buffer (so
@@ -272,6 +292,7 @@ class CudaRuntime(Runtime):
             buf.ptr, give_back = self._allocate(nbytes, ordinal, own)
         if handed_out:
             buf.release_with(self._retired.hold, ordinal, consumers, give_back)
+            self._handed[buf.ptr] = buf
         else:
             buf.release_with(give_back)
         return buf
@@ -425,6 +446,11 @@ class CudaRuntime(Runtime):
 
 def _no_cupy() -> None:
     return None
+
+
+def _imported_torch() -> Any | None:
+    """PyTorch if the program imported it (cai_mpi never imports it: that costs seconds)."""
+    return sys.modules.get("torch")
 
 
 def _own_stream(stream: Stream) -> CudaStream:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -74,3 +75,68 @@ def test_a_received_array_keeps_the_stream_it_names_alive(rt: CudaRuntime, d: Cu
     del a
     gc.collect()
     assert not alive(rt, d, handle)  # and it goes with the Array
+
+
+# -- defect 6: every stream known to read a received block holds it back -------------------------------------------
+
+
+def pending_read(rt: CudaRuntime, d: CudaDriverDouble, stream: int, ptr: int, nbytes: int) -> bytearray:
+    """A user kernel on ``stream`` that copies ``nbytes`` at ``ptr`` (the lazy double runs it only on demand)."""
+    seen = bytearray()
+    with rt._driver.on(0):
+        d.launch(stream, lambda: seen.extend(d.read_device(ptr, nbytes)))
+    return seen
+
+
+def reuse_after_death(rt: CudaRuntime, d: CudaDriverDouble, old: bytes) -> None:
+    """Once the legacy default stream's work has run, the next allocation is written at once (as a receive lands)."""
+    rt.sync_legacy(0)  # every blocking stream's work, and the events on the legacy default stream, have passed
+    again = rt.alloc_device(len(old), 0)
+    d.write_device(again.ptr, b"\xff" * len(old))
+    rt.sync_device(0)
+
+
+def test_a_block_a_dlpack_consumer_reads_on_its_stream_is_not_reused_under_it(
+    rt: CudaRuntime, d: CudaDriverDouble
+) -> None:
+    # torch.from_dlpack(a) on a side stream S passes stream=S: the consumer's kernels on S read the block after the
+    # Array (and the tensor) are gone.
+    side = UsersStream(rt, blocking=False)
+    old = bytes(range(256)) * 32
+    buf = rt.alloc_device(len(old), 0, handed_out=True)
+    d.write_device(buf.ptr, old)
+    a = Array.from_device(buf, (len(old) // 8,), np.dtype("f8"))
+    with use_runtime(rt):
+        capsule = a.__dlpack__(stream=side.ptr)
+    seen = pending_read(rt, d, side.ptr, buf.ptr, len(old))
+    del a, buf, capsule  # the consumer is done with the Array; its kernel on S is not
+    gc.collect()
+    reuse_after_death(rt, d, old)
+    assert bytes(seen) == old
+
+
+def test_a_block_read_on_pytorchs_current_stream_is_not_reused_under_it(
+    rt: CudaRuntime, d: CudaDriverDouble, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Inside ``with torch.cuda.stream(s):`` a received Array is read on s (PyTorch's side streams are non-blocking).
+    side = UsersStream(rt, blocking=False)
+
+    class Cuda:
+        @staticmethod
+        def is_initialized() -> bool:
+            return True
+
+        @staticmethod
+        def current_stream(device: int) -> Any:
+            return type("TorchStream", (), {"cuda_stream": side.ptr, "device_index": device})()
+
+    torch = type("torch", (), {"cuda": Cuda})
+    monkeypatch.setattr(rt, "_load_torch", lambda: torch, raising=False)
+    old = bytes(range(256)) * 32
+    buf = rt.alloc_device(len(old), 0, handed_out=True)
+    d.write_device(buf.ptr, old)
+    seen = pending_read(rt, d, side.ptr, buf.ptr, len(old))
+    del buf
+    gc.collect()
+    reuse_after_death(rt, d, old)
+    assert bytes(seen) == old
