@@ -5,7 +5,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -17,7 +18,9 @@ __all__ = [
     "Event",
     "Location",
     "MemoryKind",
+    "PINNED_SOURCES",
     "PinnedBuffer",
+    "PinnedSource",
     "Runtime",
     "Stream",
     "LEGACY_STREAM",
@@ -102,6 +105,20 @@ class Event(abc.ABC):
     @abc.abstractmethod
     def query(self) -> bool:
         """True when all work before the record point has completed."""
+
+
+class PinnedSource(Protocol):
+    """Where a runtime takes the page-locked memory its own copies pass through: ``transport.pool``'s pinned pool of
+    that runtime (one per runtime, at most CAI_MPI_PINNED_POOL_BYTES idle), registered in ``PINNED_SOURCES``."""
+
+    def take(self, nbytes: int) -> tuple[PinnedBuffer, int]: ...
+
+    def give(self, block: PinnedBuffer, cls: int) -> None: ...
+
+
+#: The pinned pool of a runtime (``transport.pool.pinned_pool`` registers itself here when imported: the runtime
+#: sits below the transport, so it is told where the pool is rather than importing it).
+PINNED_SOURCES: list[Callable[[Runtime], PinnedSource]] = []
 
 
 class Runtime(abc.ABC):

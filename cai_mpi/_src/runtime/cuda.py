@@ -15,6 +15,7 @@ from ..errors import CudaError, RuntimeUnavailableError, StreamError
 from .base import (
     LEGACY_STREAM,
     PER_THREAD_STREAM,
+    PINNED_SOURCES,
     DeviceBuffer,
     Event,
     Location,
@@ -337,7 +338,8 @@ class CudaRuntime(Runtime):
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
         """Portable page-locked memory (usable in every context), from the driver: cai_mpi's pinned pool
-        (``transport.pieces.pinned_pool``, bounded by CAI_MPI_PINNED_POOL_BYTES) is the only cache in front of it.
+        (``transport.pool.pinned_pool``, bounded by CAI_MPI_PINNED_POOL_BYTES; the strided copies without CuPy take
+        from it too, through ``PINNED_SOURCES``) is the only cache in front of it.
         (CuPy's pinned pool keeps every block it frees, so behind it the bound would bound nothing.)"""
         if nbytes == 0:
             return CudaPinnedBuffer(0, 0, np.empty(0, np.uint8))
@@ -418,11 +420,25 @@ class CudaRuntime(Runtime):
     def _copy_strided(self, desc: CAIDescriptor, packed: int, stream: CudaStream, *, pack: bool) -> None:
         """Between the strided array ``desc`` and C-ordered bytes at ``packed`` with driver copies CUDA documents as
         valid (``cudastrided``: through pinned memory, 2-D copies where the pitch rules allow); returns when done."""
-        with self._on(stream.ordinal):
-            if pack:
-                pack_with_copies(self._driver, stream, desc, packed, self.alloc_pinned)
-            else:
-                unpack_with_copies(self._driver, stream, packed, desc, self.alloc_pinned)
+        source = PINNED_SOURCES[0](self) if PINNED_SOURCES else None
+        taken: list[tuple[PinnedBuffer, int]] = []
+
+        def pinned(nbytes: int) -> PinnedBuffer:  # from the pinned pool, within CAI_MPI_PINNED_POOL_BYTES
+            if source is None:
+                return self.alloc_pinned(nbytes)
+            taken.append(source.take(nbytes))
+            return taken[-1][0]
+
+        try:
+            with self._on(stream.ordinal):
+                if pack:
+                    pack_with_copies(self._driver, stream, desc, packed, pinned)
+                else:
+                    unpack_with_copies(self._driver, stream, packed, desc, pinned)
+        finally:  # (both return, or raise, only once the copies using the blocks are done)
+            assert source is not None or not taken
+            for block, cls in taken:
+                source.give(block, cls)  # type: ignore[union-attr]
 
     def unpack(self, src: int, desc: CAIDescriptor, ordinal: int, stream: Stream) -> None:
         """Scatter C-ordered bytes at ``src`` into ``desc`` on ``stream`` (the caller synchronizes it): CuPy's
