@@ -25,6 +25,8 @@ class StreamCalls:
     _legacy: dict[int, Stream]
     _events: dict[int, Fence]
     _event_contexts: dict[int, int]  # event -> the context it was created in
+    _destroyed_streams: list[int]  # handles of destroyed streams and events, handed out again first
+    _destroyed_events: list[int]
     lazy: float
 
     def _enter(self, name: str, *, needs_init: bool = True, needs_context: bool = False) -> _CUresult | None:
@@ -81,11 +83,19 @@ class StreamCalls:
                     if s.blocking and s.context == stream.context and s is not stream]
         return [self._legacy_of(stream.context).tail]
 
+    def _reused(self, destroyed: list[int]) -> int:
+        """A handle for a new stream or event: the one destroyed last, as CUDA may hand it out again (using a
+        destroyed handle is undefined there; here it names the next stream or event made), else a fresh one."""
+        with self._lock:
+            if destroyed:
+                return destroyed.pop()
+        return self._handle()
+
     def cuStreamCreate(self, Flags: int) -> tuple[_CUresult, _CUstream | None]:
         failure = self._enter("cuStreamCreate", needs_context=True)
         if failure:
             return failure, None
-        handle = self._handle()
+        handle = self._reused(self._destroyed_streams)
         blocking = not int(Flags) & _CUstream_flags.CU_STREAM_NON_BLOCKING
         with self._lock:
             self._streams[handle] = Stream(handle, self._current(), blocking, f"stream-{handle:#x}", self.lazy)
@@ -100,6 +110,8 @@ class StreamCalls:
         if failure is None:
             assert stream is not None
             stream.close()
+            with self._lock:
+                self._destroyed_streams.append(stream.handle)
         return (failure or _CUresult.CUDA_SUCCESS,)
 
     def _on_stream(self, name: str, hStream: Any) -> tuple[_CUresult | None, Stream | None]:
@@ -142,7 +154,7 @@ class StreamCalls:
         failure = self._enter("cuEventCreate", needs_context=True)
         if failure:
             return failure, None
-        handle = self._handle()
+        handle = self._reused(self._destroyed_events)
         self._events[handle] = DONE  # an event never recorded is complete
         self._event_contexts[handle] = self._current()
         return _CUresult.CUDA_SUCCESS, _CUevent(handle)
@@ -180,7 +192,11 @@ class StreamCalls:
 
     def cuEventDestroy(self, hEvent: Any) -> tuple[_CUresult]:
         failure = self._enter("cuEventDestroy")
-        self._event_contexts.pop(_value(hEvent), None)
-        if failure is None and self._events.pop(_value(hEvent), None) is None:
+        if failure is None and _value(hEvent) not in self._events:
             failure = _CUresult.CUDA_ERROR_INVALID_HANDLE
+        if failure is None:
+            with self._lock:
+                self._event_contexts.pop(_value(hEvent), None)
+                self._events.pop(_value(hEvent), None)
+                self._destroyed_events.append(_value(hEvent))
         return (failure or _CUresult.CUDA_SUCCESS,)

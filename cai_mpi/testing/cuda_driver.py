@@ -12,7 +12,8 @@ real ``cai_mpi._src.runtime.cuda`` and everything above it run on a machine with
   address handed out (a host read, or a non-CUDA-aware MPI, faults as on a GPU) and read-write at a twin
   address only the double's copies use. ``device_memory_host_accessible=True`` maps it read-write instead,
   for tests that model a CUDA-aware MPI;
-- streams with a worker thread each; the legacy default stream (handles 0 and 1) is ordered against the
+- streams with a worker thread each (a destroyed stream's or event's handle is the next one created, as CUDA may
+  reuse it); the legacy default stream (handles 0 and 1) is ordered against the
   blocking streams of its context but not the ``CU_STREAM_NON_BLOCKING`` ones; handle 2 is the calling
   thread's per-thread default stream; events; copies, 2-D copies and memsets in stream order;
 - 2-D copies as strict as CUDA documents them (``_cuda_copy2d``): a struct with the real unsigned fields, each pitch
@@ -98,6 +99,8 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
         self._legacy: dict[int, Stream] = {}  # context -> its legacy default stream
         self._events: dict[int, Fence] = {}
         self._event_contexts: dict[int, int] = {}
+        self._destroyed_streams: list[int] = []  # handed out again first, as CUDA may (see ``_reused``)
+        self._destroyed_events: list[int] = []
         self._next_handle = 0x5EED_0000
         self._fail: dict[str, _CUresult] = {}
         self._pool: list[tuple[_Block, Stream, Fence]] = []  # the stream-ordered allocator's freed blocks

@@ -529,3 +529,23 @@ def test_an_event_is_recorded_only_on_a_stream_of_its_context_and_waited_on_from
     assert d.cuEventRecord(event, 1) == (CUresult.CUDA_ERROR_INVALID_HANDLE,)  # the legacy stream of GPU 1
     assert d.cuEventRecord(event, s0) == (OK,)
     assert d.cuStreamWaitEvent(s1, event, 0) == (OK,) and d.cuStreamSynchronize(s1) == (OK,)
+
+
+# -- issue 33, section 3: as strict as CUDA where the double was more lenient ----------------------------------------
+
+
+def test_destroyed_stream_and_event_handles_are_handed_out_again(d: CudaDriverDouble) -> None:
+    # CUDA calls a destroyed handle undefined and may give it to the next stream or event created: code that keeps
+    # using one then works on someone else's stream, which the double makes happen every time.
+    on(d, 0)
+    s = d.cuStreamCreate(0)[1]
+    assert d.cuStreamDestroy(s) == (OK,)
+    assert d.cuStreamQuery(s) == (CUresult.CUDA_ERROR_INVALID_HANDLE,)  # until the handle is reused
+    t = d.cuStreamCreate(1)[1]
+    assert int(t) == int(s) and d.cuStreamQuery(s) == (OK,)  # the old handle now names the new stream
+    e = d.cuEventCreate(0)[1]
+    assert d.cuEventDestroy(e) == (OK,)
+    assert d.cuEventQuery(e) == (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+    f = d.cuEventCreate(0)[1]
+    assert int(f) == int(e)
+    assert d.cuStreamDestroy(t) == (OK,) and d.cuEventDestroy(f) == (OK,)
