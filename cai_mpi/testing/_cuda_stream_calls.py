@@ -122,9 +122,12 @@ class StreamCalls:
         return failure, stream
 
     def cuStreamSynchronize(self, hStream: Any) -> tuple[_CUresult]:
+        """Waits for the operations in the stream only (CUDA's words): the legacy default stream's implicit order
+        is taken when an action is queued on a stream, and a synchronize queues none, so work queued on another
+        stream after the last such action is not waited for (the legacy stream's included)."""
         failure, stream = self._on_stream("cuStreamSynchronize", hStream)
         if stream is not None:
-            stream.enqueue(lambda: None, self._implicit(stream)).wait()
+            stream.tail.wait()
             failure = self._poisoned_after_wait(stream.context)
         return (failure or _CUresult.CUDA_SUCCESS,)
 

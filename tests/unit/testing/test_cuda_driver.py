@@ -549,3 +549,23 @@ def test_destroyed_stream_and_event_handles_are_handed_out_again(d: CudaDriverDo
     f = d.cuEventCreate(0)[1]
     assert int(f) == int(e)
     assert d.cuStreamDestroy(t) == (OK,) and d.cuEventDestroy(f) == (OK,)
+
+
+@pytest.mark.parametrize("synced", ["legacy", "blocking"])
+def test_synchronizing_a_stream_waits_for_the_work_in_that_stream_only(synced: str) -> None:
+    # cuStreamSynchronize "waits until the device has completed all operations in the stream"; the legacy default
+    # stream orders itself after the blocking streams when an action is queued on it (a launch, an event wait), and
+    # a blocking stream's action after the legacy stream's work queued before it. A synchronize queues no action:
+    # work queued on the other stream after the last ordering point is not waited for.
+    with CudaDriverDouble(1, lazy=600.0) as d:
+        assert d.cuInit(0) == (OK,)
+        on(d, 0)
+        s = d.cuStreamCreate(0)[1]
+        log: list[str] = []
+        first, other = (1, s) if synced == "legacy" else (s, 1)
+        d.launch(first, lambda: log.append("in the stream"))
+        d.launch(other, lambda: log.append("on the other stream, after it"))
+        assert d.cuStreamSynchronize(first) == (OK,)
+        assert log == ["in the stream"]
+        assert d.cuCtxSynchronize() == (OK,)
+        assert log == ["in the stream", "on the other stream, after it"]
