@@ -16,6 +16,8 @@ real ``cai_mpi._src.runtime.cuda`` and everything above it run on a machine with
   reuse it); the legacy default stream (handles 0 and 1) is ordered against the
   blocking streams of its context but not the ``CU_STREAM_NON_BLOCKING`` ones; handle 2 is the calling
   thread's per-thread default stream; events; copies, 2-D copies and memsets in stream order;
+- copies that run past the end of an allocation refused (CUDA_ERROR_INVALID_VALUE), even inside its last page,
+  which the double maps whole;
 - 2-D copies as strict as CUDA documents them (``_cuda_copy2d``): a struct with the real unsigned fields, each pitch
   at least its row, at most ``max_pitch`` (CU_DEVICE_ATTRIBUTE_MAX_PITCH), no device-to-device 2-D copy;
 - pinned host memory, counted (``pinned_bytes_outstanding``, ``pinned_bytes_peak``, ``pinned_allocations``);
@@ -295,8 +297,21 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
 
         return copy
 
+    def _refused_range(self, call: str, ranges: list[tuple[int, int]]) -> bool:
+        """Whether a copy touching ``ranges`` (address, bytes) is refused: a range running past the end of its
+        allocation (CUDA_ERROR_INVALID_VALUE, nothing copied; on a GPU it may silently hit a neighbour)."""
+        for address, nbytes in ranges:
+            why = self._past_the_end(address, nbytes)
+            if why is not None:
+                self.refused.append((call, why))
+                return True
+        return False
+
     def cuMemcpyAsync(self, dst: Any, src: Any, ByteCount: int, hStream: Any) -> tuple[_CUresult]:
         failure, stream = self._on_stream("cuMemcpyAsync", hStream)
+        n = int(ByteCount)
+        if failure is None and self._refused_range("cuMemcpyAsync", [(_value(dst), n), (_value(src), n)]):
+            failure = _CUresult.CUDA_ERROR_INVALID_VALUE
         if failure is None:
             assert stream is not None
             stream.enqueue(self._copy_op(_value(dst), _value(src), int(ByteCount)), self._implicit(stream),
@@ -314,6 +329,8 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
                 self.refused.append(("cuMemcpy2DAsync", why))
                 return (_CUresult.CUDA_ERROR_INVALID_VALUE,)
             rows, width = copy_2d_rows(pCopy), pCopy.WidthInBytes
+            if self._refused_range("cuMemcpy2DAsync", [(a, width) for row in rows for a in row]):
+                return (_CUresult.CUDA_ERROR_INVALID_VALUE,)
 
             def copy_rows() -> None:
                 for d, s in rows:
@@ -328,6 +345,8 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
 
     def cuMemsetD8Async(self, dstDevice: Any, uc: int, N: int, hStream: Any) -> tuple[_CUresult]:
         failure, stream = self._on_stream("cuMemsetD8Async", hStream)
+        if failure is None and self._refused_range("cuMemsetD8Async", [(_value(dstDevice), int(N))]):
+            failure = _CUresult.CUDA_ERROR_INVALID_VALUE
         if failure is None:
             assert stream is not None
             address, value, n = _value(dstDevice), int(uc), int(N)

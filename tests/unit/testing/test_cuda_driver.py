@@ -569,3 +569,26 @@ def test_synchronizing_a_stream_waits_for_the_work_in_that_stream_only(synced: s
         assert log == ["in the stream"]
         assert d.cuCtxSynchronize() == (OK,)
         assert log == ["in the stream", "on the other stream, after it"]
+
+
+def test_copies_past_the_end_of_an_allocation_are_refused_inside_its_last_page(d: CudaDriverDouble) -> None:
+    # The double maps whole pages, so bytes past an allocation's end read and write without a fault; a copy that
+    # touches them is refused (CUDA_ERROR_INVALID_VALUE, nothing copied), where a GPU may corrupt a neighbour.
+    on(d, 0)
+    s = d.cuStreamCreate(0)[1]
+    dev = int(d.cuMemAlloc(100)[1])
+    pinned = int(d.cuMemHostAlloc(100, 0)[1])
+    host = np.zeros(256, np.uint8)
+    bad = CUresult.CUDA_ERROR_INVALID_VALUE
+    assert d.cuMemcpyAsync(host.ctypes.data, dev, 101, s) == (bad,)  # reads one byte past the end
+    assert d.cuMemcpyAsync(dev + 50, host.ctypes.data, 51, s) == (bad,)  # writes one byte past it
+    assert d.cuMemcpyAsync(dev + 100, host.ctypes.data, 1, s) == (bad,)  # starts past it, inside the page
+    assert d.cuMemcpyAsync(dev, pinned, 101, s) == (bad,)  # past the end of pinned memory
+    assert d.cuMemsetD8Async(dev + 90, 7, 11, s) == (bad,)
+    rows = ("DEVICE", dev, 31), ("HOST", host.ctypes.data, 10)  # rows at 0, 31, 62, 93: the fourth ends at 103
+    assert d.cuMemcpy2DAsync(copy_2d(d, *rows, 10, 4), s) == (bad,)
+    assert d.cuMemcpy2DAsync(copy_2d(d, *rows, 10, 3), s) == (OK,)
+    assert d.cuMemcpyAsync(dev, host.ctypes.data, 100, s) == (OK,)  # the whole allocation, exactly
+    assert d.cuMemsetD8Async(dev + 90, 7, 10, s) == (OK,)
+    assert d.cuStreamSynchronize(s) == (OK,)
+    assert len(d.refused) == 6 and all("past the end" in why for _call, why in d.refused)
