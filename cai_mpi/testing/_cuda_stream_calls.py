@@ -28,6 +28,7 @@ class StreamCalls:
     _destroyed_streams: list[int]  # handles of destroyed streams and events, handed out again first
     _destroyed_events: list[int]
     lazy: float
+    eager: bool
 
     def _enter(self, name: str, *, needs_init: bool = True, needs_context: bool = False) -> _CUresult | None:
         raise NotImplementedError
@@ -50,7 +51,7 @@ class StreamCalls:
         with self._lock:
             stream = self._legacy.get(ctx)
             if stream is None:
-                stream = self._legacy[ctx] = Stream(1, ctx, True, f"legacy-default-{ctx:#x}", self.lazy)
+                stream = self._legacy[ctx] = Stream(1, ctx, True, f"legacy-default-{ctx:#x}", self.lazy, self.eager)
             return stream
 
     def _stream(self, handle: Any) -> Stream | None:
@@ -68,7 +69,7 @@ class StreamCalls:
             stream = per_thread.get(ctx)
             if stream is None:
                 name = f"per-thread-default-{threading.get_ident()}"
-                stream = per_thread[ctx] = Stream(2, ctx, True, name, self.lazy)
+                stream = per_thread[ctx] = Stream(2, ctx, True, name, self.lazy, self.eager)
                 with self._lock:
                     self._streams[id(stream)] = stream
             return stream
@@ -98,7 +99,8 @@ class StreamCalls:
         handle = self._reused(self._destroyed_streams)
         blocking = not int(Flags) & _CUstream_flags.CU_STREAM_NON_BLOCKING
         with self._lock:
-            self._streams[handle] = Stream(handle, self._current(), blocking, f"stream-{handle:#x}", self.lazy)
+            self._streams[handle] = Stream(handle, self._current(), blocking, f"stream-{handle:#x}", self.lazy,
+                                          self.eager)
         return _CUresult.CUDA_SUCCESS, _CUstream(handle)
 
     def cuStreamDestroy(self, hStream: Any) -> tuple[_CUresult]:

@@ -83,7 +83,7 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
     def __init__(
         self, devices: int = 2, *, device_memory_host_accessible: bool = False,
         device_memory_bytes: int = DEFAULT_DEVICE_MEMORY_BYTES, pinned_memory_bytes: int | None = None,
-        ordinal_bug: bool = False, lazy: float = 0.0,
+        ordinal_bug: bool = False, lazy: float = 0.0, eager: bool = False,
     ) -> None:
         self.devices = devices
         self.host_accessible = device_memory_host_accessible
@@ -91,6 +91,7 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
         # The cuda-bindings release whose pointer-attribute reading this double plays (read by cai_mpi's checks).
         self.bindings_version = "12.9.6" if ordinal_bug else "12.9.10"
         self.lazy = lazy
+        self.eager = eager  # every operation has run when its call returns (see ``Stream``): for counting calls
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._initialized = False

@@ -592,3 +592,15 @@ def test_copies_past_the_end_of_an_allocation_are_refused_inside_its_last_page(d
     assert d.cuMemsetD8Async(dev + 90, 7, 10, s) == (OK,)
     assert d.cuStreamSynchronize(s) == (OK,)
     assert len(d.refused) == 6 and all("past the end" in why for _call, why in d.refused)
+
+
+def test_an_eager_double_has_run_every_operation_when_its_call_returns() -> None:
+    with CudaDriverDouble(1, eager=True) as d:
+        assert d.cuInit(0) == (OK,)
+        on(d, 0)
+        s = d.cuStreamCreate(1)[1]
+        log: list[str] = []
+        d.launch(s, lambda: log.append("kernel"), delay=0.05)
+        assert log == ["kernel"] and d.cuStreamQuery(s) == (OK,)
+        e = d.cuEventCreate(0)[1]
+        assert d.cuEventRecord(e, s) == (OK,) and d.cuEventQuery(e) == (OK,)  # a query never finds work pending
