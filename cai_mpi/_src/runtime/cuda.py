@@ -48,14 +48,44 @@ if TYPE_CHECKING:
 # -- owned resources ------------------------------------------------------------------
 
 
+class Idle:
+    """Handles of cai_mpi's streams or events whose objects have died, per GPU, handed to the next one made:
+    creating and destroying one per message costs two driver calls and tens of microseconds of Python. At most
+    ``KEEP`` per GPU are kept; the others are destroyed. (A handle goes back only once its object is gone, so no one
+    can still query or synchronize it; a stream wait already enqueued on an event keeps the recording it saw.)"""
+
+    KEEP = 64
+
+    def __init__(self, driver: Driver, destroy: str) -> None:
+        self._driver, self._destroy = driver, destroy
+        self._free: dict[int, list[int]] = {}
+
+    def take(self, ordinal: int) -> int | None:
+        free = self._free.get(ordinal)
+        try:
+            return free.pop() if free else None
+        except IndexError:  # (another thread took the last one)
+            return None
+
+    def put(self, ordinal: int, handle: int) -> None:
+        free = self._free.setdefault(ordinal, [])
+        if len(free) < self.KEEP:
+            free.append(handle)
+        else:
+            self._driver.release(ordinal, self._destroy, handle)
+
+
 class CudaStream(Stream):
-    """A non-blocking stream owned by cai_mpi, destroyed when garbage collected."""
+    """A stream owned by cai_mpi; its handle goes back to the runtime's idle streams when the object dies."""
 
     def __init__(self, runtime: CudaRuntime, handle: int, ordinal: int) -> None:
         self.handle = handle
         self.ordinal = ordinal
         self._runtime = runtime
-        weakref.finalize(self, runtime._driver.release, ordinal, "cuStreamDestroy", handle)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # (at interpreter exit, leaking is harmless)
+            self._runtime._idle_streams.put(self.ordinal, self.handle)
 
     def synchronize(self) -> None:
         """Wait for cai_mpi's own work on it (a failure is the CudaError of the call, not a user stream's)."""
@@ -67,13 +97,17 @@ class CudaStream(Stream):
 
 
 class CudaEvent(Event):
-    """An event created with DISABLE_TIMING and recorded on a stream; destroyed when garbage collected."""
+    """An event created with DISABLE_TIMING and recorded on a stream; its handle goes back to the runtime's idle
+    events when the object dies (``Idle``), to be recorded again."""
 
     def __init__(self, runtime: CudaRuntime, handle: int, ordinal: int) -> None:
         self.handle = handle
         self.ordinal = ordinal
         self._runtime = runtime
-        weakref.finalize(self, runtime._driver.release, ordinal, "cuEventDestroy", handle)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._runtime._idle_events.put(self.ordinal, self.handle)
 
     def synchronize(self) -> None:
         with self._runtime._on(self.ordinal):
@@ -132,6 +166,8 @@ class CudaRuntime(Runtime):
         self._driver = Driver(drv)
         self._count: int | None = None
         self._retired = RetiredBlocks(self._release_events)
+        self._idle_streams = Idle(self._driver, "cuStreamDestroy")
+        self._idle_events = Idle(self._driver, "cuEventDestroy")
         # CuPy calls the real driver: with a driver given (the double), its memory means nothing to CuPy.
         self._load_cupy = load_cupy if driver is None else _no_cupy
         #: Where the caller's current streams come from (each: ordinal -> (CAI handle, its owner) or None).
@@ -193,7 +229,8 @@ class CudaRuntime(Runtime):
     def sync_legacy(self, ordinal: int | None) -> None:
         gpu = self.ordinal if ordinal is None else ordinal
         try:
-            self.record_event_on(LEGACY_STREAM, gpu).synchronize()
+            with self._on(gpu):  # (one context query for both calls)
+                self.record_event_on(LEGACY_STREAM, gpu).synchronize()
         except CudaError as exc:
             raise StreamError(
                 f"the legacy default stream of GPU {gpu} cannot be synchronized: {exc}. A kernel that faulted "
@@ -292,7 +329,7 @@ class CudaRuntime(Runtime):
                 raise
             buf.ptr, give_back = self._allocate(nbytes, ordinal, own)
         if handed_out:
-            buf.release_with(self._retired.hold, ordinal, consumers, give_back)
+            buf.release_with(self._retire, ordinal, consumers, give_back)
             self._handed[buf.ptr] = buf
         else:
             buf.release_with(give_back)
@@ -322,6 +359,14 @@ class CudaRuntime(Runtime):
             (dptr,) = self._driver.check("cuMemAllocAsync", nbytes, handle)
         ptr = int(dptr)
         return ptr, OrderedFree(self._driver, ordinal, ptr, handle, stream)
+
+    def _retire(self, ordinal: int, consumers: list[tuple[int, Any]], give_back: Callable[[], None]) -> None:
+        """A handed-out block's Array died: retire the block (its events, the reap, the blocks going back) in one
+        context scope. If even entering it fails (the driver gone at exit), ``hold`` finds out and never reuses it."""
+        with contextlib.ExitStack() as scope:
+            with contextlib.suppress(Exception):
+                scope.enter_context(self._on(ordinal))
+            self._retired.hold(ordinal, consumers, give_back)
 
     def _release_events(self, ordinal: int, consumers: list[tuple[int, Any]]) -> list[Event]:
         """Events recorded now on the streams user work on a handed-out block runs on (see ``alloc_device``):
@@ -354,11 +399,15 @@ class CudaRuntime(Runtime):
     # -- copies on cai_mpi's own streams --------------------------------------
     def create_stream(self, ordinal: int) -> Stream:
         # A blocking stream: ordered after work on the legacy default stream, where exporters that give no
-        # stream (Numba's default, CAI v0-v2) and users who never chose a stream leave their kernels.
-        flags = self._driver.drv.CUstream_flags.CU_STREAM_DEFAULT
-        with self._on(ordinal):
-            (handle,) = self._driver.check("cuStreamCreate", flags)
-        return CudaStream(self, int(handle), ordinal)
+        # stream (Numba's default, CAI v0-v2) and users who never chose a stream leave their kernels. One whose
+        # object died is used again (``Idle``): work queued on it before stays ahead of the new work.
+        handle = self._idle_streams.take(ordinal)
+        if handle is None:
+            flags = self._driver.drv.CUstream_flags.CU_STREAM_DEFAULT
+            with self._on(ordinal):
+                (raw,) = self._driver.check("cuStreamCreate", flags)
+            handle = int(raw)
+        return CudaStream(self, handle, ordinal)
 
     def copy_async(self, dst: int, src: int, nbytes: int, stream: Stream) -> None:
         s = _own_stream(stream)
@@ -373,10 +422,12 @@ class CudaRuntime(Runtime):
 
     def record_event_on(self, handle: int, ordinal: int) -> CudaEvent:
         """An event recorded now on CAI stream ``handle`` (1 and 2: the default streams of ``ordinal``'s context)."""
-        flags = self._driver.drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
         with self._on(ordinal):
-            (raw,) = self._driver.check("cuEventCreate", flags)
-            event = CudaEvent(self, int(raw), ordinal)
+            idle = self._idle_events.take(ordinal)
+            if idle is None:
+                (raw,) = self._driver.check("cuEventCreate", self._driver.drv.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+                idle = int(raw)
+            event = CudaEvent(self, idle, ordinal)
             self._driver.check("cuEventRecord", event.handle, handle)
         return event
 
