@@ -18,6 +18,7 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
+from cai_mpi._src.arrays.array import Array
 from cai_mpi._src.config import reload_config
 from cai_mpi.testing import CudaDriverDouble, DoubleDeviceArray, double_runtime, use_runtime
 
@@ -132,3 +133,15 @@ def test_a_device_message_stays_within_its_driver_call_budget(
     # Per message: no event or stream created or destroyed (both pooled), no device attribute read (cached).
     assert not {"cuEventCreate", "cuEventDestroy", "cuStreamCreate", "cuStreamDestroy", "cuDeviceGetAttribute",
                 "cuCtxPushCurrent", "cuCtxPopCurrent"} & set(made), made
+
+
+def test_to_host_creates_no_stream_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    with counted(False, monkeypatch) as (rt, d, _comm):
+        got = Array.from_device(rt.alloc_device(N * 8, 0, handed_out=True), (N,), np.dtype(np.float64))
+        d.write_device(got.descriptor.ptr, np.arange(N, dtype=np.float64).tobytes())
+        assert np.array_equal(got.to_host(), np.arange(N, dtype=np.float64))
+        d.calls.clear()
+        for _ in range(3):
+            assert np.array_equal(got.to_host(), np.arange(N, dtype=np.float64))
+        made = collections.Counter(call for call, _ctx in d.calls)
+        assert made["cuStreamCreate"] == made["cuStreamDestroy"] == made["cuEventCreate"] == 0, made
