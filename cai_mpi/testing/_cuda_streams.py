@@ -75,8 +75,8 @@ class Stream:
             done = Fence(stream=self, seq=self._seq)
             self._queue.put((op, list(waits or []), delay, done))
             self.tail = done
-        if self.eager and not self.runs_in(threading.current_thread()):
-            done.wait()  # (a finalizer running on this worker must not wait for itself)
+        if self.eager and not self._closing and not self.runs_in(threading.current_thread()):
+            done.wait()  # (a finalizer running on this worker must not wait for itself, nor anyone for a closed one)
         return done
 
     def demand(self, seq: int) -> None:
