@@ -25,16 +25,13 @@ from .base import (
     Stream,
 )
 from .cudadriver import (
-    NOT_READY,
     OUT_OF_MEMORY,
-    SUCCESS,
     Driver,
     classify_pointer,
-    error_text,
     load_cupy,
     load_driver,
-    raw_call,
 )
+from .cudahandles import CudaEvent, CudaStream, CudaStreamRef, Idle
 from .cudamemory import CudaDeviceBuffer, CudaPinnedBuffer, HostAllocation, Keep, OrderedFree, RetiredBlocks
 from .cudapack import as_cupy, byte_view
 from .cudastrided import pack_with_copies, unpack_with_copies
@@ -44,96 +41,6 @@ __all__ = ["CudaRuntime", "attribution_report", "device_attribution"]
 
 if TYPE_CHECKING:
     from ..core.descriptor import CAIDescriptor
-
-# -- owned resources ------------------------------------------------------------------
-
-
-class Idle:
-    """Handles of cai_mpi's streams or events whose objects have died, per GPU, handed to the next one made:
-    creating and destroying one per message costs two driver calls and tens of microseconds of Python. At most
-    ``KEEP`` per GPU are kept; the others are destroyed. (A handle goes back only once its object is gone, so no one
-    can still query or synchronize it; a stream wait already enqueued on an event keeps the recording it saw.)"""
-
-    KEEP = 64
-
-    def __init__(self, driver: Driver, destroy: str) -> None:
-        self._driver, self._destroy = driver, destroy
-        self._free: dict[int, list[int]] = {}
-
-    def take(self, ordinal: int) -> int | None:
-        free = self._free.get(ordinal)
-        try:
-            return free.pop() if free else None
-        except IndexError:  # (another thread took the last one)
-            return None
-
-    def put(self, ordinal: int, handle: int) -> None:
-        free = self._free.setdefault(ordinal, [])
-        if len(free) < self.KEEP:
-            free.append(handle)
-        else:
-            self._driver.release(ordinal, self._destroy, handle)
-
-
-class CudaStream(Stream):
-    """A stream owned by cai_mpi; its handle goes back to the runtime's idle streams when the object dies."""
-
-    def __init__(self, runtime: CudaRuntime, handle: int, ordinal: int) -> None:
-        self.handle = handle
-        self.ordinal = ordinal
-        self._runtime = runtime
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # (at interpreter exit, leaking is harmless)
-            self._runtime._idle_streams.put(self.ordinal, self.handle)
-
-    def synchronize(self) -> None:
-        """Wait for cai_mpi's own work on it (a failure is the CudaError of the call, not a user stream's)."""
-        with self._runtime._on(self.ordinal):
-            self._runtime._driver.check("cuStreamSynchronize", self.handle)
-
-    def __repr__(self) -> str:
-        return f"<CudaStream {self.handle:#x} on GPU {self.ordinal}>"
-
-
-class CudaEvent(Event):
-    """An event created with DISABLE_TIMING and recorded on a stream; its handle goes back to the runtime's idle
-    events when the object dies (``Idle``), to be recorded again."""
-
-    def __init__(self, runtime: CudaRuntime, handle: int, ordinal: int) -> None:
-        self.handle = handle
-        self.ordinal = ordinal
-        self._runtime = runtime
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self._runtime._idle_events.put(self.ordinal, self.handle)
-
-    def synchronize(self) -> None:
-        with self._runtime._on(self.ordinal):
-            self._runtime._driver.check("cuEventSynchronize", self.handle)
-
-    def query(self) -> bool:
-        drv = self._runtime._driver.drv
-        with self._runtime._on(self.ordinal):
-            code, status, _ = raw_call(drv, "cuEventQuery", self.handle)
-        if code == NOT_READY:
-            return False
-        if code != SUCCESS:
-            name, desc = error_text(drv, status)
-            raise CudaError(f"cuEventQuery failed with {name} ({code}): {desc}", "cuEventQuery", code, name)
-        return True
-
-
-class _CudaStreamRef:
-    """The CUDA stream protocol (``__cuda_stream__``) for a raw handle, for CuPy 14's Stream.from_external."""
-
-    def __init__(self, handle: int) -> None:
-        self.handle = int(handle)
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.handle)
-
 
 # -- the runtime --------------------------------------------------------------------
 
@@ -441,7 +348,7 @@ class CudaRuntime(Runtime):
                 yield
                 return
             if hasattr(cp.cuda.Stream, "from_external"):  # CuPy >= 14; ExternalStream is deprecated there
-                cupy_stream = cp.cuda.Stream.from_external(_CudaStreamRef(stream.handle))
+                cupy_stream = cp.cuda.Stream.from_external(CudaStreamRef(stream.handle))
             else:
                 cupy_stream = cp.cuda.ExternalStream(stream.handle, ordinal)
             with cupy_stream:
