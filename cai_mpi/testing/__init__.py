@@ -134,16 +134,18 @@ def use_runtime(runtime: Runtime | str) -> Iterator[Runtime]:
         set_runtime(previous)
 
 
-def double_runtime(devices: int = 2, ordinal: int = 0, *, cuda_aware: bool = False, lazy: float = 0.0) -> Runtime:
+def double_runtime(devices: int = 2, ordinal: int = 0, *, cuda_aware: bool = False, lazy: float = 0.0,
+                   eager: bool = False) -> Runtime:
     """cai_mpi's real CUDA runtime on a fresh ``CudaDriverDouble`` (``runtime.driver_double`` is the double).
 
     ``cuda_aware``: device memory readable by the host, as a CUDA-aware MPI needs it (else any host access,
     a non-CUDA-aware MPI's included, faults as on a GPU). ``lazy``: queued device work runs only when something
     synchronizes on it, or after ``lazy`` seconds (``CudaDriverDouble(lazy=)``), so a missing wait fails every time.
+    ``eager``: device work has run when its call returns, so the driver calls a message makes do not depend on timing.
     """
     from .._src.runtime.cuda import CudaRuntime
 
-    double = CudaDriverDouble(devices, device_memory_host_accessible=cuda_aware, lazy=lazy)
+    double = CudaDriverDouble(devices, device_memory_host_accessible=cuda_aware, lazy=lazy, eager=eager)
     runtime = CudaRuntime(ordinal, driver=double)
     runtime.driver_double = double  # type: ignore[attr-defined]
     return runtime

@@ -93,6 +93,22 @@ class Memory:
             block = self._blocks[self._starts[i]]
             return block if address < block.address + max(block.nbytes, 1) else None
 
+    def _past_the_end(self, address: int, nbytes: int) -> str | None:
+        """Why ``nbytes`` at ``address`` are not all inside the allocation whose pages they start in (the double maps
+        whole pages, so the bytes past an allocation's end would read and write without a fault), or None."""
+        if nbytes <= 0:
+            return None
+        with self._lock:
+            i = bisect.bisect_right(self._starts, address) - 1
+            block = self._blocks[self._starts[i]] if i >= 0 else None
+        mapped = (block.maps[0][1] if block.maps else _capacity_for(block.nbytes)) if block is not None else 0
+        if block is None or address >= block.address + mapped:
+            return None  # memory the double did not allocate (pageable host memory)
+        if address + nbytes <= block.address + block.nbytes:
+            return None
+        return (f"{nbytes} bytes at {address:#x} run past the end of the {block.nbytes}-byte {block.kind} allocation "
+                f"at {block.address:#x}")
+
     def _device_block(self, nbytes: int, kind: str) -> Block:
         size = max(-(-nbytes // PAGE) * PAGE, PAGE)
         fd = os.memfd_create("cuda-driver-double", os.MFD_CLOEXEC)

@@ -25,7 +25,10 @@ class StreamCalls:
     _legacy: dict[int, Stream]
     _events: dict[int, Fence]
     _event_contexts: dict[int, int]  # event -> the context it was created in
+    _destroyed_streams: list[int]  # handles of destroyed streams and events, handed out again first
+    _destroyed_events: list[int]
     lazy: float
+    eager: bool
 
     def _enter(self, name: str, *, needs_init: bool = True, needs_context: bool = False) -> _CUresult | None:
         raise NotImplementedError
@@ -48,7 +51,7 @@ class StreamCalls:
         with self._lock:
             stream = self._legacy.get(ctx)
             if stream is None:
-                stream = self._legacy[ctx] = Stream(1, ctx, True, f"legacy-default-{ctx:#x}", self.lazy)
+                stream = self._legacy[ctx] = Stream(1, ctx, True, f"legacy-default-{ctx:#x}", self.lazy, self.eager)
             return stream
 
     def _stream(self, handle: Any) -> Stream | None:
@@ -66,7 +69,7 @@ class StreamCalls:
             stream = per_thread.get(ctx)
             if stream is None:
                 name = f"per-thread-default-{threading.get_ident()}"
-                stream = per_thread[ctx] = Stream(2, ctx, True, name, self.lazy)
+                stream = per_thread[ctx] = Stream(2, ctx, True, name, self.lazy, self.eager)
                 with self._lock:
                     self._streams[id(stream)] = stream
             return stream
@@ -81,14 +84,23 @@ class StreamCalls:
                     if s.blocking and s.context == stream.context and s is not stream]
         return [self._legacy_of(stream.context).tail]
 
+    def _reused(self, destroyed: list[int]) -> int:
+        """A handle for a new stream or event: the one destroyed last, as CUDA may hand it out again (using a
+        destroyed handle is undefined there; here it names the next stream or event made), else a fresh one."""
+        with self._lock:
+            if destroyed:
+                return destroyed.pop()
+        return self._handle()
+
     def cuStreamCreate(self, Flags: int) -> tuple[_CUresult, _CUstream | None]:
         failure = self._enter("cuStreamCreate", needs_context=True)
         if failure:
             return failure, None
-        handle = self._handle()
+        handle = self._reused(self._destroyed_streams)
         blocking = not int(Flags) & _CUstream_flags.CU_STREAM_NON_BLOCKING
         with self._lock:
-            self._streams[handle] = Stream(handle, self._current(), blocking, f"stream-{handle:#x}", self.lazy)
+            self._streams[handle] = Stream(handle, self._current(), blocking, f"stream-{handle:#x}", self.lazy,
+                                          self.eager)
         return _CUresult.CUDA_SUCCESS, _CUstream(handle)
 
     def cuStreamDestroy(self, hStream: Any) -> tuple[_CUresult]:
@@ -100,6 +112,8 @@ class StreamCalls:
         if failure is None:
             assert stream is not None
             stream.close()
+            with self._lock:
+                self._destroyed_streams.append(stream.handle)
         return (failure or _CUresult.CUDA_SUCCESS,)
 
     def _on_stream(self, name: str, hStream: Any) -> tuple[_CUresult | None, Stream | None]:
@@ -110,9 +124,12 @@ class StreamCalls:
         return failure, stream
 
     def cuStreamSynchronize(self, hStream: Any) -> tuple[_CUresult]:
+        """Waits for the operations in the stream only (CUDA's words): the legacy default stream's implicit order
+        is taken when an action is queued on a stream, and a synchronize queues none, so work queued on another
+        stream after the last such action is not waited for (the legacy stream's included)."""
         failure, stream = self._on_stream("cuStreamSynchronize", hStream)
         if stream is not None:
-            stream.enqueue(lambda: None, self._implicit(stream)).wait()
+            stream.tail.wait()
             failure = self._poisoned_after_wait(stream.context)
         return (failure or _CUresult.CUDA_SUCCESS,)
 
@@ -142,7 +159,7 @@ class StreamCalls:
         failure = self._enter("cuEventCreate", needs_context=True)
         if failure:
             return failure, None
-        handle = self._handle()
+        handle = self._reused(self._destroyed_events)
         self._events[handle] = DONE  # an event never recorded is complete
         self._event_contexts[handle] = self._current()
         return _CUresult.CUDA_SUCCESS, _CUevent(handle)
@@ -180,7 +197,11 @@ class StreamCalls:
 
     def cuEventDestroy(self, hEvent: Any) -> tuple[_CUresult]:
         failure = self._enter("cuEventDestroy")
-        self._event_contexts.pop(_value(hEvent), None)
-        if failure is None and self._events.pop(_value(hEvent), None) is None:
+        if failure is None and _value(hEvent) not in self._events:
             failure = _CUresult.CUDA_ERROR_INVALID_HANDLE
+        if failure is None:
+            with self._lock:
+                self._event_contexts.pop(_value(hEvent), None)
+                self._events.pop(_value(hEvent), None)
+                self._destroyed_events.append(_value(hEvent))
         return (failure or _CUresult.CUDA_SUCCESS,)

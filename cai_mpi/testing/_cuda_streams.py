@@ -49,10 +49,15 @@ class Stream:
     ``lazy`` (seconds, 0: off): an operation runs only once something synchronizes on it (waits for a fence at
     or after it, from the host or from another stream) or after ``lazy`` seconds, so a read that skips its wait
     sees the old bytes every time instead of by luck of timing. A query (``Fence.is_set``) makes nothing run.
+
+    ``eager``: every operation has run when ``enqueue`` returns (a GPU that always keeps up), so what a caller
+    asks the driver, queries included, does not depend on timing: for counting driver calls.
     """
 
-    def __init__(self, handle: int, context: int, blocking: bool, name: str, lazy: float = 0.0) -> None:
+    def __init__(self, handle: int, context: int, blocking: bool, name: str, lazy: float = 0.0,
+                 eager: bool = False) -> None:
         self.handle, self.context, self.blocking, self.name, self.lazy = handle, context, blocking, name, lazy
+        self.eager = eager
         self.tail: Fence = DONE
         self._queue: queue.Queue[tuple[Callable[[], Any], list[Fence], float, Fence] | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -70,7 +75,9 @@ class Stream:
             done = Fence(stream=self, seq=self._seq)
             self._queue.put((op, list(waits or []), delay, done))
             self.tail = done
-            return done
+        if self.eager and not self._closing and not self.runs_in(threading.current_thread()):
+            done.wait()  # (a finalizer running on this worker must not wait for itself, nor anyone for a closed one)
+        return done
 
     def demand(self, seq: int) -> None:
         """Something waits for operation ``seq``: a lazy stream runs up to it now."""

@@ -12,9 +12,12 @@ real ``cai_mpi._src.runtime.cuda`` and everything above it run on a machine with
   address handed out (a host read, or a non-CUDA-aware MPI, faults as on a GPU) and read-write at a twin
   address only the double's copies use. ``device_memory_host_accessible=True`` maps it read-write instead,
   for tests that model a CUDA-aware MPI;
-- streams with a worker thread each; the legacy default stream (handles 0 and 1) is ordered against the
+- streams with a worker thread each (a destroyed stream's or event's handle is the next one created, as CUDA may
+  reuse it); the legacy default stream (handles 0 and 1) is ordered against the
   blocking streams of its context but not the ``CU_STREAM_NON_BLOCKING`` ones; handle 2 is the calling
   thread's per-thread default stream; events; copies, 2-D copies and memsets in stream order;
+- copies that run past the end of an allocation refused (CUDA_ERROR_INVALID_VALUE), even inside its last page,
+  which the double maps whole;
 - 2-D copies as strict as CUDA documents them (``_cuda_copy2d``): a struct with the real unsigned fields, each pitch
   at least its row, at most ``max_pitch`` (CU_DEVICE_ATTRIBUTE_MAX_PITCH), no device-to-device 2-D copy;
 - pinned host memory, counted (``pinned_bytes_outstanding``, ``pinned_bytes_peak``, ``pinned_allocations``);
@@ -80,7 +83,7 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
     def __init__(
         self, devices: int = 2, *, device_memory_host_accessible: bool = False,
         device_memory_bytes: int = DEFAULT_DEVICE_MEMORY_BYTES, pinned_memory_bytes: int | None = None,
-        ordinal_bug: bool = False, lazy: float = 0.0,
+        ordinal_bug: bool = False, lazy: float = 0.0, eager: bool = False,
     ) -> None:
         self.devices = devices
         self.host_accessible = device_memory_host_accessible
@@ -88,6 +91,7 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
         # The cuda-bindings release whose pointer-attribute reading this double plays (read by cai_mpi's checks).
         self.bindings_version = "12.9.6" if ordinal_bug else "12.9.10"
         self.lazy = lazy
+        self.eager = eager  # every operation has run when its call returns (see ``Stream``): for counting calls
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._initialized = False
@@ -98,6 +102,8 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
         self._legacy: dict[int, Stream] = {}  # context -> its legacy default stream
         self._events: dict[int, Fence] = {}
         self._event_contexts: dict[int, int] = {}
+        self._destroyed_streams: list[int] = []  # handed out again first, as CUDA may (see ``_reused``)
+        self._destroyed_events: list[int] = []
         self._next_handle = 0x5EED_0000
         self._fail: dict[str, _CUresult] = {}
         self._pool: list[tuple[_Block, Stream, Fence]] = []  # the stream-ordered allocator's freed blocks
@@ -292,8 +298,21 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
 
         return copy
 
+    def _refused_range(self, call: str, ranges: list[tuple[int, int]]) -> bool:
+        """Whether a copy touching ``ranges`` (address, bytes) is refused: a range running past the end of its
+        allocation (CUDA_ERROR_INVALID_VALUE, nothing copied; on a GPU it may silently hit a neighbour)."""
+        for address, nbytes in ranges:
+            why = self._past_the_end(address, nbytes)
+            if why is not None:
+                self.refused.append((call, why))
+                return True
+        return False
+
     def cuMemcpyAsync(self, dst: Any, src: Any, ByteCount: int, hStream: Any) -> tuple[_CUresult]:
         failure, stream = self._on_stream("cuMemcpyAsync", hStream)
+        n = int(ByteCount)
+        if failure is None and self._refused_range("cuMemcpyAsync", [(_value(dst), n), (_value(src), n)]):
+            failure = _CUresult.CUDA_ERROR_INVALID_VALUE
         if failure is None:
             assert stream is not None
             stream.enqueue(self._copy_op(_value(dst), _value(src), int(ByteCount)), self._implicit(stream),
@@ -311,6 +330,8 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
                 self.refused.append(("cuMemcpy2DAsync", why))
                 return (_CUresult.CUDA_ERROR_INVALID_VALUE,)
             rows, width = copy_2d_rows(pCopy), pCopy.WidthInBytes
+            if self._refused_range("cuMemcpy2DAsync", [(a, width) for row in rows for a in row]):
+                return (_CUresult.CUDA_ERROR_INVALID_VALUE,)
 
             def copy_rows() -> None:
                 for d, s in rows:
@@ -325,6 +346,8 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
 
     def cuMemsetD8Async(self, dstDevice: Any, uc: int, N: int, hStream: Any) -> tuple[_CUresult]:
         failure, stream = self._on_stream("cuMemsetD8Async", hStream)
+        if failure is None and self._refused_range("cuMemsetD8Async", [(_value(dstDevice), int(N))]):
+            failure = _CUresult.CUDA_ERROR_INVALID_VALUE
         if failure is None:
             assert stream is not None
             address, value, n = _value(dstDevice), int(uc), int(N)

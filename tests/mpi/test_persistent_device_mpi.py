@@ -273,3 +273,47 @@ def test_2d_f_ordered_and_strided_host_arrays_in_a_bucket_beside_a_device_array(
             for i, a in enumerate(got[1:]):
                 want = sum(layouts(r, step)[i] for r in range(size))
                 assert a.shape == want.shape and np.array_equal(host(a), want)
+
+
+@pytest.fixture
+def lazy_gpu() -> Iterator[tuple[Runtime, MPI.Comm]]:
+    """``gpu``, staged, on a lazy double: queued device work runs only when something waits for it, so a copy that
+    skips a wait overtakes the work it should follow every time."""
+    os.environ["CAI_MPI_CUDA_AWARE"] = "0"
+    try:
+        comm = world.Dup()
+        cai_mpi.cuda_aware(comm)
+    finally:
+        del os.environ["CAI_MPI_CUDA_AWARE"]
+    rt = double_runtime(lazy=600.0)
+    try:
+        with use_runtime(rt):
+            yield rt, comm
+            gc.collect()
+    finally:
+        comm.Barrier()
+        comm.Free()
+        reload_config()
+        rt.driver_double.close()  # type: ignore[attr-defined]
+
+
+def test_bucketed_allreduce_init_waits_for_readers_of_the_last_result(lazy_gpu: tuple[Runtime, MPI.Comm]) -> None:
+    """A kernel on a blocking stream of the user's still reads use 1's device result when use 2 starts: use 2 must
+    not overwrite it under the kernel (sync=False concerns the inputs; the single-array form waits the same way)."""
+    rt, comm = lazy_gpu
+    d: Any = rt.driver_double  # type: ignore[attr-defined]
+    x = DoubleDeviceArray(rt, values(rank), stream=1)
+    with rt._driver.on(0):  # type: ignore[attr-defined]
+        (reader,) = rt._driver.check("cuStreamCreate", 0)  # type: ignore[attr-defined]
+    with cai_mpi.allreduce_init([x, values(rank, 4)], comm=comm, sync=False) as red:
+        first = red()[0]
+        seen = bytearray()
+        ptr, nbytes = first.descriptor.ptr, first.nbytes
+        with rt._driver.on(0):  # type: ignore[attr-defined]
+            d.launch(int(reader), lambda: seen.extend(d.read_device(ptr, nbytes)))
+        d.write_device(x.buf.ptr, values(rank, step=1).tobytes())
+        second = red()[0]
+        assert second.descriptor.ptr == ptr  # (the same result Array, refreshed)
+        rt.sync_device(0)
+        assert np.frombuffer(bytes(seen), "f8").tolist() == sum(values(r) for r in range(size)).tolist()
+        assert np.array_equal(host(second), sum(values(r, step=1) for r in range(size)))

@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 from ..arrays.array import NO_SOURCE, NO_TAG, Array
 from ..arrays.operands import DeviceSource, send_source
+from ..arrays.sync import sync_enabled, sync_unnamed
 from ..runtime.base import Runtime
 from ..transport import internal_stream, outgoing
 from ..transport.agreement import fingerprint
@@ -153,6 +154,7 @@ class Plan:
         """Each array's result: a view of its bucket (host) or the device Array given for it, refreshed."""
         out: list[Any] = [None] * self.n
         streams = set()
+        waited: set[tuple[int, int | None]] = set()
         over_host = Array._over_host
         view = np.ndarray
         for bucket, buf in zip(self.buckets, buckets, strict=True):
@@ -172,6 +174,11 @@ class Plan:
                 if arr is None:
                     arr = Array.from_device(rt.alloc_device(part.nbytes, ordinal, stream, handed_out=True), shape,
                                             bucket.dtype)
+                elif part.nbytes and sync_enabled(None) and (ordinal, arr.descriptor.stream) not in waited:
+                    # The last use's result may still be read on the user's streams: wait before overwriting it, as
+                    # PersistentCollective does (sync_before_write); sync=False concerns the inputs only.
+                    sync_unnamed(ordinal, rt, arr.descriptor.stream)
+                    waited.add((ordinal, arr.descriptor.stream))
                 if part.nbytes:
                     rt.copy_async(arr.descriptor.ptr, part.ctypes.data, part.nbytes, stream)
                     streams.add(stream)

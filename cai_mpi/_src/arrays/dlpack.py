@@ -83,9 +83,13 @@ _alive_lock = threading.Lock()  # the consumer may call the deleter from any thr
 
 
 def _forget(address: int | None) -> None:
-    """The tensor's ``deleter``: forget the structs and release the Array (its memory may then be freed)."""
+    """The tensor's ``deleter``: forget the structs and release the Array (its memory may then be freed).
+
+    The entry is dropped outside the lock: releasing the Array may release another export (an Array received into
+    a tensor adopted from one), whose deleter comes back here on the same thread."""
     with _alive_lock:
-        _alive.pop(address or 0, None)
+        entry = _alive.pop(address or 0, None)
+    del entry
 
 
 _delete = _Deleter(_forget)  # one C function for every tensor (kept alive here, as C may call it at any time)
@@ -139,6 +143,8 @@ def device_capsule(
             "counts strides in elements; use the Array's __cuda_array_interface__ (cupy.asarray(a)) instead"
         )
     wait_on_consumer_stream(runtime, desc, ordinal, stream)
+    if stream is not None and stream != -1:  # its work there may read the memory after the Array is gone
+        runtime.read_on(desc.ptr, ordinal, stream)
     ndim = len(desc.shape)
     shape = (ctypes.c_int64 * max(ndim, 1))(*desc.shape)
     strides = (ctypes.c_int64 * max(ndim, 1))(*(s // itemsize for s in desc.byte_strides))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -17,7 +18,9 @@ __all__ = [
     "Event",
     "Location",
     "MemoryKind",
+    "PINNED_SOURCES",
     "PinnedBuffer",
+    "PinnedSource",
     "Runtime",
     "Stream",
     "LEGACY_STREAM",
@@ -104,6 +107,20 @@ class Event(abc.ABC):
         """True when all work before the record point has completed."""
 
 
+class PinnedSource(Protocol):
+    """Where a runtime takes the page-locked memory its own copies pass through: ``transport.pool``'s pinned pool of
+    that runtime (one per runtime, at most CAI_MPI_PINNED_POOL_BYTES idle), registered in ``PINNED_SOURCES``."""
+
+    def take(self, nbytes: int) -> tuple[PinnedBuffer, int]: ...
+
+    def give(self, block: PinnedBuffer, cls: int) -> None: ...
+
+
+#: The pinned pool of a runtime (``transport.pool.pinned_pool`` registers itself here when imported: the runtime
+#: sits below the transport, so it is told where the pool is rather than importing it).
+PINNED_SOURCES: list[Callable[[Runtime], PinnedSource]] = []
+
+
 class Runtime(abc.ABC):
     """One implementation per world: ``cuda`` (real GPUs), ``host`` (no GPU), ``simulated`` (tests).
 
@@ -164,6 +181,12 @@ class Runtime(abc.ABC):
         ``handed_out``: the memory becomes a received Array. The user's kernels may still read it when the Array
         dies, on the streams users compute on, so it goes back to the pool only once those are idle; ``stream`` of
         the buffer is then the caller's current stream (where its data is ready for the user)."""
+
+    def read_on(self, ptr: int, ordinal: int, stream: int) -> None:
+        """A consumer reads the device memory at ``ptr`` on GPU ``ordinal`` on CAI stream ``stream`` (a DLPack
+        consumer's): a handed-out block there is held back until that stream's work at its Array's death has
+        passed. Runtimes that hand out no device memory ignore it."""
+        return None
 
     @abc.abstractmethod
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer: ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from ..errors import CudaError, RuntimeUnavailableError, StreamError
 from .base import (
     LEGACY_STREAM,
     PER_THREAD_STREAM,
+    PINNED_SOURCES,
     DeviceBuffer,
     Event,
     Location,
@@ -22,7 +24,14 @@ from .base import (
     Runtime,
     Stream,
 )
-from .cudadriver import NOT_READY, SUCCESS, Driver, classify_pointer, error_text, load_cupy, load_driver, raw_call
+from .cudadriver import (
+    OUT_OF_MEMORY,
+    Driver,
+    classify_pointer,
+    load_cupy,
+    load_driver,
+)
+from .cudahandles import CudaEvent, CudaStream, CudaStreamRef, Idle
 from .cudamemory import CudaDeviceBuffer, CudaPinnedBuffer, HostAllocation, Keep, OrderedFree, RetiredBlocks
 from .cudapack import as_cupy, byte_view
 from .cudastrided import pack_with_copies, unpack_with_copies
@@ -32,62 +41,6 @@ __all__ = ["CudaRuntime", "attribution_report", "device_attribution"]
 
 if TYPE_CHECKING:
     from ..core.descriptor import CAIDescriptor
-
-# -- owned resources ------------------------------------------------------------------
-
-
-class CudaStream(Stream):
-    """A non-blocking stream owned by cai_mpi, destroyed when garbage collected."""
-
-    def __init__(self, runtime: CudaRuntime, handle: int, ordinal: int) -> None:
-        self.handle = handle
-        self.ordinal = ordinal
-        self._runtime = runtime
-        weakref.finalize(self, runtime._driver.release, ordinal, "cuStreamDestroy", handle)
-
-    def synchronize(self) -> None:
-        """Wait for cai_mpi's own work on it (a failure is the CudaError of the call, not a user stream's)."""
-        with self._runtime._on(self.ordinal):
-            self._runtime._driver.check("cuStreamSynchronize", self.handle)
-
-    def __repr__(self) -> str:
-        return f"<CudaStream {self.handle:#x} on GPU {self.ordinal}>"
-
-
-class CudaEvent(Event):
-    """An event created with DISABLE_TIMING and recorded on a stream; destroyed when garbage collected."""
-
-    def __init__(self, runtime: CudaRuntime, handle: int, ordinal: int) -> None:
-        self.handle = handle
-        self.ordinal = ordinal
-        self._runtime = runtime
-        weakref.finalize(self, runtime._driver.release, ordinal, "cuEventDestroy", handle)
-
-    def synchronize(self) -> None:
-        with self._runtime._on(self.ordinal):
-            self._runtime._driver.check("cuEventSynchronize", self.handle)
-
-    def query(self) -> bool:
-        drv = self._runtime._driver.drv
-        with self._runtime._on(self.ordinal):
-            code, status, _ = raw_call(drv, "cuEventQuery", self.handle)
-        if code == NOT_READY:
-            return False
-        if code != SUCCESS:
-            name, desc = error_text(drv, status)
-            raise CudaError(f"cuEventQuery failed with {name} ({code}): {desc}", "cuEventQuery", code, name)
-        return True
-
-
-class _CudaStreamRef:
-    """The CUDA stream protocol (``__cuda_stream__``) for a raw handle, for CuPy 14's Stream.from_external."""
-
-    def __init__(self, handle: int) -> None:
-        self.handle = int(handle)
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.handle)
-
 
 # -- the runtime --------------------------------------------------------------------
 
@@ -120,8 +73,15 @@ class CudaRuntime(Runtime):
         self._driver = Driver(drv)
         self._count: int | None = None
         self._retired = RetiredBlocks(self._release_events)
+        self._idle_streams = Idle(self._driver, "cuStreamDestroy")
+        self._idle_events = Idle(self._driver, "cuEventDestroy")
         # CuPy calls the real driver: with a driver given (the double), its memory means nothing to CuPy.
         self._load_cupy = load_cupy if driver is None else _no_cupy
+        #: Where the caller's current streams come from (each: ordinal -> (CAI handle, its owner) or None).
+        self._load_torch = _imported_torch if driver is None else _no_cupy
+        self._stream_sources: tuple[Callable[[int], tuple[int, Any] | None], ...] = (
+            self._cupy_stream, self._torch_stream)
+        self._handed: weakref.WeakValueDictionary[int, CudaDeviceBuffer] = weakref.WeakValueDictionary()
 
     def __repr__(self) -> str:
         return f"<CudaRuntime GPU {self.ordinal}>"
@@ -176,7 +136,8 @@ class CudaRuntime(Runtime):
     def sync_legacy(self, ordinal: int | None) -> None:
         gpu = self.ordinal if ordinal is None else ordinal
         try:
-            self.record_event_on(LEGACY_STREAM, gpu).synchronize()
+            with self._on(gpu):  # (one context query for both calls)
+                self.record_event_on(LEGACY_STREAM, gpu).synchronize()
         except CudaError as exc:
             raise StreamError(
                 f"the legacy default stream of GPU {gpu} cannot be synchronized: {exc}. A kernel that faulted "
@@ -209,10 +170,40 @@ class CudaRuntime(Runtime):
     def current_stream(self, ordinal: int) -> int:
         """The calling thread's current stream on ``ordinal`` as a CAI v3 handle: CuPy's current stream (where
         CuPy work the user launches next runs), else the legacy default stream (1)."""
+        streams = self._current_streams(ordinal)
+        return streams[0][0] if streams else LEGACY_STREAM
+
+    def _current_streams(self, ordinal: int) -> list[tuple[int, Any]]:
+        """The calling thread's current streams on ``ordinal`` in the libraries users compute with, each as its CAI
+        handle and the object that keeps it alive (``_stream_sources``)."""
+        found = []
+        for source in self._stream_sources:
+            stream = source(ordinal)
+            if stream is not None:
+                found.append(stream)
+        return found
+
+    def _cupy_stream(self, ordinal: int) -> tuple[int, Any] | None:
+        """CuPy's current stream on ``ordinal`` (its null stream: the legacy one), or None without CuPy."""
         cp = self._load_cupy()
         if cp is None:
-            return LEGACY_STREAM
-        return int(cp.cuda.get_current_stream(ordinal).ptr) or LEGACY_STREAM  # CuPy's null stream: the legacy one
+            return None
+        stream = cp.cuda.get_current_stream(ordinal)
+        return int(stream.ptr) or LEGACY_STREAM, stream
+
+    def _torch_stream(self, ordinal: int) -> tuple[int, Any] | None:
+        """PyTorch's current stream on ``ordinal`` (``with torch.cuda.stream(s):`` runs on side streams), or None
+        where PyTorch is not imported or has not initialized CUDA (asking must not initialize it)."""
+        torch = self._load_torch()
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        stream = torch.cuda.current_stream(ordinal)
+        return int(stream.cuda_stream) or LEGACY_STREAM, stream
+
+    def read_on(self, ptr: int, ordinal: int, stream: int) -> None:
+        buf = self._handed.get(ptr)
+        if buf is not None and buf.ordinal == ordinal and all(stream != h for h, _ in buf.consumers):
+            buf.consumers.append((stream, None))  # (the consumer keeps its stream alive while it uses it)
 
     def alloc_device(
         self, nbytes: int, ordinal: int, stream: Stream | None = None, *, handed_out: bool = False
@@ -221,30 +212,51 @@ class CudaRuntime(Runtime):
         pool (cuMemAllocAsync). Both give a block freed on ``stream`` to the next allocation on it at once.
 
         A block ``handed_out`` (a received Array) is retired when the Array dies: events recorded then on the
-        legacy default stream (which every blocking stream orders against: CuPy's, PyTorch's and Numba's defaults)
-        and on the caller's current stream at receive time mark the user work that may still read it, and the
-        block goes back to the pool once they have passed, so the next receive cannot overwrite it under a kernel.
+        legacy default stream (which every blocking stream orders against: CuPy's, PyTorch's and Numba's defaults),
+        on the caller's current streams at receive time (CuPy's, PyTorch's) and on each stream a DLPack consumer
+        named (``read_on``) mark the user work that may still read it, and the block goes back to the pool once
+        they have passed, so the next receive cannot overwrite it under a kernel. A user kernel on another
+        non-blocking stream is the documented limit (docs/gpu-and-mpi.md).
         """
         own = None if stream is None else _own_stream(stream)
-        consumer = self.current_stream(ordinal) if handed_out else None
-        buf = CudaDeviceBuffer(0, nbytes, ordinal, consumer)
+        # The streams the user computes on now, with their objects: the Array names the first, and the buffer (so
+        # the Array) keeps them alive, so that handle never names a destroyed (or reused) stream while it lives.
+        consumers = self._current_streams(ordinal) if handed_out else []
+        buf = CudaDeviceBuffer(0, nbytes, ordinal, (consumers[0][0] if consumers else LEGACY_STREAM)
+                               if handed_out else None)
+        buf.consumers = consumers
         if nbytes == 0:
             return buf
-        self._retired.reap()
-        cp = self._load_cupy()
-        give_back: Callable[[], None]
-        if cp is not None:
-            with self._cupy_on(cp, ordinal, own):
-                mem = cp.cuda.alloc(nbytes)
-            buf.ptr, give_back = int(mem.ptr), Keep(mem)
-        else:
-            buf.ptr, give_back = self._alloc_ordered(nbytes, ordinal, own)
+        self._retired.reap(ordinal)
+        try:
+            buf.ptr, give_back = self._allocate(nbytes, ordinal, own)
+        except Exception as exc:
+            # The pool lacks the memory: blocks retired behind user work are worth waiting for before failing.
+            if not self._out_of_memory(exc) or not self._retired.drain(ordinal):
+                raise
+            buf.ptr, give_back = self._allocate(nbytes, ordinal, own)
         if handed_out:
-            assert consumer is not None
-            buf.release_with(self._retired.hold, ordinal, consumer, give_back)
+            buf.release_with(self._retire, ordinal, consumers, give_back)
+            self._handed[buf.ptr] = buf
         else:
             buf.release_with(give_back)
         return buf
+
+    def _allocate(self, nbytes: int, ordinal: int, own: CudaStream | None) -> tuple[int, Callable[[], None]]:
+        """A block from CuPy's pool (on ``own``, else CuPy's current stream) or the driver's, and what gives it back."""
+        cp = self._load_cupy()
+        if cp is None:
+            return self._alloc_ordered(nbytes, ordinal, own)
+        with self._cupy_on(cp, ordinal, own):
+            mem = cp.cuda.alloc(nbytes)
+        return int(mem.ptr), Keep(mem)
+
+    def _out_of_memory(self, exc: Exception) -> bool:
+        """Whether ``exc`` says the device (or CuPy's pool) has no room."""
+        if isinstance(exc, CudaError):
+            return exc.code == OUT_OF_MEMORY
+        cp = self._load_cupy()
+        return cp is not None and isinstance(exc, cp.cuda.memory.OutOfMemoryError)
 
     def _alloc_ordered(self, nbytes: int, ordinal: int, stream: CudaStream | None) -> tuple[int, Callable[[], None]]:
         """Device memory from the driver's stream-ordered pool on ``stream`` (None: the legacy default stream), and
@@ -255,19 +267,31 @@ class CudaRuntime(Runtime):
         ptr = int(dptr)
         return ptr, OrderedFree(self._driver, ordinal, ptr, handle, stream)
 
-    def _release_events(self, ordinal: int, consumer: int) -> list[Event]:
-        """Events recorded now on the streams user work on a handed-out block runs on (see ``alloc_device``)."""
+    def _retire(self, ordinal: int, consumers: list[tuple[int, Any]], give_back: Callable[[], None]) -> None:
+        """A handed-out block's Array died: retire the block (its events, the reap, the blocks going back) in one
+        context scope. If even entering it fails (the driver gone at exit), ``hold`` finds out and never reuses it."""
+        with contextlib.ExitStack() as scope:
+            with contextlib.suppress(Exception):
+                scope.enter_context(self._on(ordinal))
+            self._retired.hold(ordinal, consumers, give_back)
+
+    def _release_events(self, ordinal: int, consumers: list[tuple[int, Any]]) -> list[Event]:
+        """Events recorded now on the streams user work on a handed-out block runs on (see ``alloc_device``):
+        the legacy default stream and each of ``consumers`` (their objects still alive here)."""
         events: list[Event] = [self.record_event_on(LEGACY_STREAM, ordinal)]
-        if consumer not in (LEGACY_STREAM, PER_THREAD_STREAM):  # the per-thread default stream is a blocking one
+        for handle in {handle for handle, _owner in consumers}:
+            if handle in (LEGACY_STREAM, PER_THREAD_STREAM):  # the per-thread default stream is a blocking one
+                continue
             try:
-                events.append(self.record_event_on(consumer, ordinal))
+                events.append(self.record_event_on(handle, ordinal))
             except CudaError:  # the user's stream is gone: what ran on it is ordered by nothing we can see
                 self.sync_device(ordinal)
         return events
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:
         """Portable page-locked memory (usable in every context), from the driver: cai_mpi's pinned pool
-        (``transport.pieces.pinned_pool``, bounded by CAI_MPI_PINNED_POOL_BYTES) is the only cache in front of it.
+        (``transport.pool.pinned_pool``, bounded by CAI_MPI_PINNED_POOL_BYTES; the strided copies without CuPy take
+        from it too, through ``PINNED_SOURCES``) is the only cache in front of it.
         (CuPy's pinned pool keeps every block it frees, so behind it the bound would bound nothing.)"""
         if nbytes == 0:
             return CudaPinnedBuffer(0, 0, np.empty(0, np.uint8))
@@ -282,11 +306,15 @@ class CudaRuntime(Runtime):
     # -- copies on cai_mpi's own streams --------------------------------------
     def create_stream(self, ordinal: int) -> Stream:
         # A blocking stream: ordered after work on the legacy default stream, where exporters that give no
-        # stream (Numba's default, CAI v0-v2) and users who never chose a stream leave their kernels.
-        flags = self._driver.drv.CUstream_flags.CU_STREAM_DEFAULT
-        with self._on(ordinal):
-            (handle,) = self._driver.check("cuStreamCreate", flags)
-        return CudaStream(self, int(handle), ordinal)
+        # stream (Numba's default, CAI v0-v2) and users who never chose a stream leave their kernels. One whose
+        # object died is used again (``Idle``): work queued on it before stays ahead of the new work.
+        handle = self._idle_streams.take(ordinal)
+        if handle is None:
+            flags = self._driver.drv.CUstream_flags.CU_STREAM_DEFAULT
+            with self._on(ordinal):
+                (raw,) = self._driver.check("cuStreamCreate", flags)
+            handle = int(raw)
+        return CudaStream(self, handle, ordinal)
 
     def copy_async(self, dst: int, src: int, nbytes: int, stream: Stream) -> None:
         s = _own_stream(stream)
@@ -301,10 +329,12 @@ class CudaRuntime(Runtime):
 
     def record_event_on(self, handle: int, ordinal: int) -> CudaEvent:
         """An event recorded now on CAI stream ``handle`` (1 and 2: the default streams of ``ordinal``'s context)."""
-        flags = self._driver.drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
         with self._on(ordinal):
-            (raw,) = self._driver.check("cuEventCreate", flags)
-            event = CudaEvent(self, int(raw), ordinal)
+            idle = self._idle_events.take(ordinal)
+            if idle is None:
+                (raw,) = self._driver.check("cuEventCreate", self._driver.drv.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+                idle = int(raw)
+            event = CudaEvent(self, idle, ordinal)
             self._driver.check("cuEventRecord", event.handle, handle)
         return event
 
@@ -318,7 +348,7 @@ class CudaRuntime(Runtime):
                 yield
                 return
             if hasattr(cp.cuda.Stream, "from_external"):  # CuPy >= 14; ExternalStream is deprecated there
-                cupy_stream = cp.cuda.Stream.from_external(_CudaStreamRef(stream.handle))
+                cupy_stream = cp.cuda.Stream.from_external(CudaStreamRef(stream.handle))
             else:
                 cupy_stream = cp.cuda.ExternalStream(stream.handle, ordinal)
             with cupy_stream:
@@ -348,11 +378,25 @@ class CudaRuntime(Runtime):
     def _copy_strided(self, desc: CAIDescriptor, packed: int, stream: CudaStream, *, pack: bool) -> None:
         """Between the strided array ``desc`` and C-ordered bytes at ``packed`` with driver copies CUDA documents as
         valid (``cudastrided``: through pinned memory, 2-D copies where the pitch rules allow); returns when done."""
-        with self._on(stream.ordinal):
-            if pack:
-                pack_with_copies(self._driver, stream, desc, packed, self.alloc_pinned)
-            else:
-                unpack_with_copies(self._driver, stream, packed, desc, self.alloc_pinned)
+        source = PINNED_SOURCES[0](self) if PINNED_SOURCES else None
+        taken: list[tuple[PinnedBuffer, int]] = []
+
+        def pinned(nbytes: int) -> PinnedBuffer:  # from the pinned pool, within CAI_MPI_PINNED_POOL_BYTES
+            if source is None:
+                return self.alloc_pinned(nbytes)
+            taken.append(source.take(nbytes))
+            return taken[-1][0]
+
+        try:
+            with self._on(stream.ordinal):
+                if pack:
+                    pack_with_copies(self._driver, stream, desc, packed, pinned)
+                else:
+                    unpack_with_copies(self._driver, stream, packed, desc, pinned)
+        finally:  # (both return, or raise, only once the copies using the blocks are done)
+            assert source is not None or not taken
+            for block, cls in taken:
+                source.give(block, cls)  # type: ignore[union-attr]
 
     def unpack(self, src: int, desc: CAIDescriptor, ordinal: int, stream: Stream) -> None:
         """Scatter C-ordered bytes at ``src`` into ``desc`` on ``stream`` (the caller synchronizes it): CuPy's
@@ -376,6 +420,11 @@ class CudaRuntime(Runtime):
 
 def _no_cupy() -> None:
     return None
+
+
+def _imported_torch() -> Any | None:
+    """PyTorch if the program imported it (cai_mpi never imports it: that costs seconds)."""
+    return sys.modules.get("torch")
 
 
 def _own_stream(stream: Stream) -> CudaStream:

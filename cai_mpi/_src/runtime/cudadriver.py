@@ -15,11 +15,12 @@ from typing import Any
 from ..errors import CudaError
 from .base import HOST, Location, MemoryKind
 
-__all__ = ["FIXED_BINDINGS", "NOT_READY", "SUCCESS", "Driver", "bindings_version", "check", "classify_pointer",
-           "error_text", "load_cupy", "load_driver", "ordinal_unreliable", "probe", "raw_call", "signed_ordinal",
-           "visible_device_count"]
+__all__ = ["FIXED_BINDINGS", "NOT_READY", "OUT_OF_MEMORY", "SUCCESS", "Driver", "bindings_version", "check",
+           "classify_pointer", "error_text", "load_cupy", "load_driver", "ordinal_unreliable", "probe", "raw_call",
+           "signed_ordinal", "visible_device_count"]
 
 SUCCESS = 0
+OUT_OF_MEMORY = 2
 NO_DEVICE = 100
 NOT_READY = 600
 MEMTYPE_HOST = 1
@@ -261,6 +262,8 @@ class Driver:
         self._contexts: dict[int, Any] = {}
         self._foreign: dict[int, tuple[int, int]] = {}  # context handle -> (its unique id, its GPU)
         self._ordinals: dict[int, int] = {}  # CUdevice handle -> ordinal (CUDA does not promise they are equal)
+        self._pitches: dict[int, int] = {}  # ordinal -> CU_DEVICE_ATTRIBUTE_MAX_PITCH
+        self._tls = threading.local()
 
     def check(self, call: str, *args: Any) -> tuple[Any, ...]:
         return check(self.drv, call, *args)
@@ -303,17 +306,44 @@ class Driver:
 
     @contextlib.contextmanager
     def on(self, ordinal: int) -> Iterator[None]:
-        """Make ``ordinal``'s primary context current for the block, restoring the caller's afterwards."""
-        target = self.primary(ordinal)
-        (current,) = self.check("cuCtxGetCurrent")
-        if int(current) == int(target):
+        """Make ``ordinal``'s primary context current for the block, restoring the caller's afterwards. Inside such
+        a block for the same GPU (in this thread) nothing is asked or switched again: cai_mpi's own code between
+        them changes no context."""
+        within = self._within()
+        if within and within[-1] == ordinal:
             yield
             return
-        self.check("cuCtxPushCurrent", target)  # the caller's stack is left exactly as it was
+        target = self.primary(ordinal)
+        (current,) = self.check("cuCtxGetCurrent")
+        within.append(ordinal)
         try:
-            yield
+            if int(current) == int(target):
+                yield
+                return
+            self.check("cuCtxPushCurrent", target)  # the caller's stack is left exactly as it was
+            try:
+                yield
+            finally:
+                self.check("cuCtxPopCurrent")
         finally:
-            self.check("cuCtxPopCurrent")
+            within.pop()
+
+    def _within(self) -> list[int]:
+        """The GPUs whose ``on`` blocks this thread is in, innermost last."""
+        within: list[int] | None = getattr(self._tls, "within", None)
+        if within is None:
+            within = self._tls.within = []
+        return within
+
+    def max_pitch(self, ordinal: int) -> int:
+        """CU_DEVICE_ATTRIBUTE_MAX_PITCH of GPU ``ordinal``, read once per device."""
+        pitch = self._pitches.get(ordinal)
+        if pitch is None:
+            (device,) = self.check("cuDeviceGet", ordinal)
+            attribute = self.drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_PITCH
+            (raw,) = self.check("cuDeviceGetAttribute", attribute, device)
+            pitch = self._pitches[ordinal] = int(raw)
+        return pitch
 
     def release(self, ordinal: int, call: str, *args: Any) -> None:
         """Free a resource from a finalizer: in its own context, from any thread, never raising."""

@@ -26,6 +26,9 @@ class CudaDeviceBuffer(DeviceBuffer):
         self.nbytes = nbytes
         self.ordinal = ordinal
         self.stream = stream
+        #: The streams the block's users compute on, each ``(CAI handle, the object keeping it alive)``: a handed-out
+        #: block keeps them alive (``stream`` is the first's) and is retired behind each when it dies.
+        self.consumers: list[tuple[int, Any]] = []
         self._release: weakref.finalize[Any, Any] | None = None
 
     def release_with(self, give_back: Callable[..., None], *args: Any) -> None:
@@ -92,36 +95,77 @@ class OrderedFree:
 
 class RetiredBlocks:
     """Handed-out device blocks whose Array has died, each kept from its pool until the events recorded at its
-    release (the user work that may still read it) have passed. Finalizers add to it from any thread."""
+    release (the user work that may still read it) have passed. One queue per GPU, so a GPU with work pending (or a
+    sticky error) holds back none of another's blocks. Finalizers add to it from any thread."""
 
-    def __init__(self, release_events: Callable[[int, int], list[Event]]) -> None:
-        """``release_events(ordinal, consumer)``: events recorded now on the streams user work may still run on."""
+    def __init__(self, release_events: Callable[[int, list[tuple[int, Any]]], list[Event]]) -> None:
+        """``release_events(ordinal, consumers)``: events recorded now on the streams user work may still run on
+        (``consumers``: a buffer's, each a CAI handle and the object keeping it alive)."""
         self._release_events = release_events
-        self._held: collections.deque[tuple[list[Event], Callable[[], None]]] = collections.deque()
+        self._held: dict[int, collections.deque[tuple[list[Event], Callable[[], None]]]] = {}
         self._lost: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
-    def hold(self, ordinal: int, consumer: int, give_back: Callable[[], None]) -> None:
+    def hold(self, ordinal: int, consumers: list[tuple[int, Any]], give_back: Callable[[], None]) -> None:
         try:
-            events = self._release_events(ordinal, consumer)
+            events = self._release_events(ordinal, consumers)
         except Exception:  # the driver is gone (interpreter exit) or the context is dead: never reuse the block
             with self._lock:
                 self._lost.append(give_back)
             return
         with self._lock:
-            self._held.append((events, give_back))
+            self._held.setdefault(ordinal, collections.deque()).append((events, give_back))
+        self.reap(ordinal)  # an Array's death is news: blocks retired before it may be free by now
 
-    def reap(self) -> None:
-        """Give back, oldest first, the blocks whose user work has passed (queries only: it never blocks)."""
-        while self._held:
-            with self._lock:
-                if not self._held:
-                    return
-                events, give_back = self._held[0]
-                if not all(e.query() for e in events):
-                    return
-                self._held.popleft()
+    def drain(self, ordinal: int) -> bool:
+        """Wait for the user work on every block GPU ``ordinal`` holds back, give them back, and say whether any went
+        back: what an allocation that does not fit tries before it fails."""
+        with self._lock:
+            queue = self._held.pop(ordinal, collections.deque())
+        given: list[Callable[[], None]] = []
+        for events, give_back in queue:
+            try:
+                for event in events:
+                    event.synchronize()
+            except Exception:  # a sticky error: never reuse it
+                with self._lock:
+                    self._lost.append(give_back)
+                continue
+            given.append(give_back)
+        for give_back in given:
+            give_back()
+        return bool(given)
+
+    def reap(self, ordinal: int) -> None:
+        """Give back, oldest first, GPU ``ordinal``'s blocks whose user work has passed (queries only: it never
+        blocks). A block whose query fails (a sticky error in its context) is never reused, as a pool's idle check
+        would treat it.
+
+        The lock guards the queue only: the queries run Python that allocates, so the collector may finalize a dead
+        Array right there and retire its block (``hold``) on this very thread; the blocks go back outside it too."""
+        with self._lock:
+            held = list(self._held.get(ordinal, ()))
+        passed: list[tuple[list[Event], Callable[[], None]]] = []
+        failed: list[tuple[list[Event], Callable[[], None]]] = []
+        for entry in held:
+            try:
+                if not all(e.query() for e in entry[0]):
+                    break
+            except Exception:
+                failed.append(entry)
+                continue
+            passed.append(entry)
+        given: list[Callable[[], None]] = []
+        with self._lock:
+            queue = self._held.get(ordinal, collections.deque())
+            for entry in passed + failed:
+                try:
+                    queue.remove(entry)  # (unless another thread reaped it meanwhile)
+                except ValueError:
+                    continue
+                (given if any(entry is p for p in passed) else self._lost).append(entry[1])
+        for give_back in given:
             give_back()
 
     def __len__(self) -> int:
-        return len(self._held)
+        return sum(len(q) for q in self._held.values())

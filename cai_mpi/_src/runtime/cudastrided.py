@@ -104,11 +104,7 @@ class _Copier:
 
     def __init__(self, driver: Driver, stream_handle: int, ordinal: int) -> None:
         self.driver, self.stream_handle = driver, stream_handle
-        drv = driver.drv
-        (device,) = driver.check("cuDeviceGet", ordinal)
-        attribute = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_PITCH
-        (max_pitch,) = driver.check("cuDeviceGetAttribute", attribute, device)
-        self.max_pitch = int(max_pitch)
+        self.max_pitch = driver.max_pitch(ordinal)
 
     def run(self, copies: list[Copy], device: int, host: int, *, to_host: bool) -> None:
         for dev_offset, host_offset, width, height, pitch in copies:

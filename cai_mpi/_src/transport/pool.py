@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from ..config import config
 from ..errors import CudaError
-from ..runtime.base import Event, PinnedBuffer, Runtime
+from ..runtime.base import PINNED_SOURCES, Event, PinnedBuffer, Runtime
 
 __all__ = [
     "BlockPool", "HostReceivePool", "give_back", "host_receive_pool", "idle_pooled_bytes", "pinned_pool", "size_class",
@@ -190,7 +190,8 @@ _pinned_pools: weakref.WeakKeyDictionary[Runtime, BlockPool[PinnedBuffer]] = wea
 
 
 def pinned_pool(runtime: Runtime) -> BlockPool[PinnedBuffer]:
-    """The pool of pinned staging blocks of ``runtime`` (at most CAI_MPI_PINNED_POOL_BYTES idle)."""
+    """The pool of pinned staging blocks of ``runtime`` (at most CAI_MPI_PINNED_POOL_BYTES idle): the staging of
+    device transfers and the runtime's own strided copies without CuPy (``PINNED_SOURCES``) take from it."""
     if _quarantine:
         _release_finished()
     pool = _pinned_pools.get(runtime)
@@ -198,6 +199,9 @@ def pinned_pool(runtime: Runtime) -> BlockPool[PinnedBuffer]:
         pool = _pinned_pools[runtime] = BlockPool(runtime.alloc_pinned, PinnedBuffer.free,
                                                   budget=lambda: config().pinned_pool_bytes)
     return pool
+
+
+PINNED_SOURCES.append(pinned_pool)  # a runtime's own copies through pinned memory (no CuPy) draw on it too
 
 
 def idle_pooled_bytes() -> int:

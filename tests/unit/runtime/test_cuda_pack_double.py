@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cai_mpi._src.config import reload_config
 from cai_mpi._src.core.descriptor import CAIDescriptor
 from cai_mpi._src.errors import CudaError
 from cai_mpi._src.runtime.cuda import CudaRuntime
@@ -211,9 +212,13 @@ def test_a_failed_copy_leaves_no_copy_running_into_freed_pinned_memory(
     monkeypatch.setattr(d, "cuMemcpyAsync", third_fails)
     monkeypatch.setattr(d, "cuMemFreeHost", free)
     d.set_copy_delay(0.2)
-    with pytest.raises(CudaError, match="cuMemcpyAsync failed with CUDA_ERROR_INVALID_VALUE"):
-        rt.pack(desc, 0, s)
-    gc.collect()
+    reload_config({"CAI_MPI_PINNED_POOL_BYTES": "0"})  # the pinned pool frees every block given back to it
+    try:
+        with pytest.raises(CudaError, match="cuMemcpyAsync failed with CUDA_ERROR_INVALID_VALUE"):
+            rt.pack(desc, 0, s)
+        gc.collect()
+    finally:
+        reload_config()
     assert busy_at_free == [False]  # the two copies queued before the failure were done before the free
 
 
@@ -234,3 +239,38 @@ def test_2d_copies_where_they_are_valid(rt: CudaRuntime, d: CudaDriverDouble, na
     rt.pack(desc, 0, s)
     made = [name for name, _ in d.calls]
     assert (made.count("cuMemcpy2DAsync"), made.count("cuMemcpyAsync")) == (copies_2d, copies_1d)
+
+
+# -- issue 33, defect 8: the pinned memory of a pack comes from the pinned pool --------------------------------------
+
+
+def host_allocations(d: CudaDriverDouble) -> int:
+    return sum(1 for name, _ctx in d.calls if name == "cuMemHostAlloc")
+
+
+@pytest.mark.parametrize("direction", ["pack", "unpack"])
+def test_strided_copies_take_pinned_memory_from_the_pool(rt: CudaRuntime, d: CudaDriverDouble, direction: str) -> None:
+    reload_config({"CAI_MPI_PINNED_POOL_BYTES": str(1 << 20)})
+    try:
+        base = base_array(8, (64, 64, 8))  # 256 KiB, reversed: two pinned blocks per copy
+        mem = OnDevice(rt, d, base)
+        desc = mem.descriptor(base[::-1])
+        expected = np.ascontiguousarray(base[::-1]).tobytes()
+        first = 0
+        for i in range(3):
+            if direction == "pack":
+                assert pack_bytes(rt, d, desc) == expected
+            else:
+                d.write_device(mem.buf.ptr, bytes(base.nbytes))
+                unpack_into(rt, d, expected, desc)
+                assert mem.read() == base.tobytes()
+            if i == 0:
+                first = host_allocations(d)
+        assert host_allocations(d) == first  # the second and third reuse the first's pinned blocks
+        assert d.pinned_bytes_outstanding <= 1 << 20  # what stays page-locked is within CAI_MPI_PINNED_POOL_BYTES
+        reload_config({"CAI_MPI_PINNED_POOL_BYTES": "0"})
+        pack_bytes(rt, d, desc)  # a pool with no budget keeps nothing
+        gc.collect()
+        assert d.pinned_bytes_outstanding == 0
+    finally:
+        reload_config()

@@ -529,3 +529,78 @@ def test_an_event_is_recorded_only_on_a_stream_of_its_context_and_waited_on_from
     assert d.cuEventRecord(event, 1) == (CUresult.CUDA_ERROR_INVALID_HANDLE,)  # the legacy stream of GPU 1
     assert d.cuEventRecord(event, s0) == (OK,)
     assert d.cuStreamWaitEvent(s1, event, 0) == (OK,) and d.cuStreamSynchronize(s1) == (OK,)
+
+
+# -- issue 33, section 3: as strict as CUDA where the double was more lenient ----------------------------------------
+
+
+def test_destroyed_stream_and_event_handles_are_handed_out_again(d: CudaDriverDouble) -> None:
+    # CUDA calls a destroyed handle undefined and may give it to the next stream or event created: code that keeps
+    # using one then works on someone else's stream, which the double makes happen every time.
+    on(d, 0)
+    s = d.cuStreamCreate(0)[1]
+    assert d.cuStreamDestroy(s) == (OK,)
+    assert d.cuStreamQuery(s) == (CUresult.CUDA_ERROR_INVALID_HANDLE,)  # until the handle is reused
+    t = d.cuStreamCreate(1)[1]
+    assert int(t) == int(s) and d.cuStreamQuery(s) == (OK,)  # the old handle now names the new stream
+    e = d.cuEventCreate(0)[1]
+    assert d.cuEventDestroy(e) == (OK,)
+    assert d.cuEventQuery(e) == (CUresult.CUDA_ERROR_INVALID_HANDLE,)
+    f = d.cuEventCreate(0)[1]
+    assert int(f) == int(e)
+    assert d.cuStreamDestroy(t) == (OK,) and d.cuEventDestroy(f) == (OK,)
+
+
+@pytest.mark.parametrize("synced", ["legacy", "blocking"])
+def test_synchronizing_a_stream_waits_for_the_work_in_that_stream_only(synced: str) -> None:
+    # cuStreamSynchronize "waits until the device has completed all operations in the stream"; the legacy default
+    # stream orders itself after the blocking streams when an action is queued on it (a launch, an event wait), and
+    # a blocking stream's action after the legacy stream's work queued before it. A synchronize queues no action:
+    # work queued on the other stream after the last ordering point is not waited for.
+    with CudaDriverDouble(1, lazy=600.0) as d:
+        assert d.cuInit(0) == (OK,)
+        on(d, 0)
+        s = d.cuStreamCreate(0)[1]
+        log: list[str] = []
+        first, other = (1, s) if synced == "legacy" else (s, 1)
+        d.launch(first, lambda: log.append("in the stream"))
+        d.launch(other, lambda: log.append("on the other stream, after it"))
+        assert d.cuStreamSynchronize(first) == (OK,)
+        assert log == ["in the stream"]
+        assert d.cuCtxSynchronize() == (OK,)
+        assert log == ["in the stream", "on the other stream, after it"]
+
+
+def test_copies_past_the_end_of_an_allocation_are_refused_inside_its_last_page(d: CudaDriverDouble) -> None:
+    # The double maps whole pages, so bytes past an allocation's end read and write without a fault; a copy that
+    # touches them is refused (CUDA_ERROR_INVALID_VALUE, nothing copied), where a GPU may corrupt a neighbour.
+    on(d, 0)
+    s = d.cuStreamCreate(0)[1]
+    dev = int(d.cuMemAlloc(100)[1])
+    pinned = int(d.cuMemHostAlloc(100, 0)[1])
+    host = np.zeros(256, np.uint8)
+    bad = CUresult.CUDA_ERROR_INVALID_VALUE
+    assert d.cuMemcpyAsync(host.ctypes.data, dev, 101, s) == (bad,)  # reads one byte past the end
+    assert d.cuMemcpyAsync(dev + 50, host.ctypes.data, 51, s) == (bad,)  # writes one byte past it
+    assert d.cuMemcpyAsync(dev + 100, host.ctypes.data, 1, s) == (bad,)  # starts past it, inside the page
+    assert d.cuMemcpyAsync(dev, pinned, 101, s) == (bad,)  # past the end of pinned memory
+    assert d.cuMemsetD8Async(dev + 90, 7, 11, s) == (bad,)
+    rows = ("DEVICE", dev, 31), ("HOST", host.ctypes.data, 10)  # rows at 0, 31, 62, 93: the fourth ends at 103
+    assert d.cuMemcpy2DAsync(copy_2d(d, *rows, 10, 4), s) == (bad,)
+    assert d.cuMemcpy2DAsync(copy_2d(d, *rows, 10, 3), s) == (OK,)
+    assert d.cuMemcpyAsync(dev, host.ctypes.data, 100, s) == (OK,)  # the whole allocation, exactly
+    assert d.cuMemsetD8Async(dev + 90, 7, 10, s) == (OK,)
+    assert d.cuStreamSynchronize(s) == (OK,)
+    assert len(d.refused) == 6 and all("past the end" in why for _call, why in d.refused)
+
+
+def test_an_eager_double_has_run_every_operation_when_its_call_returns() -> None:
+    with CudaDriverDouble(1, eager=True) as d:
+        assert d.cuInit(0) == (OK,)
+        on(d, 0)
+        s = d.cuStreamCreate(1)[1]
+        log: list[str] = []
+        d.launch(s, lambda: log.append("kernel"), delay=0.05)
+        assert log == ["kernel"] and d.cuStreamQuery(s) == (OK,)
+        e = d.cuEventCreate(0)[1]
+        assert d.cuEventRecord(e, s) == (OK,) and d.cuEventQuery(e) == (OK,)  # a query never finds work pending

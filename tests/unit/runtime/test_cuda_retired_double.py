@@ -1,0 +1,142 @@
+"""Retired device blocks of the CUDA runtime on the CUDA driver double: a received Array's block goes back to its
+pool only once the user work that may read it has passed, without hanging when the garbage collector re-enters,
+and without one GPU's failure reaching another."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from cai_mpi._src.runtime import cudadriver
+from cai_mpi._src.runtime.cuda import CudaRuntime
+from cai_mpi.testing import CudaDriverDouble
+
+HANG = 30.0  # seconds after which a call that should return at once is declared hung (only a failure waits this)
+LAZY = 600.0  # queued device work runs only when something waits for it (no test lives this long)
+
+
+@pytest.fixture
+def d(monkeypatch: pytest.MonkeyPatch) -> Iterator[CudaDriverDouble]:
+    double = CudaDriverDouble(2, lazy=LAZY)
+    monkeypatch.setattr(cudadriver, "load_driver", lambda: double)
+    monkeypatch.setattr(cudadriver, "load_cupy", lambda: None)
+    yield double
+    gc.collect()
+    double.close()
+
+
+@pytest.fixture
+def rt(d: CudaDriverDouble) -> CudaRuntime:
+    return CudaRuntime(0, driver=d)
+
+
+def finishes(fn: Callable[[], Any]) -> bool:
+    """Whether ``fn()`` returns (or raises) within ``HANG`` seconds; run in a thread, so a deadlock fails the test
+    instead of hanging the run."""
+    worker = threading.Thread(target=fn, daemon=True)
+    worker.start()
+    worker.join(HANG)
+    return not worker.is_alive()
+
+
+def pending_kernel(rt: CudaRuntime, d: CudaDriverDouble, ordinal: int) -> None:
+    """A user kernel still queued on ``ordinal``'s legacy default stream (the lazy double runs it only on demand)."""
+    with rt._driver.on(ordinal):
+        d.launch(1, lambda: None)
+
+
+# -- defect 1: the retired list's lock and the garbage collector -----------------------------------------------------
+
+
+def test_an_array_collected_while_reap_queries_does_not_hang(
+    rt: CudaRuntime, d: CudaDriverDouble, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # reap() queries events, which runs Python that allocates; the collector may then finalize a dead received
+    # Array in a reference cycle, whose finalizer retires its block (hold) on the same thread.
+    gc.disable()
+    try:
+        second = rt.alloc_device(256, 0, handed_out=True)
+        cycle: list[Any] = [second]
+        cycle.append(cycle)  # only the collector frees it
+        del second, cycle
+        first = rt.alloc_device(256, 0, handed_out=True)
+        first.free()  # retired
+        rt.sync_device(0)  # its events have passed: the next reap queries them
+        query = d.cuEventQuery
+
+        def collecting_query(event: Any) -> Any:
+            gc.collect()
+            return query(event)
+
+        monkeypatch.setattr(d, "cuEventQuery", collecting_query)
+        got: list[Any] = []
+        assert finishes(lambda: got.append(rt.alloc_device(256, 0)))
+        assert got and got[0].ptr
+    finally:
+        gc.enable()
+
+
+# -- defect 3: a sticky error on one GPU, and one retirement queue per GPU ------------------------------------------
+
+
+def test_a_sticky_error_on_one_gpu_leaves_allocation_on_another_working(rt: CudaRuntime, d: CudaDriverDouble) -> None:
+    lost = rt.alloc_device(256, 0, handed_out=True)
+    lost_ptr = lost.ptr
+    lost.free()  # retired, its events recorded on GPU 0
+    d.fault(0)  # a kernel on GPU 0 faulted: every call in its context fails from now on
+    other = rt.alloc_device(256, 1)  # GPU 1 is fine
+    assert other.ptr and other.ordinal == 1
+    d.clear_fault(0)  # (a reset) a block whose events could not be asked about is never reused
+    again = rt.alloc_device(256, 0)
+    assert again.ptr != lost_ptr
+
+
+def test_a_gpu_with_pending_work_does_not_hold_back_another_gpus_blocks(rt: CudaRuntime, d: CudaDriverDouble) -> None:
+    pending_kernel(rt, d, 0)
+    busy = rt.alloc_device(256, 0, handed_out=True)
+    busy.free()  # retired behind the pending kernel on GPU 0
+    idle = rt.alloc_device(256, 1, handed_out=True)
+    idle_ptr = idle.ptr
+    idle.free()
+    rt.sync_device(1)  # every event on GPU 1 has passed
+    again = rt.alloc_device(256, 1)
+    assert again.ptr == idle_ptr  # reused: GPU 0's pending block is no reason to hold it back
+
+
+# -- defect 7: retired blocks go back when an Array dies and when memory runs out ----------------------------------
+
+
+def frees(d: CudaDriverDouble) -> int:
+    """How many blocks went back to the driver's stream-ordered pool."""
+    return sum(1 for name, _ctx in d.calls if name == "cuMemFreeAsync")
+
+
+def test_a_dead_arrays_block_goes_back_when_the_next_array_dies(rt: CudaRuntime, d: CudaDriverDouble) -> None:
+    first = rt.alloc_device(256, 0, handed_out=True)
+    second = rt.alloc_device(256, 0, handed_out=True)
+    first.free()
+    rt.sync_device(0)  # first's readers are done: nothing needs its block held back any more
+    assert frees(d) == 0
+    second.free()  # no allocation follows: the first block must not wait for one
+    assert frees(d) == 1
+    assert len(rt._retired) == 1  # second's events are still pending (the lazy double runs nothing unasked)
+
+
+def test_an_allocation_that_does_not_fit_waits_for_retired_blocks(rt: CudaRuntime, d: CudaDriverDouble) -> None:
+    d.device_memory_bytes = 8192
+    first = rt.alloc_device(8192, 0, handed_out=True)
+    old = bytes(range(256)) * 32
+    d.write_device(first.ptr, old)
+    seen = bytearray()
+    ptr = first.ptr
+    with rt._driver.on(0):  # a user kernel still reads the block on the legacy default stream
+        d.launch(1, lambda: seen.extend(d.read_device(ptr, 8192)))
+    first.free()  # retired behind that kernel
+    second = rt.alloc_device(8192, 0)  # the device has no room but the retired block's
+    assert second.ptr
+    d.write_device(second.ptr, b"\xff" * 8192)
+    assert bytes(seen) == old  # the kernel finished reading before the block was handed out again

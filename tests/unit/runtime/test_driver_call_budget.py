@@ -1,0 +1,148 @@
+"""What a device message costs in CUDA driver calls, counted on the driver double (which sees every call): a 4 KiB
+device array sent and received by one rank, with the user's context current, on each route. A change that adds
+calls fails here; docs/benchmarks.md ("Driver calls per device message") has the table.
+
+The double runs in ``eager`` mode (device work has run when its call returns), so every query finds its work done
+at the first ask and the counts do not depend on timing: they are what a message costs when the GPU keeps up."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cai_mpi
+from cai_mpi._src.arrays.array import Array
+from cai_mpi._src.config import reload_config
+from cai_mpi.testing import CudaDriverDouble, DoubleDeviceArray, double_runtime, use_runtime
+
+me = MPI.COMM_WORLD.Get_rank()
+N = 512  # float64: 4 KiB
+
+#: The most driver calls each phase of one message may make: (route, layout) -> {phase: calls}. Lower a number
+#: when a change saves calls; raising one needs the reason in the commit and in docs/benchmarks.md.
+BUDGET: dict[tuple[str, str], dict[str, int]] = {
+    ("direct", "contiguous"): {"pair": 6, "release": 4},
+    ("staged", "contiguous"): {"pair": 22, "release": 4},
+    ("direct", "strided"): {"pair": 20, "release": 4},
+    ("staged", "strided"): {"pair": 34, "release": 4},
+    ("direct", "collective"): {"call": 10, "release": 4},
+    ("staged", "collective"): {"call": 18, "release": 4},
+}
+
+
+@contextlib.contextmanager
+def counted(direct: bool, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, CudaDriverDouble, MPI.Comm]]:
+    monkeypatch.setenv("CAI_MPI_CUDA_AWARE", "1" if direct else "0")
+    reload_config({"CAI_MPI_INLINE_BYTES": "0"})
+    rt = double_runtime(cuda_aware=direct, eager=True)
+    d: CudaDriverDouble = rt.driver_double  # type: ignore[attr-defined]
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        with use_runtime(rt):
+            assert d.cuInit(0)[0] == 0
+            _err, ctx = d.cuDevicePrimaryCtxRetain(0)
+            assert d.cuCtxSetCurrent(ctx)[0] == 0  # the user's context current, as CuPy or PyTorch leave it
+            yield rt, d, comm
+            gc.collect()
+    finally:
+        comm.Free()
+        reload_config()
+        gc.collect()
+        d.close()
+
+
+def source(rt: Any, layout: str) -> DoubleDeviceArray:
+    if layout == "strided":  # every other element of 8 KiB
+        return DoubleDeviceArray(rt, np.arange(2 * N, dtype=np.float64), stream=1, view=((N,), (16,)))
+    return DoubleDeviceArray(rt, np.arange(N, dtype=np.float64), stream=1)
+
+
+def phases(d: CudaDriverDouble, steps: dict[str, Callable[[], Any]]) -> dict[str, collections.Counter[str]]:
+    """The driver calls each step makes, by function name."""
+    found = {}
+    for name, step in steps.items():
+        d.calls.clear()
+        step()
+        found[name] = collections.Counter(call for call, _ctx in d.calls)
+    return found
+
+
+def message(rt: Any, d: CudaDriverDouble, comm: MPI.Comm, layout: str) -> dict[str, collections.Counter[str]]:
+    """One message's calls, after three messages to warm every cache and pool: the send and the receive (one
+    rank: its receive drives its send, so the pair is counted together), and the release of the received Array."""
+    x = source(rt, layout)
+    held: list[Any] = []
+
+    def pair() -> None:
+        req = cai_mpi.isend_array(x, me, 5, comm)
+        held.append(cai_mpi.recv_array(me, 5, comm, device=0))
+        req.wait()
+
+    def release() -> None:
+        got = held.pop()
+        assert np.array_equal(got.to_host(), np.arange(N, dtype=np.float64) * (2 if layout == "strided" else 1))
+        d.calls.clear()  # (to_host is the user's business, not the message's)
+        del got
+        gc.collect()
+
+    for _ in range(3):
+        phases(d, {"pair": pair, "release": release})
+    return phases(d, {"pair": pair, "release": release})
+
+
+def collective(rt: Any, d: CudaDriverDouble, comm: MPI.Comm) -> dict[str, collections.Counter[str]]:
+    """One allreduce of a 4 KiB device array, landing on the device, and the release of its result."""
+    x = source(rt, "contiguous")
+    held: list[Any] = []
+
+    def call() -> None:
+        held.append(cai_mpi.allreduce_array(x, comm=comm))
+
+    def release() -> None:
+        held.pop()
+        gc.collect()
+
+    for _ in range(3):
+        phases(d, {"call": call, "release": release})
+    return phases(d, {"call": call, "release": release})
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "collective"])
+@pytest.mark.parametrize("route", ["direct", "staged"])
+def test_a_device_message_stays_within_its_driver_call_budget(
+    route: str, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with counted(route == "direct", monkeypatch) as (rt, d, comm):
+        if layout == "collective":
+            if comm.Get_size() != 1:
+                comm = comm.Split(me, 0)  # (one rank: the landing is what is counted)
+            found = collective(rt, d, comm)
+        else:
+            found = message(rt, d, comm, layout)
+    budget = BUDGET[(route, layout)]
+    spent = {phase: sum(calls.values()) for phase, calls in found.items()}
+    assert spent == {phase: min(spent[phase], budget[phase]) for phase in budget}, (spent, found)
+    made = sum(found.values(), collections.Counter())
+    # Per message: no event or stream created or destroyed (both pooled), no device attribute read (cached).
+    assert not {"cuEventCreate", "cuEventDestroy", "cuStreamCreate", "cuStreamDestroy", "cuDeviceGetAttribute",
+                "cuCtxPushCurrent", "cuCtxPopCurrent"} & set(made), made
+
+
+def test_to_host_creates_no_stream_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    with counted(False, monkeypatch) as (rt, d, _comm):
+        got = Array.from_device(rt.alloc_device(N * 8, 0, handed_out=True), (N,), np.dtype(np.float64))
+        d.write_device(got.descriptor.ptr, np.arange(N, dtype=np.float64).tobytes())
+        assert np.array_equal(got.to_host(), np.arange(N, dtype=np.float64))
+        d.calls.clear()
+        for _ in range(3):
+            assert np.array_equal(got.to_host(), np.arange(N, dtype=np.float64))
+        made = collections.Counter(call for call, _ctx in d.calls)
+        assert made["cuStreamCreate"] == made["cuStreamDestroy"] == made["cuEventCreate"] == 0, made
+        del got  # (retired while the double is open)
