@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from .._src.arrays.operands import host_view
 from .._src.core.descriptor import CAIDescriptor
 from .._src.errors import StreamError
 from .._src.runtime.base import HOST, DeviceBuffer, Event, Location, MemoryKind, PinnedBuffer, Runtime, Stream
@@ -182,6 +181,8 @@ class SimulatedRuntime(Runtime):
         return done
 
     def pack(self, desc: CAIDescriptor, ordinal: int, stream: Stream) -> DeviceBuffer:
+        from .._src.arrays.operands import host_view  # (imported here: see unpack)
+
         assert isinstance(stream, SimulatedStreamAdapter)
         out = SimulatedDeviceBuffer(desc.nbytes, ordinal)
         if desc.nbytes:
@@ -189,6 +190,10 @@ class SimulatedRuntime(Runtime):
         return out
 
     def unpack(self, src: int, desc: CAIDescriptor, ordinal: int, stream: Stream) -> None:
+        # (imported here: cai_mpi.testing is imported by the CUDA driver double, which CAI_MPI_BIND_DEVICE=1 loads
+        # before MPI is initialized, and arrays imports mpi4py.MPI, which initializes it)
+        from .._src.arrays.operands import host_view
+
         assert isinstance(stream, SimulatedStreamAdapter)
         if desc.nbytes:
             stream.sim.enqueue(_copy, host_view(desc, readonly=False), host_view(desc.replace(ptr=src, strides=None)))
