@@ -23,6 +23,9 @@ ENV_VARS: Mapping[str, str] = types.MappingProxyType({
     "CAI_MPI_INLINE_BYTES": "payloads up to this size travel inside the header message; default 8192",
     "CAI_MPI_MAX_PAYLOAD_BYTES": "receiver refuses headers announcing more; default 1 TiB",
     "CAI_MPI_DEVICE_DATATYPES": "1: strided device arrays use MPI derived datatypes when CUDA-aware (else packed)",
+    "CAI_MPI_HOST_DATATYPE_BYTES": "largest strided host payload MPI reads or writes in place through a derived "
+                                   "datatype (larger ones are packed by numpy); default by library: 4096 on MPICH, "
+                                   "unlimited elsewhere",
     "CAI_MPI_BIND_DEVICE": "1: make this rank's GPU current when cai_mpi is imported, before MPI is initialized",
     "CAI_MPI_TIMEOUT": "seconds any cai_mpi wait may last before it raises cai_mpi.TimeoutError; default off",
     "CAI_MPI_POOL_BYTES": "most idle bytes the pool of host receive buffers keeps per process; default 1 GiB",
@@ -48,6 +51,12 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     if value < minimum:
         raise ValueError(f"{name}={raw!r}: must be at least {minimum}")
     return value
+
+
+def _optional_int(env: Mapping[str, str], name: str) -> int | None:
+    """``_int``'s value, or None when unset (the library chooses)."""
+    raw = env.get(name)
+    return None if raw is None or raw.strip() == "" else _int(env, name, 0)
 
 
 def env_flag(env: Mapping[str, str], name: str, default: bool, expected: str = "1 or 0") -> bool:
@@ -95,6 +104,8 @@ class Config:
     #: CAI_MPI_SYNC=device: a producer that names no stream gets a whole-device synchronization (cuCtxSynchronize)
     #: instead of the legacy default stream's order.
     sync_device: bool = False
+    #: None: chosen by the MPI library (``transport.datatypes.host_datatype_bytes``).
+    host_datatype_bytes: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config:
@@ -116,6 +127,7 @@ class Config:
             timeout=_seconds(env, "CAI_MPI_TIMEOUT"),
             pool_bytes=_int(env, "CAI_MPI_POOL_BYTES", 1 << 30),
             pinned_pool_bytes=_int(env, "CAI_MPI_PINNED_POOL_BYTES", 256 << 20),
+            host_datatype_bytes=_optional_int(env, "CAI_MPI_HOST_DATATYPE_BYTES"),
         )
 
 

@@ -1,13 +1,38 @@
-"""MPI derived datatypes that let MPI read or write a strided host array in place (byte-based hvectors)."""
+"""MPI derived datatypes that let MPI read or write a strided host array in place (byte-based hvectors), and when
+that beats packing it with numpy."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 
 from mpi4py import MPI
 
-__all__ = ["describable", "strided_type"]
+from ..config import Config
+
+__all__ = ["describable", "host_datatype_bytes", "strided_type"]
+
+# MPICH's derived datatypes past its eager size (a strided row of 8 KiB or more, between two processes) ran several
+# times slower than numpy packing plus a contiguous message; Open MPI's ran faster than packing at every size
+# (docs/benchmarks.md, "Strided host payloads"). So MPICH takes derived datatypes only for payloads it sends eagerly.
+_MPICH_DATATYPE_BYTES = 4096
+
+
+@functools.cache
+def _library_is_mpich() -> bool:
+    try:
+        return "MPICH" in MPI.Get_library_version().upper()
+    except Exception:  # (a library that will not say keeps the default)
+        return False
+
+
+def host_datatype_bytes(cfg: Config) -> int:
+    """The largest strided host payload handed to MPI through a derived datatype; larger ones are packed with numpy
+    (CAI_MPI_HOST_DATATYPE_BYTES, else by library)."""
+    if cfg.host_datatype_bytes is not None:
+        return cfg.host_datatype_bytes
+    return _MPICH_DATATYPE_BYTES if _library_is_mpich() else 2**63
 
 _CACHE_SIZE = 64
 # key -> (committed datatype, low offset, every datatype it was built from)

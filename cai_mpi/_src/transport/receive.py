@@ -17,7 +17,7 @@ from ..errors import ProtocolError, RecvMismatchError, SenderFailedError
 from ..progress.waits import EventWait, MPIWait
 from ..runtime.base import DeviceBuffer, Event, Runtime
 from .bigcount import INT_MAX
-from .datatypes import describable, strided_type
+from .datatypes import describable, host_datatype_bytes, strided_type
 from .failure import failed, receive_checked, receive_reason
 from .pieces import BYTE, Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
 from .plans import NO_MESSAGES, RecvPlan
@@ -105,7 +105,7 @@ def plan_recv(
         if info.inline:  # the payload is in the header buffer: copied into out= now, nothing left to post
             (target.T if info.fortran else target)[...] = inbox.inline_payload(info)
             return RecvPlan(result, source, 0, NO_MESSAGES, None)
-        landing = _into_host(result, target.T if info.fortran else target, info, source, ptag, inbox)
+        landing = _into_host(result, target.T if info.fortran else target, info, source, ptag, inbox, cfg)
     elif target is None and ordinal is None and info.inline:
         # The payload is in the header buffer, which the next receive overwrites: copy it out.
         arr = inbox.inline_payload(info).copy()
@@ -114,7 +114,7 @@ def plan_recv(
     else:
         dest = destination(info, target, ordinal, source, tag, rt)
         if dest.host is not None:
-            landing = _into_host(dest.result, dest.host, info, source, ptag, inbox)
+            landing = _into_host(dest.result, dest.host, info, source, ptag, inbox, cfg)
         else:
             assert dest.wire is not None and dest.ordinal is not None
             landing = _into_device(dest.result, dest.wire, dest.ordinal, info, source, ptag, inbox, pc, rt)
@@ -232,7 +232,7 @@ def _refusal(
 
 
 def _into_host(
-    result: Array, dst: np.ndarray[Any, Any], info: MessageInfo, source: int, ptag: int, inbox: Inbox
+    result: Array, dst: np.ndarray[Any, Any], info: MessageInfo, source: int, ptag: int, inbox: Inbox, cfg: Config
 ) -> RecvPlan:
     """Land the payload in host array ``dst``, viewed in wire order (C-ordered, or strided ``out=``)."""
     if info.inline:  # (same dtype: the receive checked it)
@@ -242,7 +242,8 @@ def _into_host(
         return RecvPlan(result, source, ptag, NO_MESSAGES, None)
     if dst.flags.c_contiguous:
         return RecvPlan(result, source, ptag, byte_chunks(dst, info.chunk_bytes), None)
-    if info.nchunks == 1 and describable(dst.shape, dst.strides):
+    if info.nchunks == 1 and describable(dst.shape, dst.strides) and (
+            info.channel or info.payload_nbytes <= host_datatype_bytes(cfg)):
         datatype, low = strided_type(dst.shape, dst.strides, dst.itemsize)
         buf = MPI.buffer.fromaddress(dst.ctypes.data + low, datatype.Get_extent()[1])
         return RecvPlan(result, source, ptag, [[buf, 1, datatype]], None)

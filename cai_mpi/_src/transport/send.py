@@ -13,7 +13,7 @@ from ..core.descriptor import CAIDescriptor
 from ..core.header import encode_header, inline_message
 from ..progress.waits import EventWait, MPIWait
 from ..runtime.base import DeviceBuffer, Event, PinnedBuffer, Runtime
-from .datatypes import describable, strided_type
+from .datatypes import describable, host_datatype_bytes, strided_type
 from .failure import PREPARED, announce_failure
 from .pieces import Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
 from .plans import NO_MESSAGES, SendPlan
@@ -53,13 +53,15 @@ def _plan_host(arr: np.ndarray[Any, Any], pc: PrivateComms, meta: bytes, cfg: Co
         header = encode_header(arr.dtype, arr.shape, fortran=fortran, payload_tag=ptag, chunk_bytes=chunk,
                                meta_bytes=meta, channel=channel)
         return SendPlan(header, ptag, byte_chunks(arr.T if fortran else arr, chunk), None, True)
-    if one_message and describable(arr.shape, arr.strides):
+    # (a channel's message is bound to the array's memory once: it always goes in place)
+    if one_message and describable(arr.shape, arr.strides) and (channel or nbytes <= host_datatype_bytes(cfg)):
         # MPI gathers strided data in place through a derived datatype: no copy.
         datatype, low = strided_type(arr.shape, arr.strides, arr.itemsize)
         buf = MPI.buffer.fromaddress(arr.ctypes.data + low, datatype.Get_extent()[1], readonly=True)
         header = encode_header(arr.dtype, arr.shape, fortran=False, payload_tag=ptag, meta_bytes=meta, channel=channel)
         return SendPlan(header, ptag, [[buf, 1, datatype]], None, True)
-    # Too large for one derived-datatype message, or a layout MPI datatypes mishandle: a contiguous copy.
+    # Too large for one derived-datatype message, faster packed by numpy on this MPI, or a layout MPI datatypes
+    # mishandle: a contiguous copy.
     packed = np.ascontiguousarray(arr)
     header = encode_header(arr.dtype, arr.shape, fortran=False, payload_tag=ptag, chunk_bytes=chunk, meta_bytes=meta,
                            channel=channel)
