@@ -130,6 +130,12 @@ class Request(Generic[T]):
         self._lock = threading.Lock()
         self._delivered = False  # its result (or error) was returned once: waitany skips it, as MPI skips null requests
 
+    def _first_wait(self, first: Waitable) -> None:
+        """Start at ``first`` (for a subclass that posts its first operation itself instead of running steps)."""
+        self._pending = first
+        if not first.final:
+            PENDING.add(self)
+
     def _advance(self, failure: BaseException | None = None) -> None:
         """Run the steps to their next wait; ``failure``: the pending wait failed, raise it inside the steps so
         they clean up (their ``finally`` runs now, not when the generator is collected)."""

@@ -149,11 +149,94 @@ def receive(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | N
 def ireceive(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None, ordinal: int | None, rt: Runtime,
           keep: Any) -> Request[Array]:
     """Post the header receive now: a Request that lands the message and returns its Array."""
-    return Request(_result(receive_steps(fn, pc, source, tag, target, ordinal, rt, NONBLOCKING)), keep=keep,
-                   about=Awaited(fn, False, source, tag, pc.header))
+    return _ReceiveRequest(fn, pc, source, tag, target, ordinal, rt, keep)
 
 
-def _result(steps: Generator[Waitable, None, RecvPlan]) -> Generator[Waitable, None, Array]:
+class _HeaderPhase:
+    """A receive request's steps while its header has not landed: nothing to run or clean up yet (a withdrawn
+    header receive leaves its inbox to the garbage collector)."""
+
+    __slots__ = ()
+
+    def close(self) -> None:
+        pass
+
+
+_HEADER_PHASE: Any = _HeaderPhase()
+
+
+class _ReceiveRequest(Request[Array]):
+    """``irecv_array``'s request: the header receive is its first wait, and landing the header is plain calls
+    (``_land``), so a message that arrives whole in its header (an inline one) completes with no generator. Only a
+    payload left to wait for, or steps to drive, continues as a generator (``_rest``)."""
+
+    __slots__ = ("_landing",)
+
+    def __init__(self, fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None,
+                 ordinal: int | None, rt: Runtime, keep: Any) -> None:
+        inbox, hreq = _post_header(pc, source, tag)
+        self._begin(_HEADER_PHASE, None, keep, Awaited(fn, False, source, tag, pc.header))
+        self._landing: tuple[str, Inbox, Target | None, int | None, PrivateComms, Runtime] | None = (
+            fn, inbox, target, ordinal, pc, rt)
+        self._first_wait(MPIWait([hreq], inbox.status, cancellable=True))
+
+    def _advance(self, failure: BaseException | None = None) -> None:
+        if self._gen is not _HEADER_PHASE:
+            super()._advance(failure)
+            return
+        landing = self._landing
+        assert landing is not None
+        fn, inbox, target, ordinal, pc, rt = landing
+        self._landing = None
+        try:
+            if failure is not None:
+                raise header_failure(fn, failure, inbox.status) if isinstance(failure, MPI.Exception) else failure
+            plan, reqs = _land(fn, inbox, target, ordinal, pc, rt, NONBLOCKING, False)
+        except BaseException as exc:
+            self._finish(None, exc)
+            raise
+        if not reqs and plan.steps is None:
+            self._finish(plan.result, None)
+            return
+        self._gen = _array_of(_rest(plan, reqs))
+        super()._advance()
+
+
+def _post_header(pc: PrivateComms, source: int, tag: int) -> tuple[Inbox, MPI.Request]:
+    """Post a header receive into an inbox of the free list (held until the header is decoded)."""
+    inbox = take_inbox()
+    try:
+        return inbox, pc.header.Irecv(inbox.msg, source, tag)
+    except BaseException:
+        give_back_inbox(inbox)
+        raise
+
+
+def _land(fn: str, inbox: Inbox, target: Target | None, ordinal: int | None, pc: PrivateComms, rt: Runtime,
+          poster: Poster, channel: bool) -> tuple[RecvPlan, Sequence[Any]]:
+    """A header has landed in ``inbox``: plan its payload's landing and post the payload with ``poster`` (a
+    persistent one's requests are started). The inbox goes back to the free list."""
+    try:
+        plan = plan_recv(fn, inbox, target, ordinal, pc, config(), rt, channel=channel)
+    finally:
+        give_back_inbox(inbox)
+    reqs = post_recv(plan, pc, poster)
+    if poster.persistent and reqs:
+        MPI.Prequest.Startall(list(reqs))
+    return plan, reqs
+
+
+def _rest(plan: RecvPlan, reqs: Sequence[Any]) -> Generator[Waitable, None, RecvPlan]:
+    """What is left of a receive once its payload is posted: the payload's completion, then the plan's steps."""
+    steps = plan.steps
+    if reqs:
+        yield MPIWait(list(reqs), final=steps is None)
+    if steps is not None:
+        yield from steps
+    return plan
+
+
+def _array_of(steps: Generator[Waitable, None, RecvPlan]) -> Generator[Waitable, None, Array]:
     plan = yield from steps
     assert plan.result is not None
     return plan.result
@@ -163,32 +246,19 @@ def receive_steps(
     fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None, ordinal: int | None, rt: Runtime,
     poster: Poster, *, channel: bool = False, posted: Callable[[RecvPlan, Sequence[Any]], None] | None = None,
 ) -> Generator[Waitable, None, RecvPlan]:
-    """A receive driven by a Request: post the header receive (into an inbox of the free list, held until the
-    header is decoded; a Request runs this up to its first wait when it is made, so the header receive is posted
-    then), wait for the header, plan the landing, post the payload with ``poster`` (a persistent one's requests are
-    started, and ``posted`` is told them at once: a channel keeps them), then drive the plan's steps."""
-    inbox = take_inbox()
+    """A receive driven by a Request (a channel's): post the header receive (a Request runs this up to its first
+    wait when it is made, so the header receive is posted then), wait for the header, land it with ``poster``
+    (``posted`` is told the payload's requests at once: a channel keeps them), then wait for the rest."""
+    inbox, hreq = _post_header(pc, source, tag)
     try:
-        hreq = pc.header.Irecv(inbox.msg, source, tag)
+        yield MPIWait([hreq], inbox.status, cancellable=True)
+    except MPI.Exception as exc:
+        give_back_inbox(inbox)
+        raise header_failure(fn, exc, inbox.status) from None
     except BaseException:
         give_back_inbox(inbox)
         raise
-    try:
-        try:
-            yield MPIWait([hreq], inbox.status, cancellable=True)
-        except MPI.Exception as exc:
-            raise header_failure(fn, exc, inbox.status) from None
-        plan = plan_recv(fn, inbox, target, ordinal, pc, config(), rt, channel=channel)
-    finally:
-        give_back_inbox(inbox)
-    reqs = post_recv(plan, pc, poster)
-    if poster.persistent and reqs:
-        MPI.Prequest.Startall(list(reqs))
+    plan, reqs = _land(fn, inbox, target, ordinal, pc, rt, poster, channel)
     if posted is not None and plan.result is not None:
         posted(plan, reqs)
-    steps = plan.steps
-    if reqs:
-        yield MPIWait(list(reqs), final=steps is None)
-    if steps is not None:
-        yield from steps
-    return plan
+    return (yield from _rest(plan, reqs))
