@@ -367,6 +367,28 @@ def test_targets_from_figures() -> None:
     assert "PASS" in render_targets(list(verdicts.values()))
 
 
+def test_halo_exchange_along_a_chain_of_three(tmp_path: Path) -> None:
+    out = tmp_path / "halo.json"
+    proc = _bench(3, "halo", "--sizes", "8,8K,64K", "--iters", "5", "--samples", "2", "--json", str(out))
+    doc = _load(out)
+    _check_doc(doc, "halo", ["raw", "cai-out-irecv", "cai-irecv"], [8, 8192, 65536], 3)
+    assert "Time/exchange (us)" in proc.stdout
+
+
+@pytest.mark.one_wheel
+def test_halo_targets_from_figures() -> None:
+    def doc(rows: dict[str, dict[int, float]], ranks: int = 2) -> dict[str, Any]:
+        return {"benchmark": {"test": "halo", "buffer": "host", "ranks": ranks},
+                "results": {m: {str(s): {"median_us": t} for s, t in r.items()} for m, r in rows.items()}}
+
+    verdicts = {v.key: v for v in check_targets([
+        doc({"raw": {8192: 10.0, 1 << 20: 100.0}, "cai-out-irecv": {8192: 19.0, 1 << 20: 120.0}}),
+        doc({"raw": {8192: 10.0}, "cai-out-irecv": {8192: 90.0}}, ranks=4),  # judged at 2 ranks only
+    ])}
+    assert verdicts["halo8k-out-raw"].status == "PASS" and verdicts["halo8k-out-raw"].value == pytest.approx(1.9)
+    assert verdicts["halo1m-out-raw"].status == "FAIL" and verdicts["halo1m-out-raw"].value == pytest.approx(100 / 120)
+
+
 @pytest.mark.one_wheel
 def test_collective_and_pipeline_targets_from_figures() -> None:
     def doc(test: str, rows: dict[str, dict[int, float]], ranks: int = 2) -> dict[str, Any]:

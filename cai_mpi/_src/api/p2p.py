@@ -228,17 +228,7 @@ def recv_array(
     """
     cfg = config()
     due = None if timeout is None and cfg.timeout is None else deadline("recv_array", timeout)
-    pc = check_comm("recv_array", comm)
-    if type(source) is not int or not 0 <= source < pc.size:
-        source = check_rank("recv_array", "source", source, pc, wildcard=True)
-    if type(tag) is not int or not 0 <= tag <= pc.tag_ub:
-        tag = check_tag("recv_array", tag, pc, wildcard=True)
-    rt = get_runtime()
-    if out is None:
-        target, ordinal = None, rt.current_device() if device is None else receive_device("recv_array", device, rt)
-    else:
-        # (a numpy array is its own target: nothing to describe or synchronize)
-        target, ordinal = out if type(out) is np.ndarray else recv_target("recv_array", out, rt), None
+    pc, source, tag, target, ordinal, rt = _receive_args("recv_array", source, tag, comm, out, device)
     if source == PROC_NULL:
         return _from_proc_null(target)
     return receive("recv_array", pc, source, tag, target, ordinal, rt, out, due, cfg)

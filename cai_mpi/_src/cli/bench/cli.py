@@ -33,7 +33,10 @@ from .report import SCHEMA, check_targets, plot, render_markdown, render_targets
 
 __all__ = ["main", "parse_size", "size_list"]
 
-_DEFAULT_ITERS = {"latency": 1000, "bw": 20, "bibw": 20, "pipeline": 500, **dict.fromkeys(COLLECTIVE_TESTS, 1000)}
+_DEFAULT_ITERS = {"latency": 1000, "bw": 20, "bibw": 20, "pipeline": 500, "halo": 1000,
+                  **dict.fromkeys(COLLECTIVE_TESTS, 1000)}
+#: The halo exchange compares nonblocking receives posted before the sends (the other modes' receives are blocking).
+_HALO_MODES = ("raw", "cai-out-irecv", "cai-irecv")
 _UNITS = {"": 0, "K": 10, "M": 20, "G": 30}
 
 
@@ -100,14 +103,14 @@ class _Parser(argparse.ArgumentParser):
 
 _MODE_HELP = "\n".join(f"  {name:<13} {spec.description}" for name, spec in {**MODES, **PIPELINE_MODES}.items())
 _COLLECTIVE_MODE_HELP = "\n".join(f"  {name:<13} {spec.description}" for name, spec in COLLECTIVE_MODES.items())
-_EPILOG = f"""modes (latency, bw, bibw, pipeline):
+_EPILOG = f"""modes (latency, bw, bibw, pipeline, halo):
 {_MODE_HELP}
 
 modes (bcast, allreduce, allgather):
 {_COLLECTIVE_MODE_HELP}
 
 Run under mpiexec: latency, bw and bibw need an even number of ranks (pairs 0-1, 2-3, ...;
-rank 0's pair is reported); pipeline and the collectives need at least 2. Every rank runs; rank 0 prints.
+rank 0's pair is reported); pipeline, halo and the collectives need at least 2. Every rank runs; rank 0 prints.
 """
 # One example per command, each checked by the tests to parse as written.
 _EXAMPLES = {
@@ -115,6 +118,7 @@ _EXAMPLES = {
     "bw": "mpiexec -n 2 python -m cai_mpi bench bw --sizes 8,64K,1M,16M --modes raw,cai,cai-out --json bw.json",
     "bibw": "mpiexec -n 2 python -m cai_mpi bench bibw --max-size 16M --plot bibw.png",
     "pipeline": "mpiexec -n 4 python -m cai_mpi bench pipeline --sizes 8,1M --modes raw,cai-pipeline",
+    "halo": "mpiexec -n 2 python -m cai_mpi bench halo --sizes 8K,1M --json halo.json --check-targets",
     **{test: f"mpiexec -n 4 python -m cai_mpi bench {test} --sizes 8,1M,16M --check-targets"
        for test in COLLECTIVE_TESTS},
     "report": "python -m cai_mpi bench report lat.json bw.json --markdown --rows 8,4K,1M",
@@ -134,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
         s = sub.add_parser(test, help=what, description=f"{test}: {what}", epilog=_EPILOG + "\n" + _examples(test),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         defaults = {**dict.fromkeys(COLLECTIVE_TESTS, DEFAULT_COLLECTIVE_MODES), **COLLECTIVE_DEFAULTS,
-                    "pipeline": (*DEFAULT_MODES, "cai-pipeline")}.get(test, DEFAULT_MODES)
+                    "pipeline": (*DEFAULT_MODES, "cai-pipeline"), "halo": _HALO_MODES}.get(test, DEFAULT_MODES)
         s.add_argument("--modes", type=_modes, default=list(defaults),
                        help=f"comma-separated modes (default {','.join(defaults)})")
         s.add_argument("--buffer", choices=list(BUFFER_KINDS), default="host",
@@ -178,7 +182,7 @@ def _output_args(s: argparse.ArgumentParser) -> None:
 
 
 def _world_problem(test: str, nranks: int) -> str | None:
-    if test == "pipeline" or test in COLLECTIVE_TESTS:
+    if test in ("pipeline", "halo") or test in COLLECTIVE_TESTS:
         return None if nranks >= 2 else f"{test} needs at least 2 ranks (mpiexec -n 4 ...)"
     if nranks < 2 or nranks % 2:
         return (f"{test} needs exactly 2 ranks, or an even number (pairs); this run has {nranks}: "

@@ -1,4 +1,5 @@
-"""Timing loops (ping-pong, windowed and bidirectional bandwidth, N-rank pipeline) and the sample driver."""
+"""Timing loops (ping-pong, windowed and bidirectional bandwidth, N-rank pipeline, halo exchange) and the sample
+driver."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ TESTS = {
     "bw": "windowed unidirectional bandwidth (like osu_bw): rank 0 sends a window, rank 1 acks",
     "bibw": "windowed bidirectional bandwidth (like osu_bibw): both ranks send a window at once",
     "pipeline": "items through a chain 0 -> 1 -> ... -> N-1; time per item at steady state",
+    "halo": "face exchange along a chain 0 - 1 - ... - N-1 (not periodic): each rank posts a receive from each "
+            "neighbour, sends to each and waits for all (irecv + isend + waitall); time per exchange",
     **COLLECTIVE_TESTS,
 }
 
@@ -66,7 +69,7 @@ class Plan:
 
 def ops_per_iteration(test: str, window: int) -> int:
     """How many one-way messages one iteration times (the unit of ``median_us``)."""
-    return {"latency": 2, "bw": window, "bibw": 2 * window}.get(test, 1)  # pipeline: items; collectives: calls
+    return {"latency": 2, "bw": window, "bibw": 2 * window}.get(test, 1)  # pipeline: items; halo: exchanges; calls
 
 
 @dataclasses.dataclass
@@ -154,11 +157,25 @@ def _pipeline(m: Mode, ctx: Context, iters: int, window: int) -> float:
     return 0.0
 
 
+def _halo(m: Mode, ctx: Context, iters: int, window: int) -> float:
+    comm = ctx.comm
+    rank, size = comm.Get_rank(), comm.Get_size()
+    neighbours = [p for p in (rank - 1, rank + 1) if 0 <= p < size]
+    slots = list(enumerate(neighbours))  # one receive buffer per neighbour
+    x = m.src
+    t0 = _perf()
+    for _ in range(iters):
+        recvs = [m.irecv(p, slot) for slot, p in slots]
+        m.waitall(recvs + [m.isend(x, p) for p in neighbours])
+    return _perf() - t0
+
+
 _LOOPS: dict[str, Callable[[Mode, Context, int, int], float]] = {
     "latency": _latency,
     "bw": _bw,
     "bibw": _bibw,
     "pipeline": _pipeline,
+    "halo": _halo,
     **dict.fromkeys(COLLECTIVE_TESTS, collective_loop),
 }
 

@@ -64,6 +64,7 @@ _COLUMN = {
     "bw": "Bandwidth (MB/s)",
     "bibw": "Bandwidth (MB/s)",
     "pipeline": "Items/s",
+    "halo": "Time/exchange (us)",
     "bcast": "Time/op (us)",
     "allreduce": "Time/op (us)",
     "allgather": "Time/op (us)",
@@ -72,7 +73,7 @@ _COLUMN = {
 
 
 def _value(test: str, row: dict[str, Any]) -> float:
-    if test in ("latency", "bcast", "allreduce", "allgather", "allreduce-arrays"):
+    if test in ("latency", "halo", "bcast", "allreduce", "allgather", "allreduce-arrays"):
         return float(row["median_us"])
     if test == "pipeline":
         return float(row["items_per_s"])
@@ -252,14 +253,16 @@ def _median_ratio(
 
 
 def _latency_ratio(
-    mode: str, base: str, test: str = "latency", ranks: int | None = None
+    mode: str, base: str, test: str = "latency", ranks: int | None = None, size: int = 8
 ) -> Callable[[Sequence[Doc]], tuple[float | None, str]]:
+    """``mode``'s time over ``base``'s at ``size`` bytes (8 B by default)."""
     def ev(docs: Sequence[Doc]) -> tuple[float | None, str]:
-        found = _median_ratio(_runs(docs, test, ranks), mode, base, 8)
+        found = _median_ratio(_runs(docs, test, ranks), mode, base, size)
+        at = f"{_fmt_size(size)}iB" if size >= 1024 else f"{size} B"
         if found is None:
-            return None, f"needs a host-buffer {test} run with modes {mode},{base} and size 8"
+            return None, f"needs a host-buffer {test} run with modes {mode},{base} and size {_fmt_size(size)}"
         mid, (a, r), ratios = found
-        return mid, f"{mode} {a:.2f} us / {base} {r:.2f} us at 8 B ({_where(test, len(ratios))}){_each(ratios)}"
+        return mid, f"{mode} {a:.2f} us / {base} {r:.2f} us at {at} ({_where(test, len(ratios))}){_each(ratios)}"
     return ev
 
 
@@ -351,6 +354,11 @@ _TARGETS: list[tuple[str, str, str, float, Callable[[Sequence[Doc]], tuple[float
        _bw_ratio("cai-init", t, base="raw-init")) for t in ("bcast", "allreduce", "allgather")],
     ("arrays8-cai-raw", "8 B per array, allreduce_arrays of 16 vs 16 mpi4py Allreduce (time; faster: < 1)", "<=",
      1.0, _latency_ratio("cai", "raw", "allreduce-arrays")),
+    # the halo exchange (issue 37), 2 ranks: one face each way, irecv_array(out=) + isend_array + waitall
+    ("halo8k-out-raw", "8 KiB face exchange, irecv_array(out=) + isend_array + waitall vs mpi4py's, 2 ranks", "<=",
+     2.0, _latency_ratio("cai-out-irecv", "raw", "halo", ranks=2, size=8 << 10)),
+    ("halo1m-out-raw", "face exchange throughput >= 1 MiB, irecv_array(out=) vs mpi4py Irecv, 2 ranks", ">=", 0.9,
+     _bw_ratio("cai-out-irecv", "halo", ranks=2)),
     ("arrays1m-cai-raw", "allreduce_arrays of 16 throughput >= 1 MiB per array vs 16 mpi4py Allreduce", ">=", 0.95,
      _bw_ratio("cai", "allreduce-arrays")),
 ]
