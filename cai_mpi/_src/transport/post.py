@@ -165,7 +165,10 @@ class _HeaderPhase:
 _HEADER_PHASE: Any = _HeaderPhase()
 
 
-class _ReceiveRequest(Request[Array]):
+# (Request["Array"], not Request[Array]: typing caches the alias Request[Array] with the module Request has when it is
+# made, and this one would be made before cai_mpi's __init__ renames Request's module to cai_mpi, so the public
+# signatures that name Request[Array] would show the private path)
+class _ReceiveRequest(Request["Array"]):
     """``irecv_array``'s request: the header receive is its first wait, and landing the header is plain calls
     (``_land``), so a message that arrives whole in its header (an inline one) completes with no generator. Only a
     payload left to wait for, or steps to drive, continues as a generator (``_rest``)."""
