@@ -24,7 +24,8 @@ from .validation import check_sync
 __all__ = ["DIRECT_BYTES", "Bucket", "Direct", "Plan", "is_container"]
 
 #: A host array of at least this many bytes is reduced by ``allreduce_arrays`` on its own, from its buffer, not
-#: copied into its dtype's bucket (docs/benchmarks.md has the measurement that chose it).
+#: copied into its dtype's bucket (docs/benchmarks.md has the measurement that chose it). A constant, not a setting:
+#: every rank must split the same arrays out, or their bucket collectives differ.
 DIRECT_BYTES = 128 * 1024
 
 
