@@ -156,7 +156,7 @@ class Plan:
         out: list[Any] = [None] * self.n
         streams = set()
         waited: set[tuple[int, int | None]] = set()
-        over_host = Array._over_host
+        over_host = Array.over_host
         view = np.ndarray
         for bucket, buf in zip(self.buckets, buckets, strict=True):
             if bucket.host:  # (each a view of buf, which it keeps alive)

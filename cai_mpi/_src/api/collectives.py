@@ -109,7 +109,7 @@ def _land(
 def _own_array(src: np.ndarray[Any, Any] | DeviceSource, owner: Any, rank: int, meta: dict[str, Any] | None) -> Array:
     """An Array viewing a rank's own data (no copy)."""
     if isinstance(src, np.ndarray):
-        return Array._over_host(src, rank, NO_TAG, meta, owner)
+        return Array.over_host(src, rank, NO_TAG, meta, owner)
     return Array(src.desc.replace(stream=None), device=src.ordinal, owner=src.owner, source=rank, tag=NO_TAG,
                  meta=meta)
 
@@ -243,7 +243,7 @@ def bcast_array(
         return _own_array(src, obj, root, info.meta)
     if fused and target is None and ordinal is None and trouble is None:
         assert ex is not None
-        return Array._over_host(_view(ex, 0, info), root, NO_TAG, info.meta)  # over the broadcast slot
+        return Array.over_host(_view(ex, 0, info), root, NO_TAG, info.meta)  # over the broadcast slot
     landing, trouble = _land(fn, info, target, ordinal, trouble, root, pc, rt)
     if fused:
         assert ex is not None

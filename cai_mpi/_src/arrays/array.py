@@ -86,10 +86,10 @@ class Array:
         meta: dict[str, Any] | None = None,
     ) -> Array:
         """Wrap a host numpy array (no copy); ``owner`` keeps the memory alive if ``host`` does not."""
-        return cls._over_host(host, source, tag, meta, owner)
+        return cls.over_host(host, source, tag, meta, owner)
 
     @classmethod
-    def _over_host(
+    def over_host(
         cls, host: np.ndarray[Any, Any], source: int, tag: int, meta: dict[str, Any] | None, owner: Any = None
     ) -> Array:
         """``from_host`` without keyword parsing: every host receive builds one."""

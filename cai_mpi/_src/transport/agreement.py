@@ -237,7 +237,7 @@ def settle(fn: str, pc: PrivateComms, reqs: list[MPI.Request], due: Deadline | N
     if not complete_by(MPIWait(reqs), due):
         error = collective_expired(fn, pc.header, due)
         pc.out_of_step = f"{fn} timed out after {due.seconds:g} s on this rank"
-        PostedRequest(reqs, None, keep=keep)._abandon(error)
+        PostedRequest(reqs, None, keep=keep).abandon(error)
         raise error
 
 
