@@ -6,7 +6,6 @@ stage), in the steady state of each run."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,12 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mpi4py import MPI
 
 from cai_mpi._src.core.header import HEADER_BUFFER_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
-MPICC = Path(sys.prefix) / "bin" / "mpicc"
 ITEMS = 40  # counted per run, after 3 items that start it
 RANKS = 3
 #: The runs of the program below: for each edge (stage 0 -> 1, and stage 1 forwarding what it received -> 2) the
@@ -76,22 +73,10 @@ for name in sys.argv[2].split(","):
 """
 
 
-def _traffic() -> Any:
-    spec = importlib.util.spec_from_file_location("collective_traffic", ROOT / "scripts/bench/collective_traffic.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def received_per_item(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[float]]:
+def received_per_item(mpicount: tuple[Any, Path]) -> dict[str, list[float]]:
     """Per run: the bytes each receiving stage (ranks 1 and 2) posted receives for, per item."""
-    if "MPICH" not in MPI.Get_library_version() or not MPICC.exists():
-        pytest.skip("the PMPI counter is built with the MPICH wheel's mpicc (Open MPI 5's mpi.h lacks the "
-                    "large-count PMPI calls mpi4py makes); the MPICH run of the suite counts")
-    traffic = _traffic()
-    library = traffic.build(MPICC, tmp_path_factory.mktemp("mpicount") / "libmpicount.so")
+    traffic, library = mpicount
     prefix = Path(sys.prefix)
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "MPICOUNT_DIR": tmp, "LD_PRELOAD": str(library), "PYTHONPATH": str(ROOT),
