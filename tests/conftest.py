@@ -4,9 +4,13 @@ here and why (MPI-only tests in one process, GPU tests without a GPU), said once
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from mpi4py import MPI
@@ -100,6 +104,22 @@ def _fresh_runtime_and_config(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     set_runtime(previous)
     reload_config()
+
+
+@pytest.fixture(scope="session")
+def mpicount(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """``(scripts/bench/collective_traffic.py as a module, the PMPI counter it built)``: what counts the MPI calls
+    of a program under mpiexec (tests/test_traffic.py, tests/test_pipeline_traffic.py)."""
+    mpicc = Path(sys.prefix) / "bin" / "mpicc"
+    if "MPICH" not in MPI.Get_library_version() or not mpicc.exists():
+        pytest.skip("the PMPI counter is built with the MPICH wheel's mpicc (Open MPI 5's mpi.h lacks the "
+                    "large-count PMPI calls mpi4py makes); the MPICH run of the suite counts")
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("collective_traffic", root / "scripts/bench/collective_traffic.py")
+    assert spec is not None and spec.loader is not None
+    traffic = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(traffic)
+    return traffic, traffic.build(mpicc, tmp_path_factory.mktemp("mpicount") / "libmpicount.so")
 
 
 @pytest.fixture

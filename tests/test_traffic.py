@@ -6,34 +6,18 @@ makes its MPI calls concurrently (nonblocking, completed together: one round).""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mpi4py import MPI
 
-ROOT = Path(__file__).resolve().parent.parent
-MPICC = Path(sys.prefix) / "bin" / "mpicc"
 PAYLOAD = 8  # bytes per rank in every call the program makes
 
 
-def _traffic() -> Any:
-    spec = importlib.util.spec_from_file_location("collective_traffic", ROOT / "scripts/bench/collective_traffic.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def counted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, dict[str, Any]]]:
-    if "MPICH" not in MPI.Get_library_version() or not MPICC.exists():
-        pytest.skip("the PMPI counter is built with the MPICH wheel's mpicc (Open MPI 5's mpi.h lacks the "
-                    "large-count PMPI calls mpi4py makes); the MPICH run of the suite counts")
-    traffic = _traffic()
-    library = traffic.build(MPICC, tmp_path_factory.mktemp("mpicount") / "libmpicount.so")
+def counted(mpicount: tuple[Any, Path]) -> dict[int, dict[str, dict[str, Any]]]:
+    traffic, library = mpicount
     return {p: traffic.measure(p, library, Path(sys.prefix)) for p in (2, 4, 8)}
 
 

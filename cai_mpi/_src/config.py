@@ -1,5 +1,6 @@
 """Environment variables cai_mpi reads: one place, two tables: the user settings (docs/environment.md) and the
-test hooks (docs/testing.md)."""
+test hooks (docs/testing.md). The launcher's and MPI vendors' own variables (``SLURM_LOCALID``,
+``CUDA_VISIBLE_DEVICES``, ``MV2_USE_CUDA``...) are read by name from ``environment()``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import os
 import types
 from collections.abc import Mapping
 
-__all__ = ["ENV_VARS", "TEST_HOOKS", "Config", "config", "env_flag", "reload_config"]
+__all__ = [
+    "ENV_VARS", "TEST_HOOKS", "Config", "bind_device_setting", "config", "cuda_aware_setting", "device_setting",
+    "env_flag", "environment", "local_rank_setting", "reload_config", "cuda_driver_hook",
+]
 
 #: name -> one-line meaning (read-only); docs/environment.md holds the full table.
 ENV_VARS: Mapping[str, str] = types.MappingProxyType({
@@ -76,6 +80,19 @@ def env_flag(env: Mapping[str, str], name: str, default: bool, expected: str = "
     raise ValueError(f"{name}={raw!r}: expected {expected}")
 
 
+def _ordinal(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{name}={raw!r}: expected a non-negative integer, e.g. {name}=0")
+    return value
+
+
 def _seconds(env: Mapping[str, str], name: str) -> float | None:
     raw = env.get(name)
     if raw is None or raw.strip().lower() in ("", "off", "none"):
@@ -136,6 +153,77 @@ _config = Config.from_env(os.environ)
 
 def config() -> Config:
     return _config
+
+
+def environment() -> Mapping[str, str]:
+    """The process environment: every module that reads a variable gets it here (the settings below, the
+    launcher's local rank, ``CUDA_VISIBLE_DEVICES``, the MPI vendors' switches), so this is the one reader."""
+    return os.environ
+
+
+# Settings read where they are used, from a mapping the caller may give (device choice and CUDA-awareness take
+# ``env=`` so that a launcher's environment can be examined without being this process's).
+
+
+def cuda_aware_setting(env: Mapping[str, str]) -> bool | None:
+    """``CAI_MPI_CUDA_AWARE``: True or False overrides detection; None (unset or blank) detects.
+
+    Raises:
+        ValueError: a value that is not one of 1, true, yes, on, 0, false, no, off.
+    """
+    raw = env.get("CAI_MPI_CUDA_AWARE")
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return env_flag(env, "CAI_MPI_CUDA_AWARE", False)
+    except ValueError:
+        raise ValueError(
+            f"CAI_MPI_CUDA_AWARE={raw!r} is not understood: use 1, true, yes or on (the MPI library is CUDA-aware), "
+            "0, false, no or off (it is not), or unset CAI_MPI_CUDA_AWARE to detect it"
+        ) from None
+
+
+def device_setting(env: Mapping[str, str]) -> int | None:
+    """``CAI_MPI_DEVICE``: the GPU ordinal forced for this rank, or None to choose by local rank.
+
+    Raises:
+        ValueError: not a non-negative integer.
+    """
+    return _ordinal(env, "CAI_MPI_DEVICE")
+
+
+def local_rank_setting(env: Mapping[str, str]) -> int | None:
+    """``CAI_MPI_LOCAL_RANK``: the node-local rank that overrides the launcher's, or None.
+
+    Raises:
+        ValueError: not a non-negative integer.
+    """
+    return _ordinal(env, "CAI_MPI_LOCAL_RANK")
+
+
+def bind_device_setting(env: Mapping[str, str]) -> bool:
+    """``CAI_MPI_BIND_DEVICE``: make this rank's GPU current when cai_mpi is imported (default off).
+
+    Raises:
+        ValueError: a value that is not on or off.
+    """
+    return env_flag(env, "CAI_MPI_BIND_DEVICE", False)
+
+
+def cuda_driver_hook() -> str:
+    """The test hook ``CAI_MPI_TEST_CUDA_DRIVER`` (``module:factory``), or "" when unset.
+
+    Raises:
+        ValueError: a value without ``module:factory``'s colon or with either part empty.
+    """
+    raw = os.environ.get("CAI_MPI_TEST_CUDA_DRIVER", "").strip()
+    module, colon, factory = raw.partition(":")
+    if raw and not (colon and module.strip() and factory.strip()):
+        raise ValueError(
+            f"CAI_MPI_TEST_CUDA_DRIVER={raw!r}: expected module:factory, "
+            "the factory named after the colon, e.g. tests.doubles:make_driver"
+        )
+    return raw
 
 
 def reload_config(env: Mapping[str, str] | None = None) -> Config:

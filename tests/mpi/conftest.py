@@ -20,6 +20,7 @@ reads: the outer run then knows exactly what ran on each rank and shows the inne
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -168,3 +169,61 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _write_summary()
+
+
+# -- device set-up shared by the tests ----------------------------------------------------------------------------
+
+
+def _routed_dup(aware: bool, of: MPI.Comm = MPI.COMM_WORLD) -> MPI.Intracomm:
+    """A duplicate of ``of`` on which device data goes to MPI in place (``aware``) or is staged through the host:
+    cai_mpi detects CUDA-awareness once per communicator, at its first use, so it is detected here with
+    ``CAI_MPI_CUDA_AWARE`` set (and the variable put back as it was)."""
+    import cai_mpi
+
+    before = os.environ.get("CAI_MPI_CUDA_AWARE")
+    os.environ["CAI_MPI_CUDA_AWARE"] = "1" if aware else "0"
+    try:
+        dup = of.Dup()
+        detected = cai_mpi.cuda_aware(dup)
+    finally:
+        if before is None:
+            del os.environ["CAI_MPI_CUDA_AWARE"]
+        else:
+            os.environ["CAI_MPI_CUDA_AWARE"] = before
+    assert detected.aware is aware, detected
+    return dup
+
+
+@contextlib.contextmanager
+def _on_double(aware: bool, *, lazy: float = 0.0, settings: dict[str, str] | None = None) -> Iterator[Any]:
+    """``(runtime, comm)``: cai_mpi's CUDA runtime on a driver double in use (its device memory readable by MPI
+    when ``aware``, as a CUDA-aware MPI needs; ``lazy`` as ``double_runtime`` takes it), a ``_routed_dup`` of
+    COMM_WORLD and ``settings`` as the configuration; all undone on leaving, once every rank has left."""
+    from cai_mpi._src.config import reload_config
+    from cai_mpi.testing import double_runtime, use_runtime
+
+    comm = _routed_dup(aware)
+    if settings is not None:
+        reload_config(settings)
+    runtime = double_runtime(cuda_aware=aware, lazy=lazy)
+    try:
+        with use_runtime(runtime):
+            yield runtime, comm
+            gc.collect()  # finalizers that free device memory run while the double is alive
+    finally:
+        comm.Barrier()
+        comm.Free()
+        reload_config()
+        runtime.driver_double.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def routed_dup() -> Any:
+    """``routed_dup(aware, of=COMM_WORLD)``: a duplicate of ``of`` routing device data in place or staged."""
+    return _routed_dup
+
+
+@pytest.fixture
+def on_double() -> Any:
+    """``with on_double(aware, lazy=0.0, settings=None) as (runtime, comm)``: the CUDA runtime on a driver double."""
+    return _on_double

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -187,17 +186,13 @@ def test_device_channel_needs_cuda_aware_mpi(simulated_gpu: SimulatedRuntime) ->
 
 
 @pytest.mark.parametrize("sync", [None, False])
-def test_device_channel_on_cuda_aware_mpi_syncs_every_send(simulated_gpu: SimulatedRuntime, sync: bool | None) -> None:
+def test_device_channel_on_cuda_aware_mpi_syncs_every_send(simulated_gpu: SimulatedRuntime, sync: bool | None,
+                                                           routed_dup: Any) -> None:
     """CUDA-aware: device memory goes to MPI in place, and the producer stream is synced before each send.
 
     With sync=False the receiver sees the stale data, which proves the test catches the race.
     """
-    os.environ["CAI_MPI_CUDA_AWARE"] = "1"
-    try:
-        aware = comm.Dup()
-        assert cai_mpi.cuda_aware(aware).aware
-    finally:
-        del os.environ["CAI_MPI_CUDA_AWARE"]
+    aware = routed_dup(True)
     try:
         stream = SimulatedStream("channel-producer")
         x = FakeCudaArray.zeros(100_000, "<f8", stream=stream, device=True)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.api import collectives
+from cai_mpi._src.api import gathers
 from cai_mpi._src.config import reload_config
 from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, use_runtime
 
@@ -184,7 +184,7 @@ def test_a_rank_that_cannot_contribute_is_named_on_every_rank() -> None:
 @pytest.fixture
 def large_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The path for pieces whose counts pass a C int, on small pieces: Alltoallw over absolute addresses."""
-    monkeypatch.setattr(collectives, "_small", lambda sizes, infos: False)
+    monkeypatch.setattr(gathers, "_small", lambda sizes, infos: False)
     yield
 
 

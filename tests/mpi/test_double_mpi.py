@@ -5,8 +5,6 @@ as an MPI that is not CUDA-aware would). Received data is compared exactly with 
 
 from __future__ import annotations
 
-import gc
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,9 +13,8 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.config import reload_config
 from cai_mpi._src.runtime.base import Runtime
-from cai_mpi.testing import DoubleDeviceArray, double_runtime, use_runtime
+from cai_mpi.testing import DoubleDeviceArray
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -28,26 +25,10 @@ SLOW = 0.2
 
 
 @pytest.fixture(params=["direct", "staged"])
-def gpu(request: pytest.FixtureRequest) -> Iterator[tuple[Runtime, MPI.Comm]]:
-    direct = request.param == "direct"
-    os.environ["CAI_MPI_CUDA_AWARE"] = "1" if direct else "0"
-    try:
-        comm = world.Dup()
-        detected = cai_mpi.cuda_aware(comm).aware  # detected once per communicator, with the override set
-    finally:
-        del os.environ["CAI_MPI_CUDA_AWARE"]
-    reload_config({"CAI_MPI_CHUNK_BYTES": "65536"})  # several staging chunks at modest sizes
-    rt = double_runtime(cuda_aware=direct)
-    try:
-        with use_runtime(rt):
-            assert detected is direct
-            yield rt, comm
-            gc.collect()
-    finally:
-        comm.Barrier()
-        comm.Free()
-        reload_config()
-        rt.driver_double.close()  # type: ignore[attr-defined]
+def gpu(request: pytest.FixtureRequest, on_double: Any) -> Iterator[tuple[Runtime, MPI.Comm]]:
+    # (several staging chunks at modest sizes)
+    with on_double(request.param == "direct", settings={"CAI_MPI_CHUNK_BYTES": "65536"}) as made:
+        yield made
 
 
 def payload(r: int, n: int, dtype: str = "<f8") -> np.ndarray[Any, Any]:

@@ -8,7 +8,6 @@ down (``MessageInfo.nchunks``), a descriptor that never reports Fortran order, a
 from __future__ import annotations
 
 import gc
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +22,7 @@ from cai_mpi._src.progress import requests
 from cai_mpi._src.progress.waits import Waitable
 from cai_mpi._src.runtime.base import Runtime
 from cai_mpi._src.transport.privcomm import private_comms
-from cai_mpi.testing import DoubleDeviceArray, FakeCudaArray, SimulatedRuntime, double_runtime, use_runtime
+from cai_mpi.testing import DoubleDeviceArray, FakeCudaArray, SimulatedRuntime, use_runtime
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -105,23 +104,10 @@ def test_host_to_staged_device_at_chunk_boundaries(simulated_gpu: SimulatedRunti
 
 
 @pytest.fixture
-def staged_double() -> Iterator[tuple[Runtime, MPI.Comm]]:
+def staged_double(on_double: Any) -> Iterator[tuple[Runtime, MPI.Comm]]:
     """The real CUDA runtime on the driver double, staged (not CUDA-aware: device memory faults on host access)."""
-    os.environ["CAI_MPI_CUDA_AWARE"] = "0"
-    try:
-        comm_ = comm.Dup()
-        assert not cai_mpi.cuda_aware(comm_).aware  # detected once per communicator, with the override set
-    finally:
-        del os.environ["CAI_MPI_CUDA_AWARE"]
-    rt = double_runtime(cuda_aware=False)
-    try:
-        with use_runtime(rt):
-            yield rt, comm_
-            gc.collect()
-    finally:
-        comm_.Barrier()
-        comm_.Free()
-        rt.driver_double.close()  # type: ignore[attr-defined]
+    with on_double(False) as made:
+        yield made
 
 
 def test_staged_payloads_at_chunk_boundaries_on_the_driver_double(staged_double: tuple[Runtime, MPI.Comm]) -> None:

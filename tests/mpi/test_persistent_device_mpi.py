@@ -7,8 +7,6 @@ compared exactly with numpy."""
 
 from __future__ import annotations
 
-import gc
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,9 +15,8 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.config import reload_config
 from cai_mpi._src.runtime.base import Runtime
-from cai_mpi.testing import DoubleDeviceArray, double_runtime, use_runtime
+from cai_mpi.testing import DoubleDeviceArray
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -29,25 +26,9 @@ LAZY = 40.0  # s: queued device work runs when synchronized on, or only after th
 
 
 @pytest.fixture(params=["direct", "staged"])
-def gpu(request: pytest.FixtureRequest) -> Iterator[tuple[Runtime, MPI.Comm]]:
-    direct = request.param == "direct"
-    os.environ["CAI_MPI_CUDA_AWARE"] = "1" if direct else "0"
-    try:
-        comm = world.Dup()
-        detected = cai_mpi.cuda_aware(comm).aware
-    finally:
-        del os.environ["CAI_MPI_CUDA_AWARE"]
-    rt = double_runtime(cuda_aware=direct, lazy=LAZY)
-    try:
-        with use_runtime(rt):
-            assert detected is direct
-            yield rt, comm
-            gc.collect()
-    finally:
-        comm.Barrier()
-        comm.Free()
-        reload_config()
-        rt.driver_double.close()  # type: ignore[attr-defined]
+def gpu(request: pytest.FixtureRequest, on_double: Any) -> Iterator[tuple[Runtime, MPI.Comm]]:
+    with on_double(request.param == "direct", lazy=LAZY) as made:
+        yield made
 
 
 def values(r: int, n: int = 12, dtype: str = "f8", step: int = 0) -> np.ndarray[Any, Any]:
@@ -276,25 +257,11 @@ def test_2d_f_ordered_and_strided_host_arrays_in_a_bucket_beside_a_device_array(
 
 
 @pytest.fixture
-def lazy_gpu() -> Iterator[tuple[Runtime, MPI.Comm]]:
+def lazy_gpu(on_double: Any) -> Iterator[tuple[Runtime, MPI.Comm]]:
     """``gpu``, staged, on a lazy double: queued device work runs only when something waits for it, so a copy that
     skips a wait overtakes the work it should follow every time."""
-    os.environ["CAI_MPI_CUDA_AWARE"] = "0"
-    try:
-        comm = world.Dup()
-        cai_mpi.cuda_aware(comm)
-    finally:
-        del os.environ["CAI_MPI_CUDA_AWARE"]
-    rt = double_runtime(lazy=600.0)
-    try:
-        with use_runtime(rt):
-            yield rt, comm
-            gc.collect()
-    finally:
-        comm.Barrier()
-        comm.Free()
-        reload_config()
-        rt.driver_double.close()  # type: ignore[attr-defined]
+    with on_double(False, lazy=600.0) as made:
+        yield made
 
 
 def test_bucketed_allreduce_init_waits_for_readers_of_the_last_result(lazy_gpu: tuple[Runtime, MPI.Comm]) -> None:

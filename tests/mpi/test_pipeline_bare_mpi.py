@@ -1,7 +1,7 @@
 """Pipeline items that travel as bare payloads (a run of items with the shape, dtype and meta of the one before,
 host memory of numbers in C order) and the self-describing messages they fall back to: every item arrives intact,
 in order, with its own shape, dtype and meta, whichever way it came. Every rank is a stage; passes at any world
-size >= 2."""
+size >= 2. Which items go bare is what MPI is asked to receive: tests/test_pipeline_traffic.py counts it."""
 
 from __future__ import annotations
 
@@ -40,19 +40,6 @@ def stream() -> list[tuple[Any, dict[str, Any] | None]]:
     return items
 
 
-def bare_rule(items: list[tuple[Any, dict[str, Any] | None]]) -> int:
-    """How many of ``items``, sent in this order, go bare: each one that is host memory of numbers in C order with
-    the shape, dtype and meta of the item sent just before it, itself such memory."""
-    count, before = 0, None
-    for x, meta in items:
-        h = np.asarray(x)
-        ok = h.flags.c_contiguous and h.dtype.kind in "biufc"
-        now = (h.shape, h.dtype, meta) if ok else None
-        count += now is not None and now == before
-        before = now
-    return count
-
-
 def same(a: cai_mpi.Array, x: Any) -> bool:
     h = np.asarray(a)
     return h.shape == x.shape and h.dtype == x.dtype and np.array_equal(h, x)
@@ -62,7 +49,6 @@ def same(a: cai_mpi.Array, x: Any) -> bool:
 def test_bare_runs_and_their_fallbacks_arrive_intact_in_order(depth: int) -> None:
     items = stream()
     kept: list[cai_mpi.Array] = []
-    forwarded: list[tuple[Any, dict[str, Any] | None]] = []
     with cai_mpi.Pipeline(depth=depth) as pipe:
         if pipe.first:
             for x, meta in items:
@@ -72,13 +58,7 @@ def test_bare_runs_and_their_fallbacks_arrive_intact_in_order(depth: int) -> Non
                 if pipe.last:
                     kept.append(a)
                 else:
-                    forwarded.append((a, a.meta))
                     pipe.send(a)
-    if not pipe.last:
-        sent = items if pipe.first else forwarded
-        assert pipe._fast_sent == bare_rule(sent), (pipe._fast_sent, bare_rule(sent))
-    if rank == 1:  # the first edge: what stage 0 sent bare, this stage received bare
-        assert pipe._fast_received == bare_rule(items) > 0
     if rank == size - 1:
         assert len(kept) == len(items)
         for i, (a, (x, meta)) in enumerate(zip(kept, items, strict=True)):  # (checked once all have arrived:
@@ -97,7 +77,6 @@ def test_a_meta_of_a_bare_run_is_each_items_own() -> None:
                 a.meta["tags"].append("touched")  # the receiver's own dict: later items keep theirs
             assert [a.meta for a in got] == [{"tags": ["a", "touched"]}] * 4
             assert [np.asarray(a).tolist() for a in got] == [[i, i] for i in range(4)]
-            assert pipe._fast_received == 3
             if not pipe.last:
                 for a in got:
                     pipe.send(a, meta={"tags": ["a"]})
@@ -120,7 +99,6 @@ def test_an_item_changed_in_place_after_its_run_was_described_is_sent_as_it_is_n
             else:
                 assert [a.meta for a in got] == [{"k": 0}, {"k": 0}, {"k": 1}, {"k": 1}, None]
                 assert [np.asarray(a).tolist() for a in got] == [[float(i)] * 5 for i in range(4)] + [[0.0] * 5]
-            assert pipe._fast_received == 2
 
 
 @pytest.mark.parametrize("where", ["first", "last"])
@@ -185,7 +163,6 @@ def test_large_items_go_bare_and_arrive_intact() -> None:
                 assert np.array_equal(np.asarray(a), np.arange(n, dtype=np.float64) * i)
                 if not pipe.last:
                     pipe.send(a)
-            assert pipe._fast_received == 5
 
 
 def test_host_items_to_a_stage_with_a_gpu_land_on_its_gpu_self_described() -> None:
@@ -202,8 +179,6 @@ def test_host_items_to_a_stage_with_a_gpu_land_on_its_gpu_self_described() -> No
             if not pipe.last:
                 for a in got:
                     pipe.send(a)
-            assert pipe._fast_received == 0
-        assert pipe._fast_sent == 0
 
 
 @pytest.mark.parametrize("depth", [1, 2, 5])
@@ -228,14 +203,11 @@ def test_memory_of_a_bare_item_someone_still_holds_is_never_reused(depth: int) -
                 elif i % 6 == 3:
                     held[i] = np.asarray(a)[1:]  # a view of the memory
                 del a
-            assert pipe._fast_received == n - 1
     if not pipe.first:
         assert sorted(held) == [i for i in range(n) if i % 6 < 4]
         for i, h in held.items():
             want = np.full((2, 3), i, np.int32)[1:] if i % 6 == 3 else np.full((2, 3), i, np.int32)
             assert np.array_equal(np.asarray(h), want), (i, np.asarray(h))
-    else:
-        assert pipe._fast_sent == n - 1
 
 
 def test_items_held_from_an_earlier_pipeline_are_never_overwritten_by_a_later_one() -> None:
@@ -253,7 +225,6 @@ def test_items_held_from_an_earlier_pipeline_are_never_overwritten_by_a_later_on
                         pipe.send(a)
                     if i % 3 == 0:
                         held.append((100 * run + i, a if i % 2 else a.numpy()))
-                assert pipe._fast_received == 9
     if rank == 0:
         assert held == []
     else:
@@ -284,7 +255,6 @@ def test_what_a_stage_does_to_a_dropped_item_never_reaches_later_items_or_pipeli
                     elif i % 4 == 2:
                         item.meta = {"mine": True}
                     del x, item
-                assert pipe._fast_received == 11
                 assert seen == [((8,), np.dtype(np.float64), True, None, [10.0 * run + i] * 8) for i in range(12)]
     assert pipe.first or seen
 
@@ -320,8 +290,6 @@ def test_credits_sent_while_the_last_one_is_still_in_flight_reach_the_previous_s
                 got.append(a.numpy().tolist())
                 if not pipe.last:
                     pipe.send(a)
-    if not pipe.last:  # (what the next stage's credits told this one it has received)
-        assert pipe._acked >= n - pipe.depth, pipe._acked
     if not pipe.first:
         assert got == [[i] * 4 for i in range(n)]
 

@@ -3,7 +3,6 @@ of ``out=`` (host and device) either receives the neighbour's data or, from PROC
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,14 +30,9 @@ def face(r: int) -> np.ndarray[Any, Any]:
 
 
 @pytest.fixture(params=["host", "simulated", "double"])
-def runtime(request: pytest.FixtureRequest) -> Iterator[tuple[str, MPI.Comm, Any]]:
+def runtime(request: pytest.FixtureRequest, routed_dup: Any) -> Iterator[tuple[str, MPI.Comm, Any]]:
     """The runtime the out= kinds live on, and a communicator whose route (staged) is fixed for it."""
-    os.environ["CAI_MPI_CUDA_AWARE"] = "0"
-    try:
-        comm = world.Dup()
-        cai_mpi.cuda_aware(comm)  # detected once per communicator, with the override set
-    finally:
-        del os.environ["CAI_MPI_CUDA_AWARE"]
+    comm = routed_dup(False)
     rt: Any = None
     try:
         if request.param == "host":

@@ -8,7 +8,6 @@ the order of the additions (MPI's, or the rank order of the small path that redu
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -87,16 +86,10 @@ def simulated_gpu() -> Iterator[None]:
 
 
 @pytest.fixture(params=["staged", "cuda-aware"])
-def device_comm(request: pytest.FixtureRequest, simulated_gpu: None) -> Iterator[MPI.Intracomm]:
+def device_comm(request: pytest.FixtureRequest, simulated_gpu: None, routed_dup: Any) -> Iterator[MPI.Intracomm]:
     """A communicator on which device data is staged through the host, or handed to a (simulated) CUDA-aware
     MPI directly."""
-    if request.param == "cuda-aware":
-        os.environ["CAI_MPI_CUDA_AWARE"] = "1"
-    try:
-        dup = comm.Dup()  # detection happens per communicator, at its first use
-        assert cai_mpi.cuda_aware(dup).aware == (request.param == "cuda-aware")
-    finally:
-        os.environ.pop("CAI_MPI_CUDA_AWARE", None)
+    dup = routed_dup(request.param == "cuda-aware")
     yield dup
     dup.Free()
 

@@ -7,8 +7,6 @@ receive has a timeout, so a regression fails instead of hanging the run."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +19,7 @@ import cai_mpi
 from cai_mpi._src.config import reload_config
 from cai_mpi._src.runtime.base import Runtime
 from cai_mpi._src.transport import send as send_module
-from cai_mpi.testing import DoubleDeviceArray, double_runtime, use_runtime
+from cai_mpi.testing import DoubleDeviceArray
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 
@@ -33,35 +31,15 @@ ARRIVES = 60.0  # seconds at most for one that must
 N = 50_000  # float64: several staging chunks of 64 KiB
 
 
-@contextlib.contextmanager
-def _double(direct: bool) -> Iterator[tuple[Runtime, MPI.Comm]]:
-    os.environ["CAI_MPI_CUDA_AWARE"] = "1" if direct else "0"
-    try:
-        comm = world.Dup()
-        assert cai_mpi.cuda_aware(comm).aware is direct  # detected once per communicator, with the override set
-    finally:
-        del os.environ["CAI_MPI_CUDA_AWARE"]
-    reload_config({"CAI_MPI_CHUNK_BYTES": "65536"})
-    rt = double_runtime(cuda_aware=direct)
-    try:
-        with use_runtime(rt):
-            yield rt, comm
-    finally:
-        comm.Barrier()
-        comm.Free()
-        reload_config()
-        rt.driver_double.close()  # type: ignore[attr-defined]
-
-
 @pytest.fixture(params=["direct", "staged"])
-def gpu(request: pytest.FixtureRequest) -> Iterator[tuple[Runtime, MPI.Comm]]:
-    with _double(request.param == "direct") as both:
+def gpu(request: pytest.FixtureRequest, on_double: Any) -> Iterator[tuple[Runtime, MPI.Comm]]:
+    with on_double(request.param == "direct", settings={"CAI_MPI_CHUNK_BYTES": "65536"}) as both:
         yield both
 
 
 @pytest.fixture
-def staged() -> Iterator[tuple[Runtime, MPI.Comm]]:
-    with _double(False) as both:
+def staged(on_double: Any) -> Iterator[tuple[Runtime, MPI.Comm]]:
+    with on_double(False, settings={"CAI_MPI_CHUNK_BYTES": "65536"}) as both:
         yield both
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,15 +100,10 @@ def test_v2_device_array_gets_conservative_device_sync(simulated_gpu: SimulatedR
     assert (got.numpy() == 7.0).all()
 
 
-def test_cuda_aware_direct_path(simulated_gpu: SimulatedRuntime) -> None:
+def test_cuda_aware_direct_path(simulated_gpu: SimulatedRuntime, routed_dup: Any) -> None:
     """With CAI_MPI_CUDA_AWARE=1, device pointers go to MPI directly (simulated memory is readable)."""
-    os.environ["CAI_MPI_CUDA_AWARE"] = "1"
-    try:
-        aware_comm = comm.Dup()  # detection happens per communicator, when cai_mpi first uses it
-        assert cai_mpi.cuda_aware(aware_comm).aware
-        assert cai_mpi.cuda_aware(aware_comm).source == "env CAI_MPI_CUDA_AWARE"
-    finally:
-        del os.environ["CAI_MPI_CUDA_AWARE"]
+    aware_comm = routed_dup(True)
+    assert cai_mpi.cuda_aware(aware_comm).source == "env CAI_MPI_CUDA_AWARE"
     try:
         reload_config({"CAI_MPI_INLINE_BYTES": "0"})
         got = ring(FakeCudaArray(make((64, 64), rank), device=True), aware_comm)
@@ -135,14 +129,9 @@ def test_many_staged_in_flight_any_source(simulated_gpu: SimulatedRuntime) -> No
     comm.Barrier()
 
 
-def test_device_datatypes_on_request(simulated_gpu: SimulatedRuntime) -> None:
+def test_device_datatypes_on_request(simulated_gpu: SimulatedRuntime, routed_dup: Any) -> None:
     """CAI_MPI_DEVICE_DATATYPES=1 on a CUDA-aware MPI: strided device data goes out through a datatype."""
-    os.environ["CAI_MPI_CUDA_AWARE"] = "1"
-    try:
-        aware_comm = comm.Dup()
-        cai_mpi.cuda_aware(aware_comm)
-    finally:
-        del os.environ["CAI_MPI_CUDA_AWARE"]
+    aware_comm = routed_dup(True)
     try:
         reload_config({"CAI_MPI_DEVICE_DATATYPES": "1", "CAI_MPI_INLINE_BYTES": "0"})
         strided = FakeCudaArray(make((64, 64), rank), device=True, shape=(32, 22), strides=(-1024, 24),

@@ -130,3 +130,14 @@ def test_an_array_made_by_hand_comes_from_no_rank() -> None:
     """``from_host`` and ``from_device`` without ``source``/``tag``: MPI's values for no sender."""
     a = Array.from_host(np.zeros(2, "<f4"))
     assert (a.source, a.tag, a.meta) == (MPI.PROC_NULL, MPI.ANY_TAG, None)
+
+
+def test_every_constructor_sets_every_slot() -> None:
+    host = np.arange(6.0).reshape(2, 3)
+    built = [Array.over_host(host, 1, 2, None), Array.over_host(host, 1, 2, {"k": 1}, owner=host),
+             Array.from_host(host), Array(None, device="host", owner=host, host=host)]
+    for a in built:
+        unset = [slot for slot in Array.__slots__ if slot != "__weakref__" and not hasattr(a, slot)]
+        assert not unset, unset
+        assert a.descriptor.shape == (2, 3) and a.device == "host"
+        np.testing.assert_array_equal(np.asarray(a), host)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cai_mpi._src.api.collectives import _small
+from cai_mpi._src.api.gathers import _small
 from cai_mpi._src.transport.bigcount import INT_MAX
 
 LAST_FIT = INT_MAX - INT_MAX % 64  # the largest multiple of 64 that fits

@@ -163,3 +163,90 @@ def test_config_timeout(raw: str, value: float | None) -> None:
 def test_config_bad_timeout(raw: str) -> None:
     with pytest.raises(ValueError, match=f"^CAI_MPI_TIMEOUT={raw!r}: expected a positive number of seconds"):
         Config.from_env({"CAI_MPI_TIMEOUT": raw})
+
+
+# =============================================================================================
+# Settings read where they are used (device choice, CUDA-awareness, binding, the driver hook)
+
+
+@pytest.mark.parametrize("name", ["CAI_MPI_DEVICE", "CAI_MPI_LOCAL_RANK"])
+@pytest.mark.parametrize("raw", ["-1", "one", "1.5"])
+def test_bad_ordinal_settings_name_the_variable(name: str, raw: str) -> None:
+    from cai_mpi._src.runtime.device import choose_device
+
+    with pytest.raises(ValueError, match=f"{name}={raw!r}: expected a non-negative integer"):
+        choose_device({name: raw, "CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+
+
+def test_device_and_local_rank_settings_reach_the_choice() -> None:
+    from cai_mpi._src.runtime.device import choose_device
+
+    visible = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "SLURM_LOCALID": "1"}
+    assert choose_device(visible).ordinal == 1
+    assert choose_device({**visible, "CAI_MPI_LOCAL_RANK": "6"}).ordinal == 2
+    assert choose_device({**visible, "CAI_MPI_DEVICE": "3"}).ordinal == 3
+
+
+def test_the_process_environment_reaches_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cai_mpi._src.runtime.device import choose_device
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    monkeypatch.setenv("CAI_MPI_LOCAL_RANK", "5")
+    monkeypatch.delenv("CAI_MPI_DEVICE", raising=False)
+    assert choose_device().ordinal == 2
+
+
+@pytest.mark.parametrize("raw", ["2", "maybe", "yes please"])
+def test_a_bad_cuda_aware_setting_is_refused(raw: str) -> None:
+    from cai_mpi._src.transport.detect import detect_local
+
+    with pytest.raises(ValueError, match=f"CAI_MPI_CUDA_AWARE={raw!r} is not understood"):
+        detect_local(env={"CAI_MPI_CUDA_AWARE": raw})
+
+
+@pytest.mark.parametrize(("raw", "aware"), [("1", True), ("on", True), ("0", False), ("no", False)])
+def test_the_cuda_aware_setting_decides(raw: str, aware: bool) -> None:
+    from cai_mpi._src.transport.detect import SOURCE_ENV, detect_local
+
+    answer = detect_local(env={"CAI_MPI_CUDA_AWARE": raw})
+    assert (answer.aware, answer.source) == (aware, SOURCE_ENV)
+
+
+def test_a_bad_bind_device_setting_is_refused() -> None:
+    from cai_mpi._src.runtime.bind import bind_device_early
+
+    with pytest.raises(ValueError, match="CAI_MPI_BIND_DEVICE='2': expected 1 or 0"):
+        bind_device_early({"CAI_MPI_BIND_DEVICE": "2"})
+    assert bind_device_early({"CAI_MPI_BIND_DEVICE": "0"}) is None
+
+
+@pytest.mark.parametrize("raw", ["cai_mpi.testing.cuda_driver", ":CudaDriverDouble", "cai_mpi.testing.cuda_driver:"])
+def test_a_bad_driver_hook_is_refused_when_the_driver_loads(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    from cai_mpi._src.runtime.cudadriver import load_driver
+
+    monkeypatch.setenv("CAI_MPI_TEST_CUDA_DRIVER", raw)
+    with pytest.raises(ValueError, match=r"CAI_MPI_TEST_CUDA_DRIVER=.*expected module:factory"):
+        load_driver()
+
+
+def test_the_driver_hook_reaches_the_driver_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cai_mpi._src.runtime.cudadriver import load_cupy, load_driver
+    from cai_mpi.testing.cuda_driver import CudaDriverDouble
+
+    monkeypatch.setenv("CAI_MPI_TEST_CUDA_DRIVER", "cai_mpi.testing.cuda_driver:CudaDriverDouble")
+    assert isinstance(load_driver(), CudaDriverDouble)
+    assert load_cupy() is None
+
+
+def test_only_config_reads_the_process_environment() -> None:
+    import pathlib
+    import re
+
+    import cai_mpi
+
+    src = pathlib.Path(cai_mpi.__file__).parent / "_src"
+    readers = sorted(
+        str(path.relative_to(src)) for path in src.rglob("*.py")
+        if path.parts[len(src.parts)] != "cli" and re.search(r"os\.environ|getenv", path.read_text())
+    )
+    assert readers == ["config.py"]

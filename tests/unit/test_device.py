@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import subprocess
 import sys
 
@@ -170,15 +171,18 @@ def test_choice_is_frozen() -> None:
 
 
 def test_choosing_needs_no_cuda_and_no_mpi() -> None:
-    # Load the module on its own (the package __init__ initializes MPI) in a fresh interpreter: it must
-    # choose a device with the standard library alone, so it can run before any CUDA context exists.
+    # Load the module with only what it imports (config.py, the one reader of the environment), without the
+    # package __init__s (cai_mpi's initializes MPI), in a fresh interpreter: it must choose a device with the
+    # standard library alone, so it can run before any CUDA context exists.
+    runtime_dir = pathlib.Path(device.__file__).parent
     code = (
-        "import importlib.util, sys\n"
+        "import importlib, sys, types\n"
         "at_start = set(sys.modules)\n"  # cuda-bindings' .pth imports the empty `cuda` namespace at start-up
-        f"spec = importlib.util.spec_from_file_location('device', {device.__file__!r})\n"
-        "mod = importlib.util.module_from_spec(spec)\n"
-        "sys.modules['device'] = mod\n"
-        "spec.loader.exec_module(mod)\n"
+        f"for name, path in (('alone', {str(runtime_dir.parent)!r}), ('alone.runtime', {str(runtime_dir)!r})):\n"
+        "    package = types.ModuleType(name)\n"
+        "    package.__path__ = [path]\n"
+        "    sys.modules[name] = package\n"
+        "mod = importlib.import_module('alone.runtime.device')\n"
         "mod.choose_device({'SLURM_LOCALID': '1', 'CUDA_VISIBLE_DEVICES': '0,1'})\n"
         "bad = sorted(m for m in set(sys.modules) - at_start if m.split('.')[0] in "
         "('cupy', 'cuda', 'numba', 'torch', 'jax', 'mpi4py', 'numpy', 'cai_mpi'))\n"

@@ -61,7 +61,7 @@ def background(reqs: list[MPI.Request], keep: Any, error: BaseException) -> Requ
     """Started collectives nobody will wait for (dropped, timed out, at exit): MPI still owns their memory, so a
     Request keeps it (and them) until they complete, driven by every later cai_mpi wait."""
     req: Request[None] = Request(_until(Started(reqs)), keep=keep)
-    req._abandon(error)
+    req.abandon(error)
     return req
 
 

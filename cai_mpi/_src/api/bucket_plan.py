@@ -24,7 +24,8 @@ from .validation import check_sync
 __all__ = ["DIRECT_BYTES", "Bucket", "Direct", "Plan", "is_container"]
 
 #: A host array of at least this many bytes is reduced by ``allreduce_arrays`` on its own, from its buffer, not
-#: copied into its dtype's bucket (docs/benchmarks.md has the measurement that chose it).
+#: copied into its dtype's bucket (docs/benchmarks.md has the measurement that chose it). A constant, not a setting:
+#: every rank must split the same arrays out, or their bucket collectives differ.
 DIRECT_BYTES = 128 * 1024
 
 
@@ -155,7 +156,7 @@ class Plan:
         out: list[Any] = [None] * self.n
         streams = set()
         waited: set[tuple[int, int | None]] = set()
-        over_host = Array._over_host
+        over_host = Array.over_host
         view = np.ndarray
         for bucket, buf in zip(self.buckets, buckets, strict=True):
             if bucket.host:  # (each a view of buf, which it keeps alive)

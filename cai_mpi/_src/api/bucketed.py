@@ -177,7 +177,7 @@ def _results(plan: Plan, buffers: list[np.ndarray[Any, Any]], alone: list[np.nda
     for d, result in zip(plan.direct, alone, strict=True):
         if plan.mean:
             np.true_divide(result, d.dtype.type(size), out=result)
-        out[d.position] = Array._over_host(result, NO_SOURCE, NO_TAG, None)
+        out[d.position] = Array.over_host(result, NO_SOURCE, NO_TAG, None)
     return plan.container(out)
 
 
@@ -231,7 +231,7 @@ class BucketedAllreduce(PersistentLifecycle):
         self._device: dict[int, Array] = {}
         self._result = self._plan.results(self._recv, self._device, rt)
         for d, (_obj, _ptr, _staging, result) in zip(plan.direct, self._alone, strict=True):
-            self._result[d.position] = Array._over_host(result, NO_SOURCE, NO_TAG, None)
+            self._result[d.position] = Array.over_host(result, NO_SOURCE, NO_TAG, None)
         self._device = {i: a for i, a in enumerate(self._result) if not a.is_host}
         self._open()
 

@@ -1,24 +1,28 @@
 """What every collective call of the API does first: check the arguments they share (the communicator, the
-root, the timeout) and find the runtime and the settings. The data-moving collectives (``collectives``) and
-the reductions (``reductions``) both start here; the exchange that follows is ``transport.agreement``'s.
+root, the timeout) and find the runtime and the settings. The data-moving collectives (``collectives``,
+``gathers``) and the reductions (``reductions``) all start here; the exchange that follows is
+``transport.agreement``'s. Also what the data-moving ones share: the signature a call of a kind last agreed on
+and the fingerprint of its operation and root.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from mpi4py import MPI
 
 from ..arrays.array import NO_TAG
 from ..config import Config, config
+from ..core.header import MessageInfo
 from ..progress.deadlines import Deadline, deadline
 from ..runtime import get_runtime
 from ..runtime.base import Runtime
-from ..transport.agreement import check_in_step
+from ..transport.agreement import check_in_step, fingerprint
 from ..transport.privcomm import PrivateComms
 from .validation import PROC_NULL, check_comm, check_rank
 
-__all__ = ["NO_TAG", "checked_root", "setup"]
+__all__ = ["NO_TAG", "AgreedSignature", "bytes_at", "checked_root", "common_fingerprint", "setup"]
 
 # (NO_TAG: collectives have no tag, so the Arrays they return carry MPI's ANY_TAG, -1 on every MPI library)
 
@@ -54,3 +58,34 @@ def checked_root(fn: str, root: Any, pc: PrivateComms) -> tuple[int, Exception |
         return _root(fn, root, pc), None
     except (TypeError, ValueError) as exc:
         return -1, exc
+
+
+class AgreedSignature:
+    """The signature the last call of a kind agreed on, on a communicator (the same on every rank): its common
+    fingerprint, the description every contributing rank had (``own``, ``info``), the payload size, the root."""
+
+    __slots__ = ("common", "info", "nbytes", "own", "root")
+
+    def __init__(self, common: int, own: int, info: MessageInfo, root: int) -> None:
+        self.common, self.own, self.info, self.nbytes, self.root = common, own, info, info.payload_nbytes, root
+
+    def fresh_info(self) -> MessageInfo:
+        """``info`` with a meta dict of its own (each result's is the caller's to change)."""
+        info = self.info
+        return info if info.meta is None else info._replace(meta=copy.deepcopy(info.meta))
+
+
+_COMMON: dict[tuple[str, int], int] = {}
+
+
+def common_fingerprint(fn: str, root: int) -> int:
+    """The fingerprint of what every rank of ``fn`` must share: the operation and its root."""
+    fp = _COMMON.get((fn, root))
+    if fp is None:
+        fp = _COMMON[(fn, root)] = fingerprint(f"{fn} root={root}")
+    return fp
+
+
+def bytes_at(address: int, nbytes: int, readonly: bool = False) -> Any:
+    """An MPI buffer over ``nbytes`` at ``address`` (over address 0 when empty)."""
+    return MPI.buffer.fromaddress(address if nbytes else 0, nbytes, readonly=readonly)

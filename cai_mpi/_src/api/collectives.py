@@ -1,12 +1,12 @@
-"""Shape-free collectives that move data: bcast, gather, allgather, scatter, alltoall.
+"""Shape-free collectives that move data from one rank or to every rank: bcast, scatter, alltoall.
 
 Each starts with a vote (``transport.agreement``: one small Allreduce whatever the number of ranks) on what
 every rank must share (the operation and its root) and on each rank's description, so a rank that names
 another root, or cannot take part, is an error on every rank. Descriptions travel only where they are needed:
-the root's (with its meta) in bcast and scatter; every rank's in gather and allgather only when they differ
-(alike, every rank already knows them all: its own). Then MPI's own collective moves every contribution as
-one contiguous piece (``transport.contiguous``) on cai_mpi's private duplicate of ``comm``. A call like the
-last one of its kind on the communicator posts its payload collective with the vote (one round).
+the root's (with its meta) in bcast and scatter, every rank's to every rank in alltoall. Then MPI's own
+collective moves every contribution as one contiguous piece (``transport.contiguous``) on cai_mpi's private
+duplicate of ``comm``. A bcast like the last one on the communicator posts its payload collective with the vote
+(one round). Gathers are ``gathers.py``.
 """
 
 from __future__ import annotations
@@ -43,39 +43,13 @@ from ..transport.agreement import (
     unpack,
     vote,
 )
-from ..transport.bigcount import INT_MAX, allgatherv, alltoallw, bcast, gatherv
-from ..transport.contiguous import ALIGN, Gathered, Landing, Outgoing, outgoing
+from ..transport.bigcount import alltoallw, bcast
+from ..transport.contiguous import Landing, outgoing
 from ..transport.privcomm import PrivateComms
-from .collective_call import NO_TAG, checked_root, setup
+from .collective_call import NO_TAG, AgreedSignature, bytes_at, checked_root, common_fingerprint, setup
 from .validation import check_meta, check_sync, receive_device
 
-__all__ = ["allgather_array", "alltoall_array", "bcast_array", "gather_array", "scatter_array"]
-
-
-class _Agreed:
-    """The signature the last call of a kind agreed on, on a communicator (the same on every rank): its common
-    fingerprint, the description every contributing rank had (``own``, ``info``), the payload size, the root."""
-
-    __slots__ = ("common", "info", "nbytes", "own", "root")
-
-    def __init__(self, common: int, own: int, info: MessageInfo, root: int) -> None:
-        self.common, self.own, self.info, self.nbytes, self.root = common, own, info, info.payload_nbytes, root
-
-    def fresh_info(self) -> MessageInfo:
-        """``info`` with a meta dict of its own (each result's is the caller's to change)."""
-        info = self.info
-        return info if info.meta is None else info._replace(meta=copy.deepcopy(info.meta))
-
-
-_COMMON: dict[tuple[str, int], int] = {}
-
-
-def _common(fn: str, root: int) -> int:
-    """The fingerprint of what every rank of ``fn`` must share: the operation and its root."""
-    fp = _COMMON.get((fn, root))
-    if fp is None:
-        fp = _COMMON[(fn, root)] = fingerprint(f"{fn} root={root}")
-    return fp
+__all__ = ["alltoall_array", "bcast_array", "scatter_array"]
 
 
 def _receiver(fn: str, out: Any, device: Any, rt: Runtime) -> tuple[Target | None, int | None, Exception | None]:
@@ -109,7 +83,7 @@ def _land(
 def _own_array(src: np.ndarray[Any, Any] | DeviceSource, owner: Any, rank: int, meta: dict[str, Any] | None) -> Array:
     """An Array viewing a rank's own data (no copy)."""
     if isinstance(src, np.ndarray):
-        return Array._over_host(src, rank, NO_TAG, meta, owner)
+        return Array.over_host(src, rank, NO_TAG, meta, owner)
     return Array(src.desc.replace(stream=None), device=src.ordinal, owner=src.owner, source=rank, tag=NO_TAG,
                  meta=meta)
 
@@ -130,14 +104,6 @@ def _put(landing: Landing, payload: np.ndarray[Any, Any], rt: Runtime, ordinal: 
 def _view(ex: Exchange, rank: int, info: MessageInfo) -> np.ndarray[Any, Any]:
     """Rank ``rank``'s payload as an array over the exchange's own buffer (no copy)."""
     return np.ndarray(info.shape, info.dtype, ex.slots, ex.start(rank), order="F" if info.fortran else "C")
-
-
-def _bytes_at(address: int, nbytes: int, readonly: bool = False) -> Any:
-    return MPI.buffer.fromaddress(address if nbytes else 0, nbytes, readonly=readonly)
-
-
-def _raw(address: int, nbytes: int, readonly: bool = False) -> Any:
-    return [_bytes_at(address, nbytes, readonly), nbytes, MPI.BYTE]
 
 
 def bcast_array(
@@ -171,7 +137,7 @@ def bcast_array(
     pc, comm_, _none, rt, cfg, due = setup(fn, comm, None, timeout)
     root, bad_root = checked_root(fn, root, pc)
     me = comm_.Get_rank()
-    common = _common(fn, root)
+    common = common_fingerprint(fn, root)
     mine = Contribution(b"") if bad_root is None else Contribution.failed(bad_root)
     own = NOBODY
     if me == root:
@@ -183,7 +149,7 @@ def bcast_array(
             mine = Contribution.failed(exc)
     src = mine.source
     ballot = Ballot(common, own, failed=mine.error is not None)
-    agreed: _Agreed | None = pc.agreed.get(fn)
+    agreed: AgreedSignature | None = pc.agreed.get(fn)
     target, ordinal, trouble = _receiver(fn, out, None, rt) if me != root else (None, None, None)
     if agreed is not None and agreed.nbytes <= SPECULATE_BYTES:
         # The steady state: the payload of the last agreed signature goes with the vote (the root's data when it
@@ -197,10 +163,10 @@ def bcast_array(
                     buf = src  # (MPI reads the array itself)
                 else:
                     piece = outgoing(src, rt, direct=pc.aware.aware)
-                    buf = _bytes_at(piece.address, piece.nbytes)
+                    buf = bytes_at(piece.address, piece.nbytes)
         elif expected:
             landing, spec_trouble = _land(fn, agreed.fresh_info(), target, ordinal, trouble, root, pc, rt)
-            buf = _bytes_at(landing.address, landing.nbytes)
+            buf = bytes_at(landing.address, landing.nbytes)
         if buf is None:
             buf = np.empty(agreed.nbytes, np.uint8)
         posted = [comm_.Ibcast([buf, agreed.nbytes, MPI.BYTE], agreed.root)] if agreed.nbytes else []
@@ -234,7 +200,7 @@ def bcast_array(
                 raise mine.error
             raise CollectiveMismatchError(f"{fn}: the root, rank {root}, could not send: {described}")
         info, fused = described, ex.fused
-        pc.agreed[fn] = _Agreed(common, ballot.own, info._replace(meta=copy.deepcopy(info.meta)), root)
+        pc.agreed[fn] = AgreedSignature(common, ballot.own, info._replace(meta=copy.deepcopy(info.meta)), root)
     if me == root:
         if not fused:
             piece = outgoing(src, rt, direct=pc.aware.aware)
@@ -243,7 +209,7 @@ def bcast_array(
         return _own_array(src, obj, root, info.meta)
     if fused and target is None and ordinal is None and trouble is None:
         assert ex is not None
-        return Array._over_host(_view(ex, 0, info), root, NO_TAG, info.meta)  # over the broadcast slot
+        return Array.over_host(_view(ex, 0, info), root, NO_TAG, info.meta)  # over the broadcast slot
     landing, trouble = _land(fn, info, target, ordinal, trouble, root, pc, rt)
     if fused:
         assert ex is not None
@@ -255,165 +221,9 @@ def bcast_array(
     return landing.finish()
 
 
-def _contribute(fn: str, obj: Any, sync: Any, rt: Runtime) -> Contribution:
-    return Contribution.attempt(lambda: (describe_source(src := send_source(fn, obj, check_sync(fn, sync), rt)), src))
-
-
 def _nbytes(c: Contribution) -> int:
     src = c.source
     return 0 if src is None else (src.nbytes if isinstance(src, np.ndarray) else src.desc.nbytes)
-
-
-def _small(sizes: Any, infos: Sequence[MessageInfo]) -> bool:
-    """Do all counts and displacements of a v-collective over these pieces fit C ints?"""
-    total = sum(-(-int(n) // 64) * 64 for n in sizes)
-    return total <= INT_MAX and all(int(n) <= INT_MAX for n in sizes)
-
-
-def _regular(sizes: Sequence[int]) -> bool:
-    """Are the pieces all one size, each right after the one before in a ``Gathered`` buffer? Then MPI's
-    ``Gather``/``Allgather`` take them (as fast as MPI gathers arrays of known shape) instead of the v-forms."""
-    return sizes[0] > 0 and sizes[0] % ALIGN == 0 and all(n == sizes[0] for n in sizes)
-
-
-def _post_gather(comm: MPI.Comm, send: Any, recv: Any, n: int, root: int | None, blocking: bool = False) -> Any:
-    """MPI's Gather (at ``root``) or Allgather (``root`` None) of ``n`` bytes per rank into ``recv`` (pieces back to
-    back; None off the root), nonblocking unless ``blocking``."""
-    out = None if recv is None else [recv, n, MPI.BYTE]
-    if root is None:
-        return (comm.Allgather if blocking else comm.Iallgather)([send, n, MPI.BYTE], out)
-    return (comm.Gather if blocking else comm.Igather)([send, n, MPI.BYTE], out, root)
-
-
-def _sending(src: Any, rt: Runtime, pc: PrivateComms) -> tuple[Any, Outgoing | None]:
-    """This rank's bytes as a buffer MPI takes: a C-ordered host array itself, else its piece (staged or packed)."""
-    if isinstance(src, np.ndarray) and src.flags.c_contiguous:
-        return src, None
-    piece = outgoing(src, rt, direct=pc.aware.aware)
-    return _bytes_at(piece.address, piece.nbytes, readonly=True), piece
-
-
-def _gathered(fn: str, pc: PrivateComms, mine: Contribution, root: int | None, due: Any, rt: Runtime,
-              max_message: int) -> list[Array] | None:
-    """gather (at ``root``) or allgather (``root`` None) of every rank's contribution: the vote (with the payloads
-    of the last agreed signature, in the steady state), then the payloads."""
-    comm = pc.header
-    assert isinstance(comm, MPI.Intracomm)
-    me, size = comm.Get_rank(), comm.Get_size()
-    common = _common(fn, -1 if root is None else root)
-    own = NOBODY if mine.error is not None else fingerprint(mine.blob)
-    ballot = Ballot(common, own, failed=mine.error is not None)
-    gets = root is None or me == root
-    ordinal = rt.current_device() if gets else None
-    agreed: _Agreed | None = pc.agreed.get(fn)
-    if agreed is not None and agreed.nbytes <= SPECULATE_BYTES and agreed.nbytes * size <= INT_MAX:
-        # The steady state: the payloads of the last agreed signature go with the vote (scratch on a rank whose call
-        # differs, so every rank makes the same MPI calls whatever the vote says).
-        n, expected = agreed.nbytes, common == agreed.common and own == agreed.own
-        spec_root = None if agreed.root == -1 else agreed.root
-        spec_gets = spec_root is None or me == spec_root
-        place = Gathered([agreed.info] * size, ordinal, rt, direct=pc.aware.aware, packed=True) \
-            if spec_gets and expected else None
-        send, piece = _sending(mine.source, rt, pc) if expected else (np.empty(n, np.uint8), None)
-        recv = None if not spec_gets else _bytes_at(place.address, n * size) if place is not None \
-            else np.empty(n * size, np.uint8)
-        posted = [_post_gather(comm, send, recv, n, spec_root)] if n else []
-        vote(fn, pc, ballot, due, posted, keep=(piece, place, send, recv))
-        if piece is not None:
-            piece.release()
-        if ballot.matches(agreed.common, agreed.own):
-            return place.finish(rt, NO_TAG) if place is not None else None
-        if place is not None:
-            place.finish(rt, NO_TAG)  # (discarded: the staging given back)
-    else:
-        vote(fn, pc, ballot, due)
-    if not ballot.agreed:
-        text = f"root={root}" if mine.error is None else reason(mine.error)
-        disagree(fn, comm, text, mine.error, "every rank must name the same root")
-    if ballot.alike:  # every rank described what this one did: the pieces go back to back
-        info = read(mine.blob)
-        assert isinstance(info, MessageInfo)
-        infos = [info] * size
-        pc.agreed[fn] = _Agreed(common, own, info, -1 if root is None else root)
-    else:  # descriptions differ: they travel (every rank needs the sizes), and nothing is remembered
-        infos = [info for info in map(read, comm.allgather(mine.blob)) if isinstance(info, MessageInfo)]
-        pc.agreed.pop(fn, None)
-    sizes = [i.payload_nbytes for i in infos]
-    packed = ballot.alike and 0 < sizes[0] <= INT_MAX and sizes[0] * size <= max_message
-    place = Gathered(infos, ordinal, rt, direct=pc.aware.aware, packed=packed) if gets else None
-    send, piece = _sending(mine.source, rt, pc)
-    if packed:
-        _post_gather(comm, send, None if place is None else _bytes_at(place.address, sizes[0] * size), sizes[0], root,
-                     blocking=True)
-    elif any(sizes):
-        address = piece.address if piece is not None else int(send.ctypes.data)
-        recv = None if place is None else (place.address, sizes, place.displacements)
-        if root is None:
-            assert recv is not None
-            allgatherv(comm, (address, sizes[me]), recv, small=_small(sizes, infos), regular=_regular(sizes))
-        else:
-            gatherv(comm, (address, sizes[me]), recv, root, small=_small(sizes, infos), regular=_regular(sizes))
-    if piece is not None:
-        piece.release()
-    return None if place is None else place.finish(rt, NO_TAG)
-
-
-def gather_array(
-    obj: Any, root: int = 0, comm: MPI.Comm | None = None, *, sync: bool | None = None, timeout: float | None = None
-) -> list[Array] | None:
-    """Gather every rank's array at ``root``; shapes and dtypes may differ from rank to rank.
-
-    Args:
-        obj: this rank's contribution: anything ``send_array`` takes.
-        root: the gathering rank; every rank names the same.
-        comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
-        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the synchronization of this rank's
-            producer stream.
-        timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
-
-    Returns:
-        On the root, one Array per rank in rank order (``source`` is the rank; on its GPU when the root has
-        one, else in host memory); None elsewhere.
-
-    Raises:
-        CollectiveMismatchError: on every rank, when the ranks name different roots, or some rank could not
-            contribute (that rank raises its own error).
-        TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
-            step: later ones on it raise ``CollectiveMismatchError``).
-    """
-    fn = "gather_array"
-    pc, _comm, _none, rt, cfg, due = setup(fn, comm, None, timeout)
-    root, bad_root = checked_root(fn, root, pc)
-    mine = _contribute(fn, obj, sync, rt) if bad_root is None else Contribution.failed(bad_root)
-    return _gathered(fn, pc, mine, root, due, rt, cfg.max_message_bytes)
-
-
-def allgather_array(
-    obj: Any, comm: MPI.Comm | None = None, *, sync: bool | None = None, timeout: float | None = None
-) -> list[Array]:
-    """Every rank's array, on every rank; shapes and dtypes may differ from rank to rank.
-
-    Args:
-        obj: this rank's contribution: anything ``send_array`` takes.
-        comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
-        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the synchronization of this rank's
-            producer stream.
-        timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
-
-    Returns:
-        One Array per rank in rank order (``source`` is the rank), on this rank's GPU when it has one.
-
-    Raises:
-        CollectiveMismatchError: on every rank, when some rank could not contribute (that rank raises its
-            own error).
-        TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
-            step: later ones on it raise ``CollectiveMismatchError``).
-    """
-    fn = "allgather_array"
-    pc, _comm, _root, rt, cfg, due = setup(fn, comm, None, timeout)
-    got = _gathered(fn, pc, _contribute(fn, obj, sync, rt), None, due, rt, cfg.max_message_bytes)
-    assert got is not None
-    return got
 
 
 def _per_rank(fn: str, objs: Any, size: int, sync: Any, rt: Runtime) -> list[Contribution]:
@@ -458,7 +268,7 @@ def scatter_array(
     me, size = comm_.Get_rank(), comm_.Get_size()
     parts = _per_rank(fn, objs, size, sync, rt) if me == root else []
     # (the root's own failure travels in its descriptions, below)
-    ballot = vote(fn, pc, Ballot(_common(fn, root), failed=bad_root is not None), due)
+    ballot = vote(fn, pc, Ballot(common_fingerprint(fn, root), failed=bad_root is not None), due)
     if not ballot.agreed:
         text = f"root={root}" if bad_root is None else reason(bad_root)
         disagree(fn, comm_, text, bad_root, "every rank must name the same root")
@@ -531,4 +341,3 @@ def alltoall_array(
     for p in pieces:
         p.release()
     return [land.finish() for land in landings]
-

@@ -181,12 +181,12 @@ def _from_proc_null(target: Target | None) -> Array:
     (a plain numpy array is its own target), or an empty host Array without ``out=``; its source and tag are
     what MPI's status reports, PROC_NULL and ANY_TAG."""
     if target is None:
-        return Array._over_host(np.empty(0, np.uint8), PROC_NULL, ANY_TAG, None)
+        return Array.over_host(np.empty(0, np.uint8), PROC_NULL, ANY_TAG, None)
     if type(target) is np.ndarray:
-        return Array._over_host(target, PROC_NULL, ANY_TAG, None)
+        return Array.over_host(target, PROC_NULL, ANY_TAG, None)
     assert isinstance(target, RecvTarget)
     if target.host is not None:
-        return Array._over_host(target.host, PROC_NULL, ANY_TAG, None, target.owner)
+        return Array.over_host(target.host, PROC_NULL, ANY_TAG, None, target.owner)
     assert target.desc is not None and target.ordinal is not None
     return Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=PROC_NULL,
                  tag=ANY_TAG)

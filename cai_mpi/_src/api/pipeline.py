@@ -262,7 +262,7 @@ class Pipeline(Leaving):
                 held, into = self._held, self._bare_into
                 assert held is not None and into is not None
                 data = into.lend(held[0], held[1]) if isinstance(into, _Slot) else into
-                item = Array._over_host(data, self.stage - 1, ITEM, None if held[2] is None else json.loads(held[2]))
+                item = Array.over_host(data, self.stage - 1, ITEM, None if held[2] is None else json.loads(held[2]))
                 self._fast_received += 1
                 return self._arrived(item)
             if tag == END:

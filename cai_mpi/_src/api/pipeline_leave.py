@@ -135,12 +135,12 @@ class Leaving:
             f"Pipeline: stage {self.stage} waited {due.seconds:g} s for every stage to leave the pipeline (leaving is "
             f"collective over {self._size} stages); the pipeline is abandoned: its pending messages finish in the "
             "background, and the communicator you gave it stays usable", due.seconds, False)
-        PostedRequest([agreed], None, keep=buffers)._abandon(error)
+        PostedRequest([agreed], None, keep=buffers).abandon(error)
         if self._control:
-            PostedRequest(list(self._control), None)._abandon(error)
+            PostedRequest(list(self._control), None).abandon(error)
             self._control = deque()
         if self._bare_sends:
-            PostedRequest(list(self._bare_sends), None)._abandon(error)
+            PostedRequest(list(self._bare_sends), None).abandon(error)
             self._bare_sends = deque()
         for req in (self._credit_req, self._notice_req, self._bare):
             if req is not None and req != MPI.REQUEST_NULL:
@@ -150,7 +150,7 @@ class Leaving:
             self._credit_req.Free()
         sending = self._credit_send
         if sending is not None and not sending.Test():
-            PostedRequest([sending], None, keep=self._credit_out)._abandon(error)  # (not freed: MPI still sends it)
+            PostedRequest([sending], None, keep=self._credit_out).abandon(error)  # (not freed: MPI still sends it)
         elif sending is not None:
             sending.Free()
         self._credit_req = self._credit_send = self._bare = None

@@ -163,9 +163,9 @@ def _buffers(src: np.ndarray[Any, Any] | DeviceSource, plan: _Plan, target: Targ
             return _Buffers(src, np.empty(info.shape, info.dtype))
         if target is None:
             recv = host_receive_pool().take_array(info.shape, info.dtype, info.payload_nbytes)
-            return _Buffers(src, recv, result=Array._over_host(recv, NO_SOURCE, NO_TAG, None))
+            return _Buffers(src, recv, result=Array.over_host(recv, NO_SOURCE, NO_TAG, None))
         assert isinstance(target, np.ndarray)
-        return _Buffers(src, target, result=Array._over_host(target, NO_SOURCE, NO_TAG, None, target),
+        return _Buffers(src, target, result=Array.over_host(target, NO_SOURCE, NO_TAG, None, target),
                         in_place=target.size > 0 and target.ctypes.data == src.ctypes.data)
     on_device = target.desc is not None if isinstance(target, RecvTarget) else (
         target is None and isinstance(src, DeviceSource))

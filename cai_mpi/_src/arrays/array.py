@@ -51,8 +51,7 @@ class Array:
         meta: the sender's ``meta`` dict, or None.
     """
 
-    # Host Arrays set only _host, source, tag and meta (one is built per received message); the other
-    # fields stay unset until asked for (see ``descriptor`` and ``device``).
+    # One is built per received message: a host Array's descriptor is made only when asked for (``descriptor``).
     __slots__ = ("__weakref__", "_descriptor", "_host", "_ordinal", "_owner", "meta", "source", "tag")
 
     def __init__(
@@ -66,8 +65,7 @@ class Array:
         tag: int = NO_TAG,
         meta: dict[str, Any] | None = None,
     ) -> None:
-        if descriptor is not None:
-            self._descriptor = descriptor
+        self._descriptor = descriptor
         self._ordinal = device
         self.source = source
         self.tag = tag
@@ -86,20 +84,22 @@ class Array:
         meta: dict[str, Any] | None = None,
     ) -> Array:
         """Wrap a host numpy array (no copy); ``owner`` keeps the memory alive if ``host`` does not."""
-        return cls._over_host(host, source, tag, meta, owner)
+        return cls.over_host(host, source, tag, meta, owner)
 
     @classmethod
-    def _over_host(
+    def over_host(
         cls, host: np.ndarray[Any, Any], source: int, tag: int, meta: dict[str, Any] | None, owner: Any = None
     ) -> Array:
-        """``from_host`` without keyword parsing: every host receive builds one."""
+        """``from_host`` without keyword parsing, for the library's modules (not part of the public API): every host
+        receive builds one, so it skips ``__init__``'s keywords and sets each slot itself."""
         self = _new(cls)
+        self._descriptor = None
         self._host = host
+        self._ordinal = "host"
+        self._owner = owner
         self.source = source
         self.tag = tag
         self.meta = meta
-        if owner is not None:
-            self._owner = owner
         return self
 
     @classmethod
@@ -121,12 +121,11 @@ class Array:
     @property
     def descriptor(self) -> CAIDescriptor:
         """The CAIDescriptor of the data (``ptr`` is its address)."""
-        try:
-            return self._descriptor
-        except AttributeError:  # a host Array describes itself on first use
+        d = self._descriptor
+        if d is None:  # a host Array describes itself on first use
             assert self._host is not None
             d = self._descriptor = descriptor_from_numpy(self._host)
-            return d
+        return d
 
     @property
     def device(self) -> str | int:

@@ -360,6 +360,8 @@ def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> tuple[Mes
     return info, payload_tag
 
 
+# Bounds each cache below (cleared whole when full): a program sends few distinct shapes, so this only caps the
+# memory of one whose shapes keep changing. Internal: no user gains by tuning a bound that is never reached.
 _CACHE_LIMIT = 1024
 _templates: dict[tuple[Any, ...], bytes] = {}
 # The last small message's (dtype, shape, fortran order, header): loops send one shape again and again.

@@ -58,7 +58,7 @@ def keep_past_exit(req: Request[Any]) -> None:
 
 @atexit.register
 def _keep_pending_past_exit() -> None:
-    Request._exiting = True  # requests freed from now on are pending ones dropped by teardown: see Request._abandon
+    Request._exiting = True  # requests freed from now on are pending ones dropped by teardown: see Request.abandon
     Request._outliving_teardown.extend(list(PENDING))
 
 
@@ -259,10 +259,10 @@ class Request(Generic[T]):
             self._gen.close()  # its cleanup runs now
             self._finish(None, about.expired(due, cancelled=True))
             return due
-        self._abandon(about.expired(due, cancelled=False, matched=True))
+        self.abandon(about.expired(due, cancelled=False, matched=True))
         return due
 
-    def _abandon(self, error: BaseException) -> None:
+    def abandon(self, error: BaseException) -> None:
         """Give the caller ``error`` now; MPI still owns this request's memory, so keep it and finish it later (at
         exit: keep it until the process ends)."""
         self._expired = error
@@ -285,7 +285,7 @@ class Request(Generic[T]):
                     return
             except Exception:
                 pass
-        self._abandon(self._dropped)
+        self.abandon(self._dropped)
 
     def _wait_quietly(self) -> None:
         """Block until completed, even in the background after a timeout; an error stays for ``wait()`` to raise."""
@@ -379,7 +379,7 @@ class PostedRequest(Request[T]):
                 return
             except Exception:
                 pass
-        self._abandon(self._dropped)
+        self.abandon(self._dropped)
 
     def _complete(self) -> None:
         """Block until the MPI requests complete (the caller holds the lock)."""
@@ -412,7 +412,7 @@ class PostedRequest(Request[T]):
                 else:
                     about = self._about or Awaited("Request.wait", not self._cancellable, -1, -1, MPI.COMM_NULL)
                     if not self._cancellable:
-                        self._abandon(about.expired(due, cancelled=False))
+                        self.abandon(about.expired(due, cancelled=False))
                     else:
                         if waiting.cancel():
                             self._expired = about.expired(due, cancelled=True)

@@ -7,10 +7,9 @@ runs first, from the package's ``__init__``, and imports nothing that initialize
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
-from ..config import env_flag
+from ..config import bind_device_setting, environment
 from ..errors import RuntimeUnavailableError
 from .device import choose_device
 
@@ -28,8 +27,8 @@ def bind_device_early(env: Mapping[str, str] | None = None) -> int | None:
         RuntimeUnavailableError: binding was asked for but CUDA is not usable here.
         ValueError: a malformed ``CAI_MPI_BIND_DEVICE``, ``CAI_MPI_DEVICE`` or ``CAI_MPI_LOCAL_RANK``.
     """
-    env = os.environ if env is None else env
-    if not env_flag(env, "CAI_MPI_BIND_DEVICE", False):
+    env = environment() if env is None else env
+    if not bind_device_setting(env):
         return None
     from .cudadriver import Driver, load_driver, probe, visible_device_count
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.metadata
-import os
 import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..config import cuda_driver_hook, environment
 from ..errors import CudaError
 from .base import HOST, Location, MemoryKind
 
@@ -44,7 +44,7 @@ def load_driver() -> Any:
     The test hook ``CAI_MPI_TEST_CUDA_DRIVER=module:factory`` replaces it by ``factory()`` (a driver double).
     Raises ImportError when cuda-python is not installed. Importing never needs a GPU driver.
     """
-    replacement = os.environ.get(TEST_DRIVER_HOOK, "").strip()
+    replacement = cuda_driver_hook()
     if replacement:
         with _replacement_lock:  # one instance per process: pointers from one driver mean nothing to another
             if replacement not in _replacements:
@@ -68,7 +68,7 @@ def load_cupy() -> Any | None:
     None under the test hook ``CAI_MPI_TEST_CUDA_DRIVER``: CuPy calls the real driver, which knows nothing of a
     replacement's memory.
     """
-    if os.environ.get(TEST_DRIVER_HOOK, "").strip():
+    if cuda_driver_hook():
         return None
     with _cupy_lock:
         if not _cupy_state:
@@ -147,7 +147,7 @@ def probe() -> tuple[bool, str]:
         except CudaError as exc:  # (no local names the cause: its traceback holds the caller's frames, locals too)
             return False, f"the NVIDIA driver library (libcuda) cannot be loaded: {exc.__cause__ or exc}"
         if code == NO_DEVICE:
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            visible = environment().get("CUDA_VISIBLE_DEVICES")
             where = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
             return False, f"the NVIDIA driver sees no CUDA device{where}"
         if code != SUCCESS:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
+
+from ..config import device_setting, environment, local_rank_setting
 
 __all__ = ["LOCAL_RANK_VARS", "DeviceChoice", "choose_device", "parse_visible_devices"]
 
@@ -87,7 +88,7 @@ def _slurm_gpus_on_node(env: Mapping[str, str]) -> int | None:
 
 def _local_rank(env: Mapping[str, str]) -> tuple[int | None, str | None, str]:
     """(local rank, variable it came from, a note for the reason)."""
-    override = _int_var(env, "CAI_MPI_LOCAL_RANK")
+    override = local_rank_setting(env)
     if override is not None:
         return override, "CAI_MPI_LOCAL_RANK", ""
     found: list[tuple[str, int]] = []
@@ -128,7 +129,7 @@ def choose_device(env: Mapping[str, str] | None = None, visible_count: int | Non
     Call it before anything creates a CUDA context; it only reads environment variables.
 
     Args:
-        env: the environment to read (default ``os.environ``).
+        env: the environment to read (default: the process environment, ``config.environment()``).
         visible_count: the number of devices this process can see, e.g. the driver's device count; by
             default it is counted from ``CUDA_VISIBLE_DEVICES``; if that is unset, Slurm's
             ``SLURM_GPUS_ON_NODE`` (what ``srun --gpu-bind=none`` leaves) is used; else it is unknown.
@@ -145,7 +146,7 @@ def choose_device(env: Mapping[str, str] | None = None, visible_count: int | Non
         >>> choose_device({"SLURM_LOCALID": "3", "CUDA_VISIBLE_DEVICES": "0,1"}).ordinal
         1
     """
-    env = os.environ if env is None else env
+    env = environment() if env is None else env
     cvd_raw = env.get("CUDA_VISIBLE_DEVICES")
     visible = parse_visible_devices(cvd_raw)
     if visible_count is not None:
@@ -170,7 +171,7 @@ def choose_device(env: Mapping[str, str] | None = None, visible_count: int | Non
     def made(ordinal: int | None, reason: str) -> DeviceChoice:
         return DeviceChoice(ordinal, local_rank, visible, reason + note, source, count)
 
-    forced = _int_var(env, "CAI_MPI_DEVICE")
+    forced = device_setting(env)
     if forced is not None:
         if count is not None and forced >= count:
             raise ValueError(

@@ -46,7 +46,8 @@ __all__ = [
 ]
 
 #: Payloads of at most this many bytes (by the remembered signature) are posted with the vote, speculatively;
-#: larger ones follow the vote with MPI's blocking collective (docs/benchmarks.md has the measurement).
+#: larger ones follow the vote with MPI's blocking collective (docs/benchmarks.md has the measurement). A constant,
+#: not a setting: every rank must make the same choice, or one posts a collective the others never join.
 SPECULATE_BYTES = 64 * 1024
 _ERROR = b"\x00ERR"  # starts a failure's text; the headers exchanged here have payload tag 0: four NULs
 _UNLIMITED = 1 << 62
@@ -109,7 +110,7 @@ def read(blob: bytes) -> MessageInfo | str:
         return blob[len(_ERROR):].decode(errors="replace")
     info, _tag = decode(blob, len(blob), _UNLIMITED)
     if info.meta is None and len(blob) <= ROOM:  # (a meta dict is the receiver's to change: never shared)
-        if len(_seen) >= 256:
+        if len(_seen) >= _SEEN_LIMIT:
             _seen.clear()
         _seen[blob] = info
     return info
@@ -118,6 +119,8 @@ def read(blob: bytes) -> MessageInfo | str:
 # Headers seen before, whole (collective headers have payload tag 0, so the bytes are the key): one call after
 # another describes the same arrays, and this lookup is cheaper than decoding (even the decoder's cached path).
 _seen: dict[bytes, MessageInfo] = {}
+# A program's distinct collective signatures are few; the limit only bounds memory when shapes keep changing.
+_SEEN_LIMIT = 256
 
 
 def raise_failures(fn: str, described: Sequence[MessageInfo | str | None], mine: Contribution, rank: int) -> None:
@@ -234,7 +237,7 @@ def settle(fn: str, pc: PrivateComms, reqs: list[MPI.Request], due: Deadline | N
     if not complete_by(MPIWait(reqs), due):
         error = collective_expired(fn, pc.header, due)
         pc.out_of_step = f"{fn} timed out after {due.seconds:g} s on this rank"
-        PostedRequest(reqs, None, keep=keep)._abandon(error)
+        PostedRequest(reqs, None, keep=keep).abandon(error)
         raise error
 
 

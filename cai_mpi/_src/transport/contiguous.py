@@ -181,7 +181,7 @@ class Gathered:
                 piece = self._host[off : off + info.payload_nbytes].view(info.dtype)
                 shape = info.shape[::-1] if info.fortran else info.shape
                 arr = piece.reshape(shape)
-                out.append(Array._over_host(arr.T if info.fortran else arr, rank, tag, info.meta))
+                out.append(Array.over_host(arr.T if info.fortran else arr, rank, tag, info.meta))
                 continue
             assert self.ordinal is not None and stream is not None
             if self._device is not None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from ..config import cuda_aware_setting, environment
+
 __all__ = [
     "ENV_VAR",
     "SOURCE_ALLOC_KINDS",
@@ -37,8 +39,6 @@ SOURCE_MVAPICH = "MV2_USE_CUDA"
 SOURCE_DEFAULT = "default"
 SOURCE_DISAGREEMENT = "disagreement"
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 #: MPICH's ``MPIX_GPU_SUPPORT_CUDA`` (mpi.h: ``#define MPIX_GPU_SUPPORT_CUDA (0)``; ZE is 1, HIP is 2).
 _MPIX_GPU_SUPPORT_CUDA = 0
@@ -84,24 +84,6 @@ def _library_version() -> str:
 
 def _mpi_usable() -> bool:
     return bool(MPI.Is_initialized()) and not bool(MPI.Is_finalized())
-
-
-# -- step 1: the user's override ---------------------------------------------------------------------------
-
-
-def _env_override(env: Mapping[str, str]) -> bool | None:
-    raw = env.get(ENV_VAR)
-    if raw is None or raw.strip() == "":
-        return None
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(
-        f"{ENV_VAR}={raw!r} is not understood: use 1, true, yes or on (the MPI library is CUDA-aware), "
-        f"0, false, no or off (it is not), or unset {ENV_VAR} to detect it"
-    )
 
 
 # -- step 2: MPI-4.1 memory allocation kinds ---------------------------------------------------------------
@@ -258,13 +240,14 @@ def _mvapich_hint(env: Mapping[str, str], library: str) -> tuple[bool, str] | No
 def detect_local(*, env: Mapping[str, str] | None = None) -> CudaAwareness:
     """This rank's answer, without communication: env override, alloc kinds, vendor query, vendor hint, no.
 
-    ``env`` defaults to ``os.environ``. Raises ValueError for an unreadable CAI_MPI_CUDA_AWARE; never raises
-    for a missing symbol or a library that cannot answer (it falls through to the next step).
+    ``env`` defaults to the process environment (``config.environment()``). Raises ValueError for an unreadable
+    CAI_MPI_CUDA_AWARE; never raises for a missing symbol or a library that cannot answer (it falls through to
+    the next step).
     """
-    env = os.environ if env is None else env
+    env = environment() if env is None else env
     library = _library_version()
 
-    override = _env_override(env)
+    override = cuda_aware_setting(env)  # step 1: the user's override
     if override is not None:
         return _answer(override, SOURCE_ENV, library, f"Set by {ENV_VAR}={env[ENV_VAR].strip()}.")
 

@@ -101,7 +101,7 @@ def plan_recv(
         assert problem is not None
         return RecvPlan(None, source, ptag, NO_MESSAGES, _discard(pc, info, source, ptag, problem))
     if type(target) is np.ndarray:  # (without building a Destination)
-        result = Array._over_host(target, source, tag, info.meta)
+        result = Array.over_host(target, source, tag, info.meta)
         if info.inline:  # the payload is in the header buffer: copied into out= now, nothing left to post
             (target.T if info.fortran else target)[...] = inbox.inline_payload(info)
             return RecvPlan(result, source, 0, NO_MESSAGES, None)
@@ -109,7 +109,7 @@ def plan_recv(
     elif target is None and ordinal is None and info.inline:
         # The payload is in the header buffer, which the next receive overwrites: copy it out.
         arr = inbox.inline_payload(info).copy()
-        return RecvPlan(Array._over_host(arr.T if info.fortran else arr, source, tag, info.meta), source, 0,
+        return RecvPlan(Array.over_host(arr.T if info.fortran else arr, source, tag, info.meta), source, 0,
                         NO_MESSAGES, None)
     else:
         dest = destination(info, target, ordinal, source, tag, rt)
@@ -173,7 +173,7 @@ def destination(info: MessageInfo, target: Target | None, ordinal: int | None, s
     if target is None:
         if ordinal is None:
             arr = host_receive_pool().take_array(info.shape, info.dtype, info.payload_nbytes, info.fortran)
-            return Destination(Array._over_host(arr, source, tag, info.meta), arr.T if info.fortran else arr, None,
+            return Destination(Array.over_host(arr, source, tag, info.meta), arr.T if info.fortran else arr, None,
                                None)
         buffer = rt.alloc_device(info.payload_nbytes, ordinal, internal_stream(rt, ordinal), handed_out=True)
         result = Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=source, tag=tag,
@@ -181,11 +181,11 @@ def destination(info: MessageInfo, target: Target | None, ordinal: int | None, s
         desc = result.descriptor
         return Destination(result, None, desc.transposed() if info.fortran else desc, ordinal)
     if type(target) is np.ndarray:
-        return Destination(Array._over_host(target, source, tag, info.meta), target.T if info.fortran else target,
+        return Destination(Array.over_host(target, source, tag, info.meta), target.T if info.fortran else target,
                            None, None)
     assert isinstance(target, RecvTarget)  # its producer was synchronized by recv_target, in the caller's thread
     if target.host is not None:
-        return Destination(Array._over_host(target.host, source, tag, info.meta, target.owner),
+        return Destination(Array.over_host(target.host, source, tag, info.meta, target.owner),
                            target.host.T if info.fortran else target.host, None, None)
     assert target.desc is not None and target.ordinal is not None
     result = Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=source,

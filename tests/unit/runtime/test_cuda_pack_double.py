@@ -5,7 +5,7 @@ limit, every item size) gives exactly numpy's bytes, through copies the real CUD
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -57,16 +57,8 @@ BROADCASTS: dict[str, Layout] = {
 
 
 @pytest.fixture
-def d() -> Iterator[CudaDriverDouble]:
-    double = CudaDriverDouble(1)
-    yield double
-    gc.collect()
-    double.close()
-
-
-@pytest.fixture
-def rt(d: CudaDriverDouble) -> CudaRuntime:
-    return CudaRuntime(0, driver=d)
+def d(make_double: Callable[..., CudaDriverDouble]) -> CudaDriverDouble:
+    return make_double(1, install=False)
 
 
 class OnDevice:

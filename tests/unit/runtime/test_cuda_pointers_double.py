@@ -4,8 +4,7 @@ a context that may ask, and the producer is synchronized on the GPU that holds i
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,13 +24,9 @@ A = CudaDriverDouble.CUpointer_attribute
 
 
 @pytest.fixture(params=[2, 4], ids=["2-gpus", "4-gpus"])
-def d(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[CudaDriverDouble]:
+def d(request: pytest.FixtureRequest, make_double: Callable[..., CudaDriverDouble]) -> CudaDriverDouble:
     """A double whose bindings report every pointer on GPU 0, as the broken cuda-bindings releases do."""
-    double = CudaDriverDouble(request.param, ordinal_bug=True)
-    monkeypatch.setattr(cudadriver, "load_driver", lambda: double)
-    yield double
-    gc.collect()
-    double.close()
+    return make_double(request.param, ordinal_bug=True)
 
 
 @pytest.fixture

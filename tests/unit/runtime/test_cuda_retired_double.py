@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from cai_mpi._src.runtime import cudadriver
 from cai_mpi._src.runtime.cuda import CudaRuntime
 from cai_mpi.testing import CudaDriverDouble
 
@@ -20,18 +19,8 @@ LAZY = 600.0  # queued device work runs only when something waits for it (no tes
 
 
 @pytest.fixture
-def d(monkeypatch: pytest.MonkeyPatch) -> Iterator[CudaDriverDouble]:
-    double = CudaDriverDouble(2, lazy=LAZY)
-    monkeypatch.setattr(cudadriver, "load_driver", lambda: double)
-    monkeypatch.setattr(cudadriver, "load_cupy", lambda: None)
-    yield double
-    gc.collect()
-    double.close()
-
-
-@pytest.fixture
-def rt(d: CudaDriverDouble) -> CudaRuntime:
-    return CudaRuntime(0, driver=d)
+def d(make_double: Callable[..., CudaDriverDouble]) -> CudaDriverDouble:
+    return make_double(2, lazy=LAZY)
 
 
 def finishes(fn: Callable[[], Any]) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,18 +23,13 @@ CUresult = CudaDriverDouble.CUresult
 
 
 @pytest.fixture
-def d(monkeypatch: pytest.MonkeyPatch) -> Iterator[CudaDriverDouble]:
-    double = CudaDriverDouble(2)
-    monkeypatch.setattr(cudadriver, "load_driver", lambda: double)
-    monkeypatch.setattr(cudadriver, "load_cupy", lambda: None)
-    yield double
-    gc.collect()  # finalizers (stream, event, memory) run while the double is alive
-    double.close()
+def d(make_double: Callable[..., CudaDriverDouble]) -> CudaDriverDouble:
+    return make_double(2)
 
 
 @pytest.fixture
 def rt(d: CudaDriverDouble) -> CudaRuntime:
-    return CudaRuntime(1, driver=d)
+    return CudaRuntime(1, driver=d)  # (not GPU 0: a call that forgets its device shows)
 
 
 def current_ordinal(d: CudaDriverDouble) -> int | None:

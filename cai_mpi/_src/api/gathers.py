@@ -1,0 +1,196 @@
+"""Shape-free gathers: gather and allgather, of arrays whose shapes and dtypes may differ from rank to rank.
+
+A vote (``transport.agreement``) on the operation, its root and each rank's description comes first, so a rank
+that names another root, or cannot contribute, is an error on every rank. Every rank's description travels only
+when they differ (alike, every rank already knows them all: its own); then MPI's Gather/Allgather (or their
+v-forms, large-count where needed) move the pieces back to back into one buffer (``transport.contiguous``). A
+gather like the last one of its kind on the communicator posts its payload collective with the vote (one round).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..arrays.array import Array
+from ..arrays.operands import send_source
+from ..core.header import MessageInfo
+from ..runtime.base import Runtime
+from ..transport.agreement import (
+    NOBODY,
+    SPECULATE_BYTES,
+    Ballot,
+    Contribution,
+    describe_source,
+    disagree,
+    fingerprint,
+    read,
+    reason,
+    vote,
+)
+from ..transport.bigcount import INT_MAX, allgatherv, gatherv
+from ..transport.contiguous import ALIGN, Gathered, Outgoing, outgoing
+from ..transport.privcomm import PrivateComms
+from .collective_call import NO_TAG, AgreedSignature, bytes_at, checked_root, common_fingerprint, setup
+from .validation import check_sync
+
+__all__ = ["allgather_array", "gather_array"]
+
+
+def _contribute(fn: str, obj: Any, sync: Any, rt: Runtime) -> Contribution:
+    return Contribution.attempt(lambda: (describe_source(src := send_source(fn, obj, check_sync(fn, sync), rt)), src))
+
+
+def _small(sizes: Any, infos: Sequence[MessageInfo]) -> bool:
+    """Do all counts and displacements of a v-collective over these pieces fit C ints?"""
+    total = sum(-(-int(n) // 64) * 64 for n in sizes)
+    return total <= INT_MAX and all(int(n) <= INT_MAX for n in sizes)
+
+
+def _regular(sizes: Sequence[int]) -> bool:
+    """Are the pieces all one size, each right after the one before in a ``Gathered`` buffer? Then MPI's
+    ``Gather``/``Allgather`` take them (as fast as MPI gathers arrays of known shape) instead of the v-forms."""
+    return sizes[0] > 0 and sizes[0] % ALIGN == 0 and all(n == sizes[0] for n in sizes)
+
+
+def _post_gather(comm: MPI.Comm, send: Any, recv: Any, n: int, root: int | None, blocking: bool = False) -> Any:
+    """MPI's Gather (at ``root``) or Allgather (``root`` None) of ``n`` bytes per rank into ``recv`` (pieces back to
+    back; None off the root), nonblocking unless ``blocking``."""
+    out = None if recv is None else [recv, n, MPI.BYTE]
+    if root is None:
+        return (comm.Allgather if blocking else comm.Iallgather)([send, n, MPI.BYTE], out)
+    return (comm.Gather if blocking else comm.Igather)([send, n, MPI.BYTE], out, root)
+
+
+def _sending(src: Any, rt: Runtime, pc: PrivateComms) -> tuple[Any, Outgoing | None]:
+    """This rank's bytes as a buffer MPI takes: a C-ordered host array itself, else its piece (staged or packed)."""
+    if isinstance(src, np.ndarray) and src.flags.c_contiguous:
+        return src, None
+    piece = outgoing(src, rt, direct=pc.aware.aware)
+    return bytes_at(piece.address, piece.nbytes, readonly=True), piece
+
+
+def _gathered(fn: str, pc: PrivateComms, mine: Contribution, root: int | None, due: Any, rt: Runtime,
+              max_message: int) -> list[Array] | None:
+    """gather (at ``root``) or allgather (``root`` None) of every rank's contribution: the vote (with the payloads
+    of the last agreed signature, in the steady state), then the payloads."""
+    comm = pc.header
+    assert isinstance(comm, MPI.Intracomm)
+    me, size = comm.Get_rank(), comm.Get_size()
+    common = common_fingerprint(fn, -1 if root is None else root)
+    own = NOBODY if mine.error is not None else fingerprint(mine.blob)
+    ballot = Ballot(common, own, failed=mine.error is not None)
+    gets = root is None or me == root
+    ordinal = rt.current_device() if gets else None
+    agreed: AgreedSignature | None = pc.agreed.get(fn)
+    if agreed is not None and agreed.nbytes <= SPECULATE_BYTES and agreed.nbytes * size <= INT_MAX:
+        # The steady state: the payloads of the last agreed signature go with the vote (scratch on a rank whose call
+        # differs, so every rank makes the same MPI calls whatever the vote says).
+        n, expected = agreed.nbytes, common == agreed.common and own == agreed.own
+        spec_root = None if agreed.root == -1 else agreed.root
+        spec_gets = spec_root is None or me == spec_root
+        place = Gathered([agreed.info] * size, ordinal, rt, direct=pc.aware.aware, packed=True) \
+            if spec_gets and expected else None
+        send, piece = _sending(mine.source, rt, pc) if expected else (np.empty(n, np.uint8), None)
+        recv = None if not spec_gets else bytes_at(place.address, n * size) if place is not None \
+            else np.empty(n * size, np.uint8)
+        posted = [_post_gather(comm, send, recv, n, spec_root)] if n else []
+        vote(fn, pc, ballot, due, posted, keep=(piece, place, send, recv))
+        if piece is not None:
+            piece.release()
+        if ballot.matches(agreed.common, agreed.own):
+            return place.finish(rt, NO_TAG) if place is not None else None
+        if place is not None:
+            place.finish(rt, NO_TAG)  # (discarded: the staging given back)
+    else:
+        vote(fn, pc, ballot, due)
+    if not ballot.agreed:
+        text = f"root={root}" if mine.error is None else reason(mine.error)
+        disagree(fn, comm, text, mine.error, "every rank must name the same root")
+    if ballot.alike:  # every rank described what this one did: the pieces go back to back
+        info = read(mine.blob)
+        assert isinstance(info, MessageInfo)
+        infos = [info] * size
+        pc.agreed[fn] = AgreedSignature(common, own, info, -1 if root is None else root)
+    else:  # descriptions differ: they travel (every rank needs the sizes), and nothing is remembered
+        infos = [info for info in map(read, comm.allgather(mine.blob)) if isinstance(info, MessageInfo)]
+        pc.agreed.pop(fn, None)
+    sizes = [i.payload_nbytes for i in infos]
+    packed = ballot.alike and 0 < sizes[0] <= INT_MAX and sizes[0] * size <= max_message
+    place = Gathered(infos, ordinal, rt, direct=pc.aware.aware, packed=packed) if gets else None
+    send, piece = _sending(mine.source, rt, pc)
+    if packed:
+        _post_gather(comm, send, None if place is None else bytes_at(place.address, sizes[0] * size), sizes[0], root,
+                     blocking=True)
+    elif any(sizes):
+        address = piece.address if piece is not None else int(send.ctypes.data)
+        recv = None if place is None else (place.address, sizes, place.displacements)
+        if root is None:
+            assert recv is not None
+            allgatherv(comm, (address, sizes[me]), recv, small=_small(sizes, infos), regular=_regular(sizes))
+        else:
+            gatherv(comm, (address, sizes[me]), recv, root, small=_small(sizes, infos), regular=_regular(sizes))
+    if piece is not None:
+        piece.release()
+    return None if place is None else place.finish(rt, NO_TAG)
+
+
+def gather_array(
+    obj: Any, root: int = 0, comm: MPI.Comm | None = None, *, sync: bool | None = None, timeout: float | None = None
+) -> list[Array] | None:
+    """Gather every rank's array at ``root``; shapes and dtypes may differ from rank to rank.
+
+    Args:
+        obj: this rank's contribution: anything ``send_array`` takes.
+        root: the gathering rank; every rank names the same.
+        comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
+        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the synchronization of this rank's
+            producer stream.
+        timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
+
+    Returns:
+        On the root, one Array per rank in rank order (``source`` is the rank; on its GPU when the root has
+        one, else in host memory); None elsewhere.
+
+    Raises:
+        CollectiveMismatchError: on every rank, when the ranks name different roots, or some rank could not
+            contribute (that rank raises its own error).
+        TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
+            step: later ones on it raise ``CollectiveMismatchError``).
+    """
+    fn = "gather_array"
+    pc, _comm, _none, rt, cfg, due = setup(fn, comm, None, timeout)
+    root, bad_root = checked_root(fn, root, pc)
+    mine = _contribute(fn, obj, sync, rt) if bad_root is None else Contribution.failed(bad_root)
+    return _gathered(fn, pc, mine, root, due, rt, cfg.max_message_bytes)
+
+
+def allgather_array(
+    obj: Any, comm: MPI.Comm | None = None, *, sync: bool | None = None, timeout: float | None = None
+) -> list[Array]:
+    """Every rank's array, on every rank; shapes and dtypes may differ from rank to rank.
+
+    Args:
+        obj: this rank's contribution: anything ``send_array`` takes.
+        comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
+        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the synchronization of this rank's
+            producer stream.
+        timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
+
+    Returns:
+        One Array per rank in rank order (``source`` is the rank), on this rank's GPU when it has one.
+
+    Raises:
+        CollectiveMismatchError: on every rank, when some rank could not contribute (that rank raises its
+            own error).
+        TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
+            step: later ones on it raise ``CollectiveMismatchError``).
+    """
+    fn = "allgather_array"
+    pc, _comm, _root, rt, cfg, due = setup(fn, comm, None, timeout)
+    got = _gathered(fn, pc, _contribute(fn, obj, sync, rt), None, due, rt, cfg.max_message_bytes)
+    assert got is not None
+    return got
