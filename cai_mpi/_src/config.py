@@ -27,6 +27,8 @@ ENV_VARS: Mapping[str, str] = types.MappingProxyType({
     "CAI_MPI_INLINE_BYTES": "payloads up to this size travel inside the header message; default 8192",
     "CAI_MPI_MAX_PAYLOAD_BYTES": "receiver refuses headers announcing more; default 1 TiB",
     "CAI_MPI_DEVICE_DATATYPES": "1: strided device arrays use MPI derived datatypes when CUDA-aware (else packed)",
+    "CAI_MPI_MEMO_ENTRIES": "most entries each cache of message descriptions keeps (header templates, decoded "
+                            "headers, collective plans); default 1024",
     "CAI_MPI_HOST_DATATYPE_BYTES": "largest strided host payload MPI reads or writes in place through a derived "
                                    "datatype (larger ones are packed by numpy); default by library: 4096 on MPICH, "
                                    "unlimited elsewhere",
@@ -123,6 +125,7 @@ class Config:
     sync_device: bool = False
     #: None: chosen by the MPI library (``transport.datatypes.host_datatype_bytes``).
     host_datatype_bytes: int | None = None
+    memo_entries: int = 1024
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config:
@@ -145,6 +148,7 @@ class Config:
             pool_bytes=_int(env, "CAI_MPI_POOL_BYTES", 1 << 30),
             pinned_pool_bytes=_int(env, "CAI_MPI_PINNED_POOL_BYTES", 256 << 20),
             host_datatype_bytes=_optional_int(env, "CAI_MPI_HOST_DATATYPE_BYTES"),
+            memo_entries=_int(env, "CAI_MPI_MEMO_ENTRIES", 1024, minimum=1),
         )
 
 

@@ -250,3 +250,28 @@ def test_only_config_reads_the_process_environment() -> None:
         if path.parts[len(src.parts)] != "cli" and re.search(r"os\.environ|getenv", path.read_text())
     )
     assert readers == ["config.py"]
+
+
+def test_every_description_memo_keeps_at_most_the_setting_then_starts_again() -> None:
+    """CAI_MPI_MEMO_ENTRIES bounds each cache of descriptions (header templates, decodings, collective plans)."""
+    import numpy as np
+
+    from cai_mpi._src.core import header
+    from cai_mpi._src.core.memo import Memo
+
+    reload_config({"CAI_MPI_MEMO_ENTRIES": "3"})
+    try:
+        memo: Memo[int, str] = Memo()
+        for k in range(3):
+            assert memo.remember(k, str(k)) == str(k)
+        assert dict(memo) == {0: "0", 1: "1", 2: "2"}
+        memo.remember(3, "3")
+        assert dict(memo) == {3: "3"}  # full: forgotten whole, then the new one kept
+        header._templates.clear()
+        for n in range(1, 8):  # distinct shapes, sent with a payload tag (not inline)
+            header.encode_header(np.dtype(np.float32), (n,), fortran=False, payload_tag=5)
+            assert 1 <= len(header._templates) <= 3
+        with pytest.raises(ValueError, match="CAI_MPI_MEMO_ENTRIES"):
+            reload_config({"CAI_MPI_MEMO_ENTRIES": "0"})
+    finally:
+        reload_config()

@@ -22,6 +22,7 @@ from mpi4py import MPI
 
 from ..arrays.array import NO_SOURCE, NO_TAG, Array
 from ..arrays.operands import DeviceSource, send_source
+from ..core.memo import Memo
 from ..runtime.base import Runtime
 from ..transport.agreement import SPECULATE_BYTES, Ballot, disagree, fingerprint, reason, vote
 from ..transport.bigcount import INT_MAX, reduce
@@ -42,7 +43,7 @@ def _attempt(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[str, 
 
 # Plans of calls on host numpy arrays, by (op, keys, shapes, dtypes): a training loop reduces the same arrays
 # every step, and the plan depends on nothing else (the arrays themselves are this call's, passed beside it).
-_PLANS: dict[Any, Plan] = {}
+_PLANS: Memo[Any, Plan] = Memo()
 _NUMPY_ONLY = {np.ndarray}
 
 
@@ -58,9 +59,7 @@ def _reused(fn: str, objs: Any, op: Any, sync: Any, rt: Runtime) -> tuple[Plan, 
            tuple([v.dtype for v in values]))
     cached = _PLANS.get(key)
     if cached is None:
-        if len(_PLANS) >= 64:
-            _PLANS.clear()
-        cached = _PLANS[key] = Plan(fn, objs, op, sync, rt, split=True)
+        cached = _PLANS.remember(key, Plan(fn, objs, op, sync, rt, split=True))
         cached.sources = []  # (the cached plan is shared: this call's arrays are its own, and freed with the call)
         for bucket in cached.buckets:
             bucket.objs, bucket.ptrs = [], []

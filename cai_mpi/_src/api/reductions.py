@@ -21,6 +21,7 @@ from mpi4py import MPI
 from ..arrays.array import NO_SOURCE, NO_TAG, Array
 from ..arrays.operands import DeviceSource, RecvTarget, Target, describe_target, mismatch, recv_target, send_source
 from ..core.header import MessageInfo
+from ..core.memo import Memo
 from ..runtime.base import Runtime
 from ..transport.agreement import SPECULATE_BYTES, Ballot, disagree, fingerprint, reason, vote
 from ..transport.bigcount import INT_MAX, reduce
@@ -87,15 +88,13 @@ def _plan(fn: str, obj: Any, op: Any, sync: Any, rt: Runtime) -> tuple[np.ndarra
             size *= n
         plan = _Plan(MessageInfo(dtype, shape, False, size * dtype.itemsize, 0, None, False, False, 0), how, datatype)
         if key[0] is not None:
-            if len(_known) >= 256:
-                _known.clear()
-            _known[key] = plan
+            _known.remember(key, plan)
     return src, plan
 
 
 # (op, dtype, shape) -> _Plan: what checking the arguments found, for the next call with the same (a step of a
 # solver or a training loop reduces the same arrays every time).
-_known: dict[tuple[Any, ...], _Plan] = {}
+_known: Memo[tuple[Any, ...], _Plan] = Memo()
 
 
 def _out(fn: str, out: Any, plan: _Plan, rt: Runtime) -> tuple[Target | None, Exception | None]:

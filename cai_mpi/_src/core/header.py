@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import CAIError, ProtocolError
+from .memo import Memo
 from .meta import MAX_META_BYTES, encode_meta
 
 __all__ = [
@@ -216,9 +217,7 @@ def encode_header(
             cached = _encode(dtype, shape, fortran, 0, chunk_bytes, b"", inline is not None, channel, may_fail)
             if inline is None:
                 cached = cached[MAGIC_AT:]  # the payload tag is prepended per message
-            if len(_templates) >= _CACHE_LIMIT:
-                _templates.clear()
-            _templates[key] = cached
+            _templates.remember(key, cached)
         if inline is None:
             return _TAG.pack(payload_tag) + cached
         return cached + inline  # type: ignore[no-any-return]  # (an inline header carries no payload tag)
@@ -360,13 +359,12 @@ def decode_header(buf: Any, nbytes: int, *, max_payload_bytes: int) -> tuple[Mes
     return info, payload_tag
 
 
-# Bounds each cache below (cleared whole when full): a program sends few distinct shapes, so this only caps the
-# memory of one whose shapes keep changing. Internal: no user gains by tuning a bound that is never reached.
-_CACHE_LIMIT = 1024
-_templates: dict[tuple[Any, ...], bytes] = {}
+# Header templates by description (encoding) and decodings by header bytes (decoding): ``Memo``s, the one cache of
+# descriptions.
+_templates: Memo[tuple[Any, ...], bytes] = Memo()
 # The last small message's (dtype, shape, fortran order, header): loops send one shape again and again.
 _last_inline: tuple[Any, tuple[int, ...], bool, bytes] = (None, (), False, b"")
-_decoded: dict[bytes, MessageInfo] = {}
+_decoded: Memo[bytes, MessageInfo] = Memo()
 # The last header decoded through the cache, as (its bytes from MAGIC_AT on, without an inline payload; the
 # whole message's length; its decoding). One tuple, replaced whole: threads share it safely.
 _NOTHING = MessageInfo(np.dtype(np.uint8), (), False, 0, 0, None, False, False, 0)
@@ -385,9 +383,7 @@ def decode(buf: bytes | bytearray, nbytes: int, max_payload_bytes: int) -> tuple
             info = _decoded.get(key)
             if info is None:
                 info, tag = decode_header(buf, nbytes, max_payload_bytes=max_payload_bytes)
-                if len(_decoded) >= _CACHE_LIMIT:
-                    _decoded.clear()
-                _decoded[key] = info
+                _decoded.remember(key, info)
                 return info, tag
             if info.inline:
                 if nbytes == info.header_nbytes + info.payload_nbytes and info.payload_nbytes <= max_payload_bytes:

@@ -102,25 +102,11 @@ def describe_source(src: np.ndarray[Any, Any] | DeviceSource, meta: bytes = b"")
 
 
 def read(blob: bytes) -> MessageInfo | str:
-    """A contribution's description: the decoded header, or the text of the failure it reports."""
-    known = _seen.get(blob)
-    if known is not None:
-        return known
+    """A contribution's description: the decoded header (through the decoder's memo of headers seen before: one
+    call after another describes the same arrays), or the text of the failure it reports."""
     if blob.startswith(_ERROR):
         return blob[len(_ERROR):].decode(errors="replace")
-    info, _tag = decode(blob, len(blob), _UNLIMITED)
-    if info.meta is None and len(blob) <= ROOM:  # (a meta dict is the receiver's to change: never shared)
-        if len(_seen) >= _SEEN_LIMIT:
-            _seen.clear()
-        _seen[blob] = info
-    return info
-
-
-# Headers seen before, whole (collective headers have payload tag 0, so the bytes are the key): one call after
-# another describes the same arrays, and this lookup is cheaper than decoding (even the decoder's cached path).
-_seen: dict[bytes, MessageInfo] = {}
-# A program's distinct collective signatures are few; the limit only bounds memory when shapes keep changing.
-_SEEN_LIMIT = 256
+    return decode(blob, len(blob), _UNLIMITED)[0]
 
 
 def raise_failures(fn: str, described: Sequence[MessageInfo | str | None], mine: Contribution, rank: int) -> None:
