@@ -260,14 +260,10 @@ def irecv_array(
         TypeError, ValueError: a bad argument, as in ``recv_array``. Errors about the message itself
             (RecvMismatchError, ProtocolError, TimeoutError) are raised by ``wait()``.
     """
-    return _start_recv("irecv_array", source, tag, comm, out, device)
-
-
-def _start_recv(fn: str, source: Any, tag: Any, comm: Any, out: Any, device: Any) -> Request[Array]:
-    pc, source, tag, target, ordinal, rt = _receive_args(fn, source, tag, comm, out, device)
+    pc, source, tag, target, ordinal, rt = _receive_args("irecv_array", source, tag, comm, out, device)
     if source == PROC_NULL:
         return PostedRequest([], _from_proc_null(target))
-    return ireceive(fn, pc, source, tag, target, ordinal, rt, out)
+    return ireceive("irecv_array", pc, source, tag, target, ordinal, rt, out)
 
 
 def sendrecv_array(

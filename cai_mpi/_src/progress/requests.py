@@ -150,10 +150,16 @@ class Request(Generic[T]):
             self._finish(None, exc)
             raise
 
-    def _complete_pending(self) -> bool:
+    def _complete_pending(self) -> None:
+        """Block until the pending wait completes (driving the others meanwhile), then advance; a failure goes into
+        the steps."""
         assert self._pending is not None
-        complete(self._pending, self)
-        return True
+        try:
+            complete(self._pending, self)
+        except BaseException as exc:
+            self._advance(exc)
+            return
+        self._advance()
 
     def _step(self, done: Callable[[], bool]) -> bool:
         """If ``done()`` (a test or a wait of the pending step) says so, advance; a failure goes into the steps."""
@@ -228,7 +234,7 @@ class Request(Generic[T]):
             while self._gen is not None and self._expired is None:
                 assert self._pending is not None
                 if due is None:
-                    self._step(self._complete_pending)
+                    self._complete_pending()
                 else:
                     due = self._step_until(due)
         if self._expired is not None:
@@ -275,7 +281,7 @@ class Request(Generic[T]):
         """Dropped before it completed: MPI must not be left with memory that is about to be freed (mpi4py frees an
         active request, and MPI would go on reading or writing its buffer). A receive that matched nothing is
         withdrawn, so it cannot swallow a later message; anything else is kept, and finished by later waits."""
-        if self._settled or self._mpi_finalized():
+        if self._gen is None or self._mpi_finalized():  # (settled)
             return
         pending = self._pending
         if pending is not None and pending.cancellable and self._gen is not None:
@@ -293,7 +299,7 @@ class Request(Generic[T]):
             while self._gen is not None:
                 assert self._pending is not None
                 try:
-                    self._step(self._complete_pending)
+                    self._complete_pending()
                 except BaseException:
                     return
 
