@@ -76,9 +76,9 @@ def test_bare_runs_and_their_fallbacks_arrive_intact_in_order(depth: int) -> Non
                     pipe.send(a)
     if not pipe.last:
         sent = items if pipe.first else forwarded
-        assert pipe._fast_sent == bare_rule(sent), (pipe._fast_sent, bare_rule(sent))
+        assert pipe._down.bare_sent == bare_rule(sent), (pipe._down.bare_sent, bare_rule(sent))
     if rank == 1:  # the first edge: what stage 0 sent bare, this stage received bare
-        assert pipe._fast_received == bare_rule(items) > 0
+        assert pipe._up.bare_received == bare_rule(items) > 0
     if rank == size - 1:
         assert len(kept) == len(items)
         for i, (a, (x, meta)) in enumerate(zip(kept, items, strict=True)):  # (checked once all have arrived:
@@ -97,7 +97,7 @@ def test_a_meta_of_a_bare_run_is_each_items_own() -> None:
                 a.meta["tags"].append("touched")  # the receiver's own dict: later items keep theirs
             assert [a.meta for a in got] == [{"tags": ["a", "touched"]}] * 4
             assert [np.asarray(a).tolist() for a in got] == [[i, i] for i in range(4)]
-            assert pipe._fast_received == 3
+            assert pipe._up.bare_received == 3
             if not pipe.last:
                 for a in got:
                     pipe.send(a, meta={"tags": ["a"]})
@@ -120,7 +120,7 @@ def test_an_item_changed_in_place_after_its_run_was_described_is_sent_as_it_is_n
             else:
                 assert [a.meta for a in got] == [{"k": 0}, {"k": 0}, {"k": 1}, {"k": 1}, None]
                 assert [np.asarray(a).tolist() for a in got] == [[float(i)] * 5 for i in range(4)] + [[0.0] * 5]
-            assert pipe._fast_received == 2
+            assert pipe._up.bare_received == 2
 
 
 @pytest.mark.parametrize("where", ["first", "last"])
@@ -185,7 +185,7 @@ def test_large_items_go_bare_and_arrive_intact() -> None:
                 assert np.array_equal(np.asarray(a), np.arange(n, dtype=np.float64) * i)
                 if not pipe.last:
                     pipe.send(a)
-            assert pipe._fast_received == 5
+            assert pipe._up.bare_received == 5
 
 
 def test_host_items_to_a_stage_with_a_gpu_land_on_its_gpu_self_described() -> None:
@@ -202,8 +202,9 @@ def test_host_items_to_a_stage_with_a_gpu_land_on_its_gpu_self_described() -> No
             if not pipe.last:
                 for a in got:
                     pipe.send(a)
-            assert pipe._fast_received == 0
-        assert pipe._fast_sent == 0
+            assert pipe._up.bare_received == 0
+        if not pipe.last:
+            assert pipe._down.bare_sent == 0
 
 
 @pytest.mark.parametrize("depth", [1, 2, 5])
@@ -228,14 +229,14 @@ def test_memory_of_a_bare_item_someone_still_holds_is_never_reused(depth: int) -
                 elif i % 6 == 3:
                     held[i] = np.asarray(a)[1:]  # a view of the memory
                 del a
-            assert pipe._fast_received == n - 1
+            assert pipe._up.bare_received == n - 1
     if not pipe.first:
         assert sorted(held) == [i for i in range(n) if i % 6 < 4]
         for i, h in held.items():
             want = np.full((2, 3), i, np.int32)[1:] if i % 6 == 3 else np.full((2, 3), i, np.int32)
             assert np.array_equal(np.asarray(h), want), (i, np.asarray(h))
     else:
-        assert pipe._fast_sent == n - 1
+        assert pipe._down.bare_sent == n - 1
 
 
 def test_items_held_from_an_earlier_pipeline_are_never_overwritten_by_a_later_one() -> None:
@@ -253,7 +254,7 @@ def test_items_held_from_an_earlier_pipeline_are_never_overwritten_by_a_later_on
                         pipe.send(a)
                     if i % 3 == 0:
                         held.append((100 * run + i, a if i % 2 else a.numpy()))
-                assert pipe._fast_received == 9
+                assert pipe._up.bare_received == 9
     if rank == 0:
         assert held == []
     else:
@@ -284,7 +285,7 @@ def test_what_a_stage_does_to_a_dropped_item_never_reaches_later_items_or_pipeli
                     elif i % 4 == 2:
                         item.meta = {"mine": True}
                     del x, item
-                assert pipe._fast_received == 11
+                assert pipe._up.bare_received == 11
                 assert seen == [((8,), np.dtype(np.float64), True, None, [10.0 * run + i] * 8) for i in range(12)]
     assert pipe.first or seen
 
@@ -311,7 +312,7 @@ def test_credits_sent_while_the_last_one_is_still_in_flight_reach_the_previous_s
     got = []
     with cai_mpi.Pipeline(depth=2, timeout=20) as pipe:
         if not pipe.first:
-            pipe._credit_send = CreditStillInFlight(pipe._credit_send)
+            pipe._up._credit_send = CreditStillInFlight(pipe._up._credit_send)
         if pipe.first:
             for i in range(n):
                 pipe.send(np.full(4, i, np.int32))
@@ -321,7 +322,7 @@ def test_credits_sent_while_the_last_one_is_still_in_flight_reach_the_previous_s
                 if not pipe.last:
                     pipe.send(a)
     if not pipe.last:  # (what the next stage's credits told this one it has received)
-        assert pipe._acked >= n - pipe.depth, pipe._acked
+        assert pipe._down.acked >= n - pipe.depth, pipe._down.acked
     if not pipe.first:
         assert got == [[i] * 4 for i in range(n)]
 
@@ -329,9 +330,9 @@ def test_credits_sent_while_the_last_one_is_still_in_flight_reach_the_previous_s
 def test_a_finished_ring_is_kept_for_the_next_pipeline_of_its_shape() -> None:
     """The buffers of a ring that ended with none of its items held are kept (within the budget) for the next
     Pipeline whose items have that shape and dtype, instead of fresh pages for every Pipeline."""
-    from cai_mpi._src.api import pipeline
+    from cai_mpi._src.transport import stream
 
-    pipeline._kept.clear()
+    stream._kept.clear()
     with cai_mpi.Pipeline(depth=2) as pipe:
         if pipe.first:
             for i in range(10):
@@ -342,7 +343,7 @@ def test_a_finished_ring_is_kept_for_the_next_pipeline_of_its_shape() -> None:
                 if not pipe.last:
                     pipe.send(a)
                 del a
-    kept = pipeline._kept.get(((5, 3), np.dtype(np.int16)), [])
+    kept = stream._kept.get(((5, 3), np.dtype(np.int16)), [])
     if pipe.first:
         assert kept == [], "the first stage receives nothing: it has no ring"
     else:

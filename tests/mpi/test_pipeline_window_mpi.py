@@ -111,7 +111,7 @@ def test_a_stage_never_gets_more_than_depth_items_ahead(depth: int, edge: str, b
         side.Free()
     if rank == prober:
         assert ahead == depth, f"stage {rank} got {ahead} items ahead of the next stage at depth {depth}"
-        assert pipe._fast_sent == (n - 1 if bare else 0)
+        assert pipe._down.bare_sent == (n - 1 if bare else 0)
     elif rank == stopper:
         assert ahead == depth and received == n
     elif rank == 0:
