@@ -16,7 +16,6 @@ receive whatever is still in flight, and free the duplicates, so nothing is left
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, Literal
@@ -29,6 +28,7 @@ from ..errors import TimeoutError
 from ..progress.deadlines import deadline
 from ..progress.driving import PENDING
 from ..runtime import get_runtime
+from ..transport.notices import Notices
 from ..transport.privcomm import private_comms
 from ..transport.stream import StreamIn, StreamOut, exchange_bare_ok
 from .p2p import irecv_array, isend_array
@@ -118,12 +118,8 @@ class Pipeline(Leaving):
         self._credited = 0
         self._closed = self.last  # the last stage has no stream to close
         self._ended = self.first  # the first stage has no stream to receive
-        self._control: deque[MPI.Request] = deque()  # notices in flight, oldest first
         self._meta: dict[str, Any] | None = None  # of the item this stage works on, for failure reports
-        self._notice = bytearray(NOTICE_BYTES)
-        self._notice_status = MPI.Status()
-        self._notice_req = self._ctl.Irecv(self._notice, MPI.ANY_SOURCE, NOTICE)
-        self._notices_received = 0
+        self._notices = Notices(self._ctl, NOTICE, NOTICE_BYTES)
         self._left = False
 
     # -- the stream ------------------------------------------------------------------------------------------
@@ -216,18 +212,12 @@ class Pipeline(Leaving):
             self._down.reap()
         if self._up is not None:
             self._up.forget_sent()
-        self._forget_sent_control()
-
-    def _forget_sent_control(self) -> None:
-        """Drop the notices sent, oldest first (they complete in order)."""
-        control = self._control
-        while control and control[0].Test():
-            control.popleft()
+        self._notices.forget_sent()
 
     def _check_notice(self) -> None:
-        if self._notice_req.Test(self._notice_status):
-            self._notices_received += 1
-            raise failure_from(self._notice[: self._notice_status.Get_count(MPI.BYTE)])
+        raw = self._notices.test()
+        if raw is not None:
+            raise failure_from(raw)
 
     def __enter__(self) -> Pipeline:
         return self

@@ -5,7 +5,6 @@ left unmatched; or, past the leaving deadline, abandon the pipeline."""
 from __future__ import annotations
 
 import math
-from collections import deque
 from types import TracebackType
 from typing import Any
 
@@ -16,8 +15,9 @@ from ..errors import PipelineError, TimeoutError
 from ..progress.backoff import Backoff
 from ..progress.deadlines import Deadline, deadline
 from ..progress.requests import PostedRequest
+from ..transport.notices import Notices
 from ..transport.stream import StreamIn, StreamOut
-from .pipeline_wire import NOTICE, NOTICE_BYTES, encode_notice, failure_from
+from .pipeline_wire import encode_notice, failure_from
 
 __all__ = ["Leaving", "wait_pauses"]
 
@@ -51,11 +51,7 @@ class Leaving:
     _ended: bool
     _left: bool
     _meta: dict[str, Any] | None
-    _control: deque[MPI.Request]
-    _notice: bytearray
-    _notice_req: MPI.Request
-    _notice_status: MPI.Status
-    _notices_received: int
+    _notices: Notices
 
     # (the Pipeline's own)
     def close(self) -> None: ...
@@ -63,10 +59,7 @@ class Leaving:
 
     def _notify(self, error: BaseException, *, own: bool = True) -> None:
         """Tell every other stage that this one failed (they raise PipelineError, wherever they wait)."""
-        raw = encode_notice(self.stage, self._meta, error, own)
-        for rank in range(self._size):
-            if rank != self.stage:
-                self._control.append(self._ctl.Isend(raw, rank, NOTICE))
+        self._notices.send_all(encode_notice(self.stage, self._meta, error, own))
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         failed_here = error is not None and not isinstance(error, PipelineError)
@@ -124,13 +117,9 @@ class Leaving:
             f"collective over {self._size} stages); the pipeline is abandoned: its pending messages finish in the "
             "background, and the communicator you gave it stays usable", due.seconds, False)
         PostedRequest([agreed], None, keep=buffers)._abandon(error)
-        if self._control:
-            PostedRequest(list(self._control), None)._abandon(error)
-            self._control = deque()
+        self._notices.abandon(error)
         if self._down is not None:
             self._down.abandon(error)
-        self._notice_req.Cancel()
-        self._notice_req.Wait()
         if self._up is not None:
             self._up.abandon(error)
         return error
@@ -147,30 +136,11 @@ class Leaving:
             if up.posted:
                 missing = max(missing, 1)  # (the stage above sent one more to match it, as just above)
             up.drain(missing)
-        reports = self._notices(sum(1 for r in range(self._size) if everyone[r, _FAILED] != self._size and r != me))
+        failed = sum(1 for r in range(self._size) if everyone[r, _FAILED] != self._size and r != me)
+        reports = [failure_from(raw) for raw in self._notices.collect(failed)]
         if down is not None:  # credits sent from downstream, then everything sent has been received downstream
             down.settle(int(everyone[me + 1, _CREDITS]))
-        MPI.Request.Waitall(list(self._control))
-        self._control = deque()
+        self._notices.finish()
         if up is not None:
             up.settle()
         return min(reports, key=lambda r: r.rank) if reports else None
-
-    def _notices(self, expected: int) -> list[PipelineError]:
-        """Read the ``expected`` failure notices sent to this stage (one may have been read already)."""
-        reports = []
-        if self._notices_received or expected > 0:
-            if not self._notices_received:
-                self._notice_req.Wait(self._notice_status)
-            reports.append(failure_from(self._notice[: self._notice_status.Get_count(MPI.BYTE)]))
-            expected -= 1
-        else:
-            self._notice_req.Cancel()
-            self._notice_req.Wait()
-        for _ in range(expected):
-            status = MPI.Status()
-            buf = bytearray(NOTICE_BYTES)
-            self._ctl.Recv(buf, MPI.ANY_SOURCE, NOTICE, status)
-            reports.append(failure_from(buf[: status.Get_count(MPI.BYTE)]))
-        return reports
-
