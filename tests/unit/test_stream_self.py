@@ -34,7 +34,7 @@ def ends() -> Iterator[tuple[StreamOut, StreamIn]]:
     control.Free()
 
 
-def _no_wait(done: Callable[[], bool], what: str) -> None:
+def _no_wait(done: Callable[[], bool]) -> None:
     """Everything a rank sends itself here has been posted before it is received: a wait only polls."""
     while not done():
         pass

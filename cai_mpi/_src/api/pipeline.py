@@ -149,7 +149,7 @@ class Pipeline(Leaving):
             raise ValueError(f"Pipeline.recv: stage {self.stage} is the first stage: there is no previous stage")
         if self._ended:
             return None
-        item = up.recv(self._wait)
+        item = up.recv(self._wait_item)
         if item is None:
             self._ended = True
             return None
@@ -198,6 +198,9 @@ class Pipeline(Leaving):
                 assert due is not None
                 raise TimeoutError(f"Pipeline: stage {self.stage} waited {due.seconds:g} s for {what}", due.seconds,
                                    False)
+
+    def _wait_item(self, done: Callable[[], bool]) -> None:
+        self._wait(done, "an item from the previous stage")
 
     def _room(self) -> bool:
         """Whether the window has room for another item, once the credits that came are read."""

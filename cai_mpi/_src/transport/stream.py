@@ -50,7 +50,7 @@ _RING = 4  # the most buffers (and persistent receives) of a held description
 _kept: dict[tuple[tuple[int, ...], np.dtype[Any]], list[np.ndarray[Any, Any]]] = {}
 _KEPT_BYTES = 64 << 20
 
-Wait = Callable[[Callable[[], bool], str], None]  # the owner's wait: until the test is true, or raise
+Wait = Callable[[Callable[[], bool]], None]  # the owner's wait for the next item: until the test is true, or raise
 
 
 def bare_memory(obj: Any) -> np.ndarray[Any, Any] | None:
@@ -269,7 +269,7 @@ class StreamIn:
         if bare is not None:  # a description is held: a bare payload (or an empty message) comes next
             status = self._bare_status
             if not bare.Test(status):
-                wait(lambda: bare.Test(status), "an item from the previous stage")
+                wait(lambda: bare.Test(status))
             self._bare = None
             tag = status.Get_tag()
             if tag == FAST:
@@ -288,7 +288,7 @@ class StreamIn:
         pending = self._prefetch
         arrived, got = pending.test()
         if not arrived:
-            wait(lambda: pending.test()[0], "an item from the previous stage")
+            wait(lambda: pending.test()[0])
             got = pending.wait()
         assert got is not None
         self._prefetch = None
