@@ -281,7 +281,7 @@ def test_credits_sent_while_the_last_one_is_still_in_flight_reach_the_previous_s
     got = []
     with cai_mpi.Pipeline(depth=2, timeout=20) as pipe:
         if not pipe.first:
-            pipe._credit_send = CreditStillInFlight(pipe._credit_send)
+            pipe._up._credit_send = CreditStillInFlight(pipe._up._credit_send)
         if pipe.first:
             for i in range(n):
                 pipe.send(np.full(4, i, np.int32))
@@ -297,9 +297,9 @@ def test_credits_sent_while_the_last_one_is_still_in_flight_reach_the_previous_s
 def test_a_finished_ring_is_kept_for_the_next_pipeline_of_its_shape() -> None:
     """The buffers of a ring that ended with none of its items held are kept (within the budget) for the next
     Pipeline whose items have that shape and dtype, instead of fresh pages for every Pipeline."""
-    from cai_mpi._src.api import pipeline
+    from cai_mpi._src.transport import stream
 
-    pipeline._kept.clear()
+    stream._kept.clear()
     with cai_mpi.Pipeline(depth=2) as pipe:
         if pipe.first:
             for i in range(10):
@@ -310,7 +310,7 @@ def test_a_finished_ring_is_kept_for_the_next_pipeline_of_its_shape() -> None:
                 if not pipe.last:
                     pipe.send(a)
                 del a
-    kept = pipeline._kept.get(((5, 3), np.dtype(np.int16)), [])
+    kept = stream._kept.get(((5, 3), np.dtype(np.int16)), [])
     if pipe.first:
         assert kept == [], "the first stage receives nothing: it has no ring"
     else:

@@ -1,5 +1,5 @@
-"""What a ``Pipeline``'s messages are: the tags of its two communicators, which items may travel as bare payloads,
-and the failure notice a failing stage sends every other one."""
+"""A ``Pipeline``'s failure notice: what a failing stage sends every other one, on the control communicator (its
+edges' own messages, items and credits, are ``transport.stream``'s)."""
 
 from __future__ import annotations
 
@@ -7,38 +7,13 @@ import json
 import traceback
 from typing import Any
 
-import numpy as np
-
-from ..arrays.array import Array
 from ..errors import PipelineError
 
-__all__ = [
-    "CREDIT", "DESCRIBED", "END", "FAST", "HOST", "ITEM", "NOTICE", "NOTICE_BYTES", "SWITCH", "bare_memory",
-    "encode_notice", "failure_from",
-]
+__all__ = ["NOTICE", "NOTICE_BYTES", "encode_notice", "failure_from"]
 
-# Tags on the data duplicate. ITEM, END and DESCRIBED name self-describing messages (``isend_array``: their headers
-# and payloads travel on cai_mpi's own duplicates of it); DESCRIBED says bare payloads of the item's shape, dtype
-# and meta may follow. While the next stage holds such a description, messages travel on the data duplicate itself:
-# FAST (a bare payload), SWITCH (empty: a self-describing message comes next) and END (empty).
-ITEM, END, DESCRIBED, FAST, SWITCH = range(5)
-CREDIT, NOTICE, HOST = 0, 1, 2  # tags on the control duplicate
+NOTICE = 1  # its tag on the control communicator (the stream's credits and bare-payload handshake use 0 and 2)
 NOTICE_BYTES = 64 << 10
 _TEXT_CHARS = 16 << 10  # of a failing stage's message, and of the end of its traceback, that a notice carries
-_BARE_KINDS = frozenset("biufc")  # dtype kinds a bare payload carries (numbers: any buffer-protocol export)
-
-
-def bare_memory(obj: Any) -> np.ndarray[Any, Any] | None:
-    """``obj``'s memory when it may travel as a bare payload: a numpy array (not a subclass) or a host Array, of
-    numbers, in C order; else None (it always travels self-described)."""
-    host: np.ndarray[Any, Any] | None
-    if type(obj) is np.ndarray:
-        host = obj
-    elif type(obj) is Array:
-        host = obj._host
-    else:
-        return None
-    return host if host is not None and host.flags.c_contiguous and host.dtype.kind in _BARE_KINDS else None
 
 
 def encode_notice(stage: int, meta: Any, error: BaseException, own: bool) -> bytes:
