@@ -2,8 +2,10 @@
 
 A cai_mpi ``Request`` is not an ``MPI.Request``: one transfer is a header message, one or more payload messages and,
 for device or strided data, copies and packing steps that Python drives between them (``requests.py``). MPI's own
-``Waitall`` cannot run those steps, so these functions drive every listed request in one loop, together with every
-other pending cai_mpi request of the process, and block in MPI only once nothing is left for cai_mpi to do.
+``Waitall`` cannot run those steps, so these functions drive every listed request together, with every other
+pending cai_mpi request of the process, and block in MPI only once nothing is left for cai_mpi to do: ``waitall``
+waits for each in list order, and each wait drives all the others (the progress rule, ``progress/driving.py``);
+``waitany`` and ``testall`` poll them all in one loop.
 """
 
 from __future__ import annotations
