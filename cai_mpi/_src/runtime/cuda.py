@@ -92,6 +92,10 @@ class CudaRuntime(Runtime):
         thread's current device is the caller's business: CuPy and PyTorch allocate on it)."""
         return self._driver.on(self.ordinal if ordinal is None else ordinal)
 
+    def context_scope(self) -> contextlib.AbstractContextManager[None]:
+        """The current context asked once for the calls inside (``Driver.scope``)."""
+        return self._driver.scope()
+
     # -- devices --------------------------------------------------------------
     def device_count(self) -> int:
         if self._count is None:
@@ -103,7 +107,7 @@ class CudaRuntime(Runtime):
     def current_device(self) -> int:
         """The device current in the calling thread, or the rank's (``ordinal``) where none is current."""
         self._driver.init()
-        (context,) = self._driver.check("cuCtxGetCurrent")
+        context = self._driver.current()
         return self.ordinal if int(context) == 0 else self._driver.context_ordinal(context)
 
     # -- pointers and streams ---------------------------------------------

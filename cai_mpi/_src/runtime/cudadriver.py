@@ -305,6 +305,34 @@ class Driver:
         return ctx
 
     @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """One message's driver calls in this thread: inside, the caller's current context is asked once, at the
+        first call that needs it (``current``), and ``on`` keeps the answer up to date as it pushes and pops.
+
+        What it relies on: between the calls of one message nothing in this thread switches the context without
+        restoring it (cai_mpi's ``on`` restores; CuPy, PyTorch and MPI libraries do too). A scope is never held
+        across a step's yield (the user may switch contexts between cai_mpi calls); nested scopes are one scope.
+        """
+        if getattr(self._tls, "known", None) is not None:
+            yield
+            return
+        self._tls.known = []  # the current context, once asked: its last entry
+        try:
+            yield
+        finally:  # (an exception inside leaves nothing behind for a later call to trust)
+            self._tls.known = None
+
+    def current(self) -> Any:
+        """The calling thread's current context (0: none): asked of the driver, or known inside a ``scope``."""
+        known: list[Any] | None = getattr(self._tls, "known", None)
+        if known:
+            return known[-1]
+        (context,) = self.check("cuCtxGetCurrent")
+        if known is not None:
+            known.append(context)
+        return context
+
+    @contextlib.contextmanager
     def on(self, ordinal: int) -> Iterator[None]:
         """Make ``ordinal``'s primary context current for the block, restoring the caller's afterwards. Inside such
         a block for the same GPU (in this thread) nothing is asked or switched again: cai_mpi's own code between
@@ -314,17 +342,28 @@ class Driver:
             yield
             return
         target = self.primary(ordinal)
-        (current,) = self.check("cuCtxGetCurrent")
+        current = self.current()
         within.append(ordinal)
         try:
             if int(current) == int(target):
                 yield
                 return
             self.check("cuCtxPushCurrent", target)  # the caller's stack is left exactly as it was
+            known: list[Any] | None = getattr(self._tls, "known", None)
+            if known is not None:
+                known.append(target)
             try:
                 yield
             finally:
-                self.check("cuCtxPopCurrent")
+                popped = False
+                try:
+                    self.check("cuCtxPopCurrent")
+                    popped = True
+                finally:
+                    if popped and known:  # the caller's context is current again
+                        known.pop()
+                    elif known is not None:  # the pop failed: which context is current, the driver says next
+                        known.clear()
         finally:
             within.pop()
 
@@ -368,7 +407,7 @@ class Driver:
                  a.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, a.CU_POINTER_ATTRIBUTE_HOST_POINTER,
                  a.CU_POINTER_ATTRIBUTE_CONTEXT]
         self.init()
-        (current,) = self.check("cuCtxGetCurrent")
+        current = self.current()
         try:
             with contextlib.nullcontext() if int(current) else self.on(ordinal):
                 (values,) = self.check("cuPointerGetAttributes", len(attrs), attrs, ptr)

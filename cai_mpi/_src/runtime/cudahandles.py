@@ -71,16 +71,25 @@ class CudaEvent(Event):
         self.handle = handle
         self.ordinal = ordinal
         self._runtime = runtime
+        #: Found complete: it stays so (an object is recorded once; its handle is recorded again only once the
+        #: object is dead), so later waits on it (a staging block given back after its copy was waited for) ask
+        #: the driver nothing.
+        self._passed = False
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self._runtime._idle_events.put(self.ordinal, self.handle)
 
     def synchronize(self) -> None:
+        if self._passed:
+            return
         with self._runtime._on(self.ordinal):
             self._runtime._driver.check("cuEventSynchronize", self.handle)
+        self._passed = True
 
     def query(self) -> bool:
+        if self._passed:
+            return True
         drv = self._runtime._driver.drv
         with self._runtime._on(self.ordinal):
             code, status, _ = raw_call(drv, "cuEventQuery", self.handle)
@@ -89,6 +98,7 @@ class CudaEvent(Event):
         if code != SUCCESS:
             name, desc = error_text(drv, status)
             raise CudaError(f"cuEventQuery failed with {name} ({code}): {desc}", "cuEventQuery", code, name)
+        self._passed = True
         return True
 
 
