@@ -31,7 +31,8 @@ def bind_device_early(env: Mapping[str, str] | None = None) -> int | None:
     env = os.environ if env is None else env
     if not env_flag(env, "CAI_MPI_BIND_DEVICE", False):
         return None
-    from .cudadriver import Driver, load_driver, probe, visible_device_count
+    from .cudacontexts import Driver
+    from .cudadriver import load_driver, probe, visible_device_count
 
     usable, reason = probe()
     if not usable:

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 
 from ..errors import CudaError
 from .base import Event, Stream
-from .cudadriver import NOT_READY, SUCCESS, Driver, error_text, raw_call
+from .cudacontexts import Driver
+from .cudadriver import NOT_READY, SUCCESS, error_text, raw_call
 
 if TYPE_CHECKING:
-    from .cuda import CudaRuntime
+    from .cudastreams import CudaStreams
 
 __all__ = ["CudaEvent", "CudaStream", "CudaStreamRef", "Idle"]
 
@@ -45,7 +46,7 @@ class Idle:
 class CudaStream(Stream):
     """A stream owned by cai_mpi; its handle goes back to the runtime's idle streams when the object dies."""
 
-    def __init__(self, runtime: CudaRuntime, handle: int, ordinal: int) -> None:
+    def __init__(self, runtime: CudaStreams, handle: int, ordinal: int) -> None:
         self.handle = handle
         self.ordinal = ordinal
         self._runtime = runtime
@@ -67,7 +68,7 @@ class CudaEvent(Event):
     """An event created with DISABLE_TIMING and recorded on a stream; its handle goes back to the runtime's idle
     events when the object dies (``Idle``), to be recorded again."""
 
-    def __init__(self, runtime: CudaRuntime, handle: int, ordinal: int) -> None:
+    def __init__(self, runtime: CudaStreams, handle: int, ordinal: int) -> None:
         self.handle = handle
         self.ordinal = ordinal
         self._runtime = runtime
