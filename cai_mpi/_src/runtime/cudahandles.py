@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING
 
 from ..errors import CudaError
@@ -52,8 +51,10 @@ class CudaStream(Stream):
         self._runtime = runtime
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # (at interpreter exit, leaking is harmless)
+        try:  # (builtins only: at interpreter exit module globals may be gone already, and leaking is harmless)
             self._runtime._idle_streams.put(self.ordinal, self.handle)
+        except Exception:
+            pass
 
     def synchronize(self) -> None:
         """Wait for cai_mpi's own work on it (a failure is the CudaError of the call, not a user stream's)."""
@@ -78,8 +79,10 @@ class CudaEvent(Event):
         self._passed = False
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+        try:  # (as CudaStream's)
             self._runtime._idle_events.put(self.ordinal, self.handle)
+        except Exception:
+            pass
 
     def synchronize(self) -> None:
         if self._passed:
