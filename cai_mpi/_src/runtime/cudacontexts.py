@@ -21,7 +21,27 @@ from .cudadriver import (
     signed_ordinal,
 )
 
-__all__ = ["Driver"]
+__all__ = ["ContextScope", "Driver"]
+
+
+class ContextScope:
+    """``Driver.scope``'s block: the thread's known current context (``known``) exists only inside it. A class, not
+    a generator, since every device message enters a few."""
+
+    __slots__ = ("_outer", "_tls")
+
+    def __init__(self, tls: threading.local) -> None:
+        self._tls = tls
+        self._outer = False
+
+    def __enter__(self) -> None:
+        self._outer = getattr(self._tls, "known", None) is not None  # (inside another scope: that one holds it)
+        if not self._outer:
+            self._tls.known = []  # the current context, once asked: its last entry
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._outer:  # (an exception inside leaves nothing behind for a later call to trust)
+            self._tls.known = None
 
 
 class Driver:
@@ -76,23 +96,16 @@ class Driver:
                 self._contexts[ordinal] = ctx
         return ctx
 
-    @contextlib.contextmanager
-    def scope(self) -> Iterator[None]:
+    def scope(self) -> ContextScope:
         """One message's driver calls in this thread: inside, the caller's current context is asked once, at the
         first call that needs it (``current``), and ``on`` keeps the answer up to date as it pushes and pops.
 
-        What it relies on: between the calls of one message nothing in this thread switches the context without
-        restoring it (cai_mpi's ``on`` restores; CuPy, PyTorch and MPI libraries do too). A scope is never held
-        across a step's yield (the user may switch contexts between cai_mpi calls); nested scopes are one scope.
+        What it relies on: while it is open nothing in this thread switches the context without restoring it
+        (cai_mpi's ``on`` restores; CuPy, PyTorch and MPI libraries do too). It is never held beyond one cai_mpi
+        call, since the user may switch contexts between two (a request's steps open one per part between two
+        waits); nested scopes are one scope.
         """
-        if getattr(self._tls, "known", None) is not None:
-            yield
-            return
-        self._tls.known = []  # the current context, once asked: its last entry
-        try:
-            yield
-        finally:  # (an exception inside leaves nothing behind for a later call to trust)
-            self._tls.known = None
+        return ContextScope(self._tls)
 
     def current(self) -> Any:
         """The calling thread's current context (0: none): asked of the driver, or known inside a ``scope``."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import CudaError, StreamError
 from .base import LEGACY_STREAM, Event, Stream
-from .cudacontexts import Driver
+from .cudacontexts import ContextScope, Driver
 from .cudahandles import CudaEvent, CudaStream, CudaStreamRef, Idle
 
 __all__ = ["CudaStreams", "imported_torch", "no_cupy", "own_stream"]
@@ -34,7 +34,7 @@ class CudaStreams:
         thread's current device is the caller's business: CuPy and PyTorch allocate on it)."""
         return self._driver.on(self.ordinal if ordinal is None else ordinal)
 
-    def context_scope(self) -> contextlib.AbstractContextManager[None]:
+    def context_scope(self) -> ContextScope:
         """The current context asked once for the calls inside (``Driver.scope``)."""
         return self._driver.scope()
 
