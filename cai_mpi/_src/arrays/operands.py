@@ -120,9 +120,10 @@ def send_source(fn: str, obj: Any, sync: bool | None, runtime: Runtime) -> np.nd
     if cai is _NO_CAI:
         return as_host_array(fn, obj)
     desc = descriptor_from_dict(cai)
-    location = _locate(desc, runtime)
-    if sync_enabled(sync):
-        sync_producer(desc, location, runtime)
+    with runtime.context_scope():  # (one context query for the pointer's place and the producer's stream)
+        location = _locate(desc, runtime)
+        if sync_enabled(sync):
+            sync_producer(desc, location, runtime)
     if location.kind is MemoryKind.DEVICE:
         assert location.ordinal is not None
         return DeviceSource(desc, location.ordinal, obj)

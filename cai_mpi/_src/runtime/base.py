@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import enum
 from collections.abc import Callable
@@ -31,6 +32,8 @@ __all__ = [
 LEGACY_STREAM = 1
 PER_THREAD_STREAM = 2
 
+
+_NO_SCOPE = contextlib.nullcontext()  # (reusable: it holds no state)
 
 class MemoryKind(enum.Enum):
     HOST = "host"  # pageable, pinned or registered host memory: MPI reads it directly
@@ -140,6 +143,11 @@ class Runtime(abc.ABC):
     def current_device(self) -> int | None:
         """Where a receive without ``out=`` or ``device=`` lands: the GPU current in the calling thread (else the
         rank's), or None without GPUs (host memory)."""
+
+    def context_scope(self) -> contextlib.AbstractContextManager[None]:
+        """A block that runs one message's device calls in this thread (a runtime with contexts asks which one is
+        current once inside it, not per call). Never held across a step's yield: enter it per synchronous part."""
+        return _NO_SCOPE
 
     # -- pointers and streams -------------------------------------------
     @abc.abstractmethod

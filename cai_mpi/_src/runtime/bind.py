@@ -30,7 +30,8 @@ def bind_device_early(env: Mapping[str, str] | None = None) -> int | None:
     env = environment() if env is None else env
     if not bind_device_setting(env):
         return None
-    from .cudadriver import Driver, load_driver, probe, visible_device_count
+    from .cudacontexts import Driver
+    from .cudadriver import load_driver, probe, visible_device_count
 
     usable, reason = probe()
     if not usable:

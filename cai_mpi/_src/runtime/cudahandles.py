@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING
 
 from ..errors import CudaError
 from .base import Event, Stream
-from .cudadriver import NOT_READY, SUCCESS, Driver, error_text, raw_call
+from .cudacontexts import Driver
+from .cudadriver import NOT_READY, SUCCESS, error_text, raw_call
 
 if TYPE_CHECKING:
-    from .cuda import CudaRuntime
+    from .cudastreams import CudaStreams
 
 __all__ = ["CudaEvent", "CudaStream", "CudaStreamRef", "Idle"]
 
@@ -45,14 +45,16 @@ class Idle:
 class CudaStream(Stream):
     """A stream owned by cai_mpi; its handle goes back to the runtime's idle streams when the object dies."""
 
-    def __init__(self, runtime: CudaRuntime, handle: int, ordinal: int) -> None:
+    def __init__(self, runtime: CudaStreams, handle: int, ordinal: int) -> None:
         self.handle = handle
         self.ordinal = ordinal
         self._runtime = runtime
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # (at interpreter exit, leaking is harmless)
+        try:  # (builtins only: at interpreter exit module globals may be gone already, and leaking is harmless)
             self._runtime._idle_streams.put(self.ordinal, self.handle)
+        except Exception:
+            pass
 
     def synchronize(self) -> None:
         """Wait for cai_mpi's own work on it (a failure is the CudaError of the call, not a user stream's)."""
@@ -67,20 +69,31 @@ class CudaEvent(Event):
     """An event created with DISABLE_TIMING and recorded on a stream; its handle goes back to the runtime's idle
     events when the object dies (``Idle``), to be recorded again."""
 
-    def __init__(self, runtime: CudaRuntime, handle: int, ordinal: int) -> None:
+    def __init__(self, runtime: CudaStreams, handle: int, ordinal: int) -> None:
         self.handle = handle
         self.ordinal = ordinal
         self._runtime = runtime
+        #: Found complete: it stays so (an object is recorded once; its handle is recorded again only once the
+        #: object is dead), so later waits on it (a staging block given back after its copy was waited for) ask
+        #: the driver nothing.
+        self._passed = False
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+        try:  # (as CudaStream's)
             self._runtime._idle_events.put(self.ordinal, self.handle)
+        except Exception:
+            pass
 
     def synchronize(self) -> None:
+        if self._passed:
+            return
         with self._runtime._on(self.ordinal):
             self._runtime._driver.check("cuEventSynchronize", self.handle)
+        self._passed = True
 
     def query(self) -> bool:
+        if self._passed:
+            return True
         drv = self._runtime._driver.drv
         with self._runtime._on(self.ordinal):
             code, status, _ = raw_call(drv, "cuEventQuery", self.handle)
@@ -89,6 +102,7 @@ class CudaEvent(Event):
         if code != SUCCESS:
             name, desc = error_text(drv, status)
             raise CudaError(f"cuEventQuery failed with {name} ({code}): {desc}", "cuEventQuery", code, name)
+        self._passed = True
         return True
 
 

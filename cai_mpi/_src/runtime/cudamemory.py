@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .base import DeviceBuffer, Event, PinnedBuffer, Stream
-from .cudadriver import Driver
+from .cudacontexts import Driver
 
 __all__ = ["CudaDeviceBuffer", "CudaPinnedBuffer", "HostAllocation", "Keep", "OrderedFree", "RetiredBlocks"]
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..core.descriptor import CAIDescriptor, may_self_overlap
 from .base import PinnedBuffer
-from .cudadriver import Driver
+from .cudacontexts import Driver
 
 __all__ = ["StridedPlan", "pack_with_copies", "plan_copies", "unpack_with_copies"]
 

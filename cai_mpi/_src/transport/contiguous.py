@@ -56,6 +56,12 @@ def outgoing(src: np.ndarray[Any, Any] | DeviceSource, rt: Runtime, *, direct: b
         arr = src if keep_layout else np.ascontiguousarray(src)
         fortran = not arr.flags.c_contiguous
         return Outgoing(arr.ctypes.data, arr.nbytes, fortran, arr)
+    with rt.context_scope():  # (its pack, copy and waits ask which context is current once)
+        return _device_outgoing(src, rt, direct, c_order)
+
+
+def _device_outgoing(src: DeviceSource, rt: Runtime, direct: bool, c_order: bool) -> Outgoing:
+    """``outgoing`` of device memory."""
     desc, ordinal = src.desc, src.ordinal
     nbytes = desc.nbytes
     fortran = not desc.is_c_contiguous and desc.is_f_contiguous and not c_order
@@ -122,13 +128,14 @@ def _on_device(result: Array, wire: CAIDescriptor, ordinal: int, nbytes: int, rt
     staging, cls = (None, 0) if direct else pinned_pool(rt).take(nbytes)
 
     def finish() -> Array:
-        stream = internal_stream(rt, ordinal)
-        if staging is not None:
-            rt.copy_async(dptr, staging.ptr, nbytes, stream)
-        if tmp is not None:
-            unpack_on_device(tmp, wire, ordinal, rt).synchronize()  # (after the copy: one stream)
-        else:
-            rt.record_event(stream).synchronize()
+        with rt.context_scope():  # (its copy, unpack and wait ask which context is current once)
+            stream = internal_stream(rt, ordinal)
+            if staging is not None:
+                rt.copy_async(dptr, staging.ptr, nbytes, stream)
+            if tmp is not None:
+                unpack_on_device(tmp, wire, ordinal, rt).synchronize()  # (after the copy: one stream)
+            else:
+                rt.record_event(stream).synchronize()
         if staging is not None:
             pinned_pool(rt).give(staging, cls)
         return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Generator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -14,11 +14,38 @@ from ..progress.waits import Waitable
 from ..runtime.base import Runtime, Stream
 from .pool import give_back, pinned_pool
 
-__all__ = ["BYTE", "Steps", "byte_chunks", "chunks", "give_back", "internal_stream", "pinned_pool", "raw"]
+__all__ = ["BYTE", "Steps", "byte_chunks", "chunks", "give_back", "in_context_scope", "internal_stream", "pinned_pool",
+           "raw"]
 
 BYTE = MPI.BYTE
 #: What is left of a transfer once its MPI operations are posted: a generator of what it waits for.
 Steps = Generator[Waitable, None, None]
+T = TypeVar("T")
+
+
+def in_context_scope(rt: Runtime, steps: Generator[Waitable, None, T]) -> Generator[Waitable, None, T]:
+    """``steps`` with each part between two waits run in one ``rt.context_scope()``: the device calls of a part ask
+    which context is current once. The scope ends at every yield, since the user may switch contexts before the
+    steps resume (perhaps in another thread)."""
+    scope = rt.context_scope
+    try:
+        with scope():
+            waitable = next(steps)
+        while True:
+            try:
+                yield waitable
+            except GeneratorExit:
+                with scope():
+                    steps.close()
+                raise
+            except BaseException as exc:  # a failed wait goes into the steps, which clean up
+                with scope():
+                    waitable = steps.throw(exc)
+            else:
+                with scope():
+                    waitable = next(steps)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
 
 
 def chunks(nbytes: int, chunk: int) -> list[tuple[int, int]]:

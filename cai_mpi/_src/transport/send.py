@@ -15,7 +15,7 @@ from ..progress.waits import EventWait, MPIWait
 from ..runtime.base import DeviceBuffer, Event, PinnedBuffer, Runtime
 from .datatypes import describable, host_datatype_bytes, strided_type
 from .failure import PREPARED, announce_failure
-from .pieces import Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
+from .pieces import Steps, byte_chunks, chunks, give_back, in_context_scope, internal_stream, pinned_pool, raw
 from .plans import NO_MESSAGES, SendPlan
 from .privcomm import PrivateComms
 
@@ -95,7 +95,8 @@ def _plan_device(
     if direct:
         return SendPlan(header, ptag, [raw(desc.ptr + off, n, readonly=True) for off, n in chunks(nbytes, chunk)],
                         None, True)
-    return SendPlan(header, ptag, NO_MESSAGES, _device_send_steps(src, contiguous, pc, rt, dest, ptag, chunk), False)
+    steps = in_context_scope(rt, _device_send_steps(src, contiguous, pc, rt, dest, ptag, chunk))
+    return SendPlan(header, ptag, NO_MESSAGES, steps, False)
 
 
 def pack_on_device(desc: CAIDescriptor, ordinal: int, rt: Runtime) -> tuple[DeviceBuffer, Event]:
