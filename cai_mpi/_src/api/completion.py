@@ -21,6 +21,7 @@ from ..errors import TimeoutError
 from ..progress.deadlines import Deadline, deadline
 from ..progress.driving import PENDING, drive_others
 from ..progress.requests import Request
+from ..runtime import get_runtime
 
 __all__ = ["testall", "waitall", "waitany"]
 
@@ -129,7 +130,9 @@ def waitall(requests: Iterable[Request[Any] | None], timeout: float | None = Non
     """
     # Each request's own wait drives every other pending one (the progress rule), so completing them in list order
     # completes them all, whatever order they finish in.
-    return _outcomes("waitall", _requests("waitall", requests), deadline("waitall", timeout))
+    # (one context query for every device step the waits drive: the user cannot switch contexts inside this call)
+    with get_runtime().context_scope():
+        return _outcomes("waitall", _requests("waitall", requests), deadline("waitall", timeout))
 
 
 def waitany(requests: Iterable[Request[Any] | None], timeout: float | None = None) -> tuple[int, Any]:

@@ -35,7 +35,7 @@ from ..progress.requests import PostedRequest, Request, drive
 from ..progress.waits import MPIWait, Waitable
 from ..runtime.base import Runtime
 from .failure import PREPARED
-from .pieces import BYTE, Steps
+from .pieces import BYTE, Steps, in_context_scope
 from .plans import NO_MESSAGES, RecvPlan, SendPlan
 from .privcomm import PrivateComms
 from .receive import Inbox, give_back_inbox, header_failure, plan_recv, take_inbox
@@ -200,14 +200,18 @@ class _ReceiveRequest(Request["Array"]):
         try:
             if failure is not None:
                 raise header_failure(fn, failure, inbox.status) if isinstance(failure, MPI.Exception) else failure
-            plan, reqs = _land(fn, inbox, target, ordinal, pc, rt, NONBLOCKING, False)
+            with rt.context_scope():  # (one context query for the landing's device calls)
+                plan, reqs = _land(fn, inbox, target, ordinal, pc, rt, NONBLOCKING, False)
         except BaseException as exc:
             self._finish(None, exc)
             raise
-        if not reqs and plan.steps is None:
-            self._finish(plan.result, None)
-            return
-        self._gen = _array_of(_rest(plan, reqs))
+        if plan.steps is None:
+            if not reqs:
+                self._finish(plan.result, None)
+                return
+            self._gen = _array_of(_rest(plan, reqs))
+        else:  # (device copies or unpacking between the waits: each part in one context scope)
+            self._gen = _array_of(in_context_scope(rt, _rest(plan, reqs)))
         super()._advance()
 
 

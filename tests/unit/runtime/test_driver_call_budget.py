@@ -156,3 +156,35 @@ def test_to_host_creates_no_stream_per_call(monkeypatch: pytest.MonkeyPatch) -> 
         made = collections.Counter(call for call, _ctx in d.calls)
         assert made["cuStreamCreate"] == made["cuStreamDestroy"] == made["cuEventCreate"] == 0, made
         del got  # (retired while the double is open)
+
+
+@pytest.mark.parametrize("route", ["direct", "staged"])
+def test_a_nonblocking_receive_asks_the_driver_no_more_than_a_blocking_one(
+    route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``irecv_array`` + ``isend_array`` + ``waitall`` lands a device message with the calls of ``recv_array``: its
+    landing and its device steps run in context scopes too."""
+    with counted(route == "direct", monkeypatch) as (rt, d, comm):
+        x = source(rt, "contiguous")
+        held: list[Any] = []
+
+        def blocking() -> None:
+            req = cai_mpi.isend_array(x, me, 5, comm)
+            held.append(cai_mpi.recv_array(me, 5, comm, device=0))
+            req.wait()
+
+        def nonblocking() -> None:
+            got, _ = cai_mpi.waitall([cai_mpi.irecv_array(me, 5, comm, device=0), cai_mpi.isend_array(x, me, 5, comm)])
+            held.append(got)
+
+        def release() -> None:
+            assert np.array_equal(held.pop().to_host(), np.arange(N, dtype=np.float64))
+            gc.collect()
+
+        for _ in range(3):
+            phases(d, {"blocking": blocking, "release": release, "nonblocking": nonblocking, "release ": release})
+        found = phases(d, {"blocking": blocking, "nonblocking": nonblocking})
+        held.clear()
+        gc.collect()
+    assert found["nonblocking"]["cuCtxGetCurrent"] <= found["blocking"]["cuCtxGetCurrent"], found
+    assert sum(found["nonblocking"].values()) <= sum(found["blocking"].values()), found
