@@ -80,9 +80,9 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
                  ["test_requests_mpi.py", "test_lifetime_mpi.py", "test_channel_mpi.py", "test_timeouts_mpi.py"]),
     "transport": (["cai_mpi/_src/transport"],
                   ["test_p2p_self.py", "test_sendrecv_self.py", "test_send_failure.py", "test_device_ordering.py",
-                   "test_stream_self.py"],
+                   "test_stream_self.py", "test_host_datatypes.py"],
                   ["test_p2p_mpi.py", "test_posting_forms_mpi.py", "test_staging_mpi.py", "test_send_failure_mpi.py",
-                   "test_edge_paths_mpi.py", "test_agreement_mpi.py",
+                   "test_edge_paths_mpi.py", "test_agreement_mpi.py", "test_strided_host_mpi.py",
                    # (transport/stream.py, a Pipeline edge's described stream, ring and credits)
                    "test_pipeline_mpi.py", "test_pipeline_bare_mpi.py", "test_pipeline_window_mpi.py",
                    "test_pipeline_notice_mpi.py", "test_close_timeouts_mpi.py"]),
@@ -121,7 +121,8 @@ MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "runtime": (["cai_mpi/_src/runtime"],
                 ["runtime/test_host_runtime.py", "runtime/test_cuda_runtime_double.py",
                  "runtime/test_cuda_pack_double.py", "runtime/test_cuda_pointers_double.py", "test_device.py",
-                 "test_device_rule.py", "test_device_ordering.py", "test_bind_device.py", "test_pool.py"],
+                 "test_device_rule.py", "test_device_ordering.py", "test_bind_device.py", "test_pool.py",
+                 "runtime/test_context_scope_double.py", "runtime/test_driver_call_budget.py"],
                 ["test_double_mpi.py", "test_staging_mpi.py", "test_persistent_device_mpi.py"]),
 }
 
