@@ -1,11 +1,39 @@
 """A collective that some rank never joins ends in cai_mpi.TimeoutError instead of a hang. MPI cannot withdraw a
 collective, so the communicator is out of step afterwards: the program here does what the error advises (abort),
-under mpiexec, and the job ends at once with the message."""
+under mpiexec, and the job ends at once with the message.
+
+The programs report through ``say``, which also appends to a file of each rank's own: MPI_Abort may end the job
+before mpiexec has forwarded what a rank printed (on a loaded machine stdout came back empty), and the file does
+not depend on that."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from launch import run_ranks
+from launch import Finished, run_ranks
+
+# Prepended to every program: say(...) prints and appends the line to $REPORT.<rank>, flushed to disk.
+SAY = r"""
+import os as _os
+from mpi4py import MPI as _MPI
+def say(*words):
+    line = " ".join(str(w) for w in words)
+    print(line, flush=True)
+    with open(f"{_os.environ['REPORT']}.{_MPI.COMM_WORLD.Get_rank()}", "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        _os.fsync(f.fileno())
+"""
+
+
+def run_reporting(program: str, tmp_path: Path, env: dict[str, str] | None = None) -> tuple[Finished, str]:
+    """Run ``program`` on 2 ranks; what its ranks said, rank 0's lines first."""
+    report = tmp_path / "report"
+    done = run_ranks(2, ["-c", SAY + program], timeout=100, env={**(env or {}), "REPORT": str(report)})
+    said = "".join(p.read_text() for p in sorted(tmp_path.glob("report.*")))
+    return done, said
+
 
 PROGRAM = r"""
 import sys, time
@@ -35,17 +63,17 @@ else:
         start = time.monotonic()
         try:
             call(comms[name])
-            print(f"{name}: returned", flush=True)
+            say(f"{name}: returned")
         except cai_mpi.TimeoutError as exc:
-            print(f"{name}: TimeoutError after {time.monotonic() - start:.1f} s: {exc}", flush=True)
+            say(f"{name}: TimeoutError after {time.monotonic() - start:.1f} s: {exc}")
     world.Abort(3)
 """
 
 
-def test_collectives_that_a_rank_never_joins_time_out() -> None:
-    done = run_ranks(2, ["-c", PROGRAM], timeout=100)
+def test_collectives_that_a_rank_never_joins_time_out(tmp_path: Path) -> None:
+    done, out = run_reporting(PROGRAM, tmp_path)
     assert done.returncode != 0 and done.seconds < 60, done.output
-    lines = [line for line in done.stdout.splitlines() if ": " in line]
+    lines = [line for line in out.splitlines() if ": " in line]
     for name in ("bcast_array", "gather_array", "allgather_array", "scatter_array", "alltoall_array", "reduce_array",
                  "allreduce_array", "allreduce_arrays"):
         said = next((line for line in lines if line.startswith(name + ":")), None)
@@ -56,14 +84,14 @@ def test_collectives_that_a_rank_never_joins_time_out() -> None:
 
 
 @pytest.mark.parametrize("seconds", ["0.5"])
-def test_the_environment_timeout_reaches_the_collectives(seconds: str) -> None:
+def test_the_environment_timeout_reaches_the_collectives(seconds: str, tmp_path: Path) -> None:
     program = ("import time, numpy as np, cai_mpi\nfrom mpi4py import MPI\nw = MPI.COMM_WORLD\n"
                "if w.Get_rank() == 1: time.sleep(120)\n"
                "try: cai_mpi.allreduce_array(np.ones(2))\n"
-               "except cai_mpi.TimeoutError as e: print('timed out:', e, flush=True); w.Abort(3)\n")
-    done = run_ranks(2, ["-c", program], timeout=100, env={"CAI_MPI_TIMEOUT": seconds})
+               "except cai_mpi.TimeoutError as e: say('timed out:', e); w.Abort(3)\n")
+    done, out = run_reporting(program, tmp_path, {"CAI_MPI_TIMEOUT": seconds})
     assert done.returncode != 0 and done.seconds < 60, done.output
-    assert f"timed out: allreduce_array: not every rank of MPI_COMM_WORLD joined within {seconds} s" in done.stdout
+    assert f"timed out: allreduce_array: not every rank of MPI_COMM_WORLD joined within {seconds} s" in out, done.output
 
 
 OUT_OF_STEP = r"""
@@ -79,30 +107,29 @@ if world.Get_rank() == 0:
     try:
         cai_mpi.allreduce_array(np.ones(2), comm=comm, timeout=0.5)
     except cai_mpi.TimeoutError:
-        print("timed out", flush=True)
+        say("timed out")
     for call in (lambda: cai_mpi.allreduce_array(np.ones(2), comm=comm),
                  lambda: cai_mpi.bcast_array(np.ones(2), comm=comm, timeout=5)):
         try:
             call()
-            print("a collective went through", flush=True)
+            say("a collective went through")
         except cai_mpi.CollectiveMismatchError as exc:
-            print("refused:", exc, flush=True)
+            say("refused:", exc)
     cai_mpi.send_array(np.arange(3), 1, tag=4, comm=comm)
-    print("sent", flush=True)
+    say("sent")
 else:
     time.sleep(2)  # late: rank 0's allreduce timed out
     got = cai_mpi.recv_array(0, tag=4, comm=comm, timeout=30)
-    print("received", np.asarray(got).tolist(), flush=True)
+    say("received", np.asarray(got).tolist())
 world.Barrier()
 world.Abort(3)  # (rank 0's timed-out collective is still posted: the job ends as the error advises)
 """
 
 
-def test_a_collective_that_timed_out_leaves_its_communicator_refusing_collectives() -> None:
+def test_a_collective_that_timed_out_leaves_its_communicator_refusing_collectives(tmp_path: Path) -> None:
     """After a timeout, every collective on that communicator raises at once, naming the call that timed out
     (a later call could otherwise match the stale one on another rank); point-to-point on it still works."""
-    done = run_ranks(2, ["-c", OUT_OF_STEP], timeout=100)
-    out = done.stdout
+    done, out = run_reporting(OUT_OF_STEP, tmp_path)
     assert "timed out" in out and "a collective went through" not in out, done.output
     refusals = [line for line in out.splitlines() if line.startswith("refused:")]
     assert len(refusals) == 2, done.output

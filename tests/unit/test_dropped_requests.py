@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import cai_mpi
@@ -63,3 +64,45 @@ def test_a_dropped_strided_send_keeps_its_packed_copy() -> None:
     gc.collect()
     got = cai_mpi.recv_array(ME, 43, timeout=5)
     assert np.array_equal(np.asarray(got), expected)
+
+
+def test_a_receive_whose_header_receive_cannot_be_posted_raises_and_leaves_nothing_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MPI refusing the header receive is the caller's error; the half-made request it leaves is settled (its
+    __del__ found no state: 'Exception ignored ... no attribute _gen')."""
+    import sys
+
+    from cai_mpi._src.transport.privcomm import private_comms
+
+    post = sys.modules["cai_mpi._src.transport.post"]
+
+    class Refusing:
+        def Irecv(self, *args: object) -> None:
+            raise RuntimeError("Irecv refused")
+
+    class Comms:
+        header = Refusing()
+
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(RuntimeError, match="Irecv refused"):
+        post.ireceive("irecv_array", Comms(), ME, 0, None, None, None, None)
+    gc.collect()
+    assert unraisable == []
+    assert pending_count() == 0
+    private_comms(None)  # (the real communicator is untouched)
+
+
+def test_a_cancelled_receive_lets_go_of_its_out_buffer() -> None:
+    """A withdrawn receive holds nothing: its out= buffer can be freed while the finished request lives on."""
+    import weakref
+
+    out = np.empty(4)
+    alive = weakref.ref(out)
+    req = cai_mpi.irecv_array(ME, tag=43, out=out)
+    assert req.cancel()
+    del out
+    gc.collect()
+    assert alive() is None
+    assert req.wait() is None

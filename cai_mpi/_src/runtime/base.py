@@ -146,7 +146,9 @@ class Runtime(abc.ABC):
 
     def context_scope(self) -> contextlib.AbstractContextManager[None]:
         """A block that runs one message's device calls in this thread (a runtime with contexts asks which one is
-        current once inside it, not per call). Never held across a step's yield: enter it per synchronous part."""
+        current once inside it, not per call). Never held across a step's yield: enter it per synchronous part. A call
+        that drives steps to their end in this thread (a blocking receive, ``waitall``) may hold one around them all,
+        since the user cannot switch contexts inside the call; a step that moves to another GPU keeps it right."""
         return _NO_SCOPE
 
     # -- pointers and streams -------------------------------------------

@@ -183,11 +183,16 @@ class _ReceiveRequest(Request["Array"]):
 
     def __init__(self, fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None,
                  ordinal: int | None, rt: Runtime, keep: Any) -> None:
+        self._begin(None, None, keep, Awaited(fn, False, source, tag, pc.header))  # (settled if posting fails)
+        self._landing: tuple[str, Inbox, Target | None, int | None, PrivateComms, Runtime] | None = None
         inbox, hreq = _post_header(pc, source, tag)
-        self._begin(_HEADER_PHASE, None, keep, Awaited(fn, False, source, tag, pc.header))
-        self._landing: tuple[str, Inbox, Target | None, int | None, PrivateComms, Runtime] | None = (
-            fn, inbox, target, ordinal, pc, rt)
+        self._gen = _HEADER_PHASE
+        self._landing = (fn, inbox, target, ordinal, pc, rt)
         self._first_wait(MPIWait([hreq], inbox.status, cancellable=True))
+
+    def _finish(self, result: Any, error: BaseException | None) -> None:
+        self._landing = None  # (a withdrawn receive lets go of out= and its inbox)
+        super()._finish(result, error)
 
     def _advance(self, failure: BaseException | None = None) -> None:
         if self._gen is not _HEADER_PHASE:
@@ -266,8 +271,9 @@ def receive_steps(
     try:
         yield MPIWait([hreq], inbox.status, cancellable=True)
     except MPI.Exception as exc:
+        error = header_failure(fn, exc, inbox.status)  # (reads the status before another receive may reuse it)
         give_back_inbox(inbox)
-        raise header_failure(fn, exc, inbox.status) from None
+        raise error from None
     except BaseException:
         give_back_inbox(inbox)
         raise
