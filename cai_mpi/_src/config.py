@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 __all__ = [
     "ENV_VARS", "TEST_HOOKS", "Config", "bind_device_setting", "config", "cuda_aware_setting", "device_setting",
-    "env_flag", "environment", "local_rank_setting", "reload_config", "cuda_driver_hook",
+    "env_flag", "environment", "local_rank_setting", "nonnegative_int", "reload_config", "cuda_driver_hook",
 ]
 
 #: name -> one-line meaning (read-only); docs/environment.md holds the full table.
@@ -82,7 +82,8 @@ def env_flag(env: Mapping[str, str], name: str, default: bool, expected: str = "
     raise ValueError(f"{name}={raw!r}: expected {expected}")
 
 
-def _ordinal(env: Mapping[str, str], name: str) -> int | None:
+def nonnegative_int(env: Mapping[str, str], name: str) -> int | None:
+    """The integer >= 0 that variable ``name`` of ``env`` holds (unset or blank: None); ValueError otherwise."""
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return None
@@ -193,7 +194,7 @@ def device_setting(env: Mapping[str, str]) -> int | None:
     Raises:
         ValueError: not a non-negative integer.
     """
-    return _ordinal(env, "CAI_MPI_DEVICE")
+    return nonnegative_int(env, "CAI_MPI_DEVICE")
 
 
 def local_rank_setting(env: Mapping[str, str]) -> int | None:
@@ -202,7 +203,7 @@ def local_rank_setting(env: Mapping[str, str]) -> int | None:
     Raises:
         ValueError: not a non-negative integer.
     """
-    return _ordinal(env, "CAI_MPI_LOCAL_RANK")
+    return nonnegative_int(env, "CAI_MPI_LOCAL_RANK")
 
 
 def bind_device_setting(env: Mapping[str, str]) -> bool:

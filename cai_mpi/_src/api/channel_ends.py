@@ -10,7 +10,8 @@ from mpi4py import MPI
 from ..errors import TimeoutError
 from ..progress.deadlines import Awaited, Deadline, deadline
 from ..progress.driving import complete_by
-from ..progress.requests import PostedRequest, Request, RequestWait
+from ..progress.posted import PostedRequest
+from ..progress.requests import Request, RequestWait
 
 __all__ = ["ChannelEnd", "free_request"]
 

@@ -15,7 +15,8 @@ from ..arrays.operands import RecvTarget, Target, recv_target, send_source
 from ..config import Config, config
 from ..progress.deadlines import deadline
 from ..progress.driving import PENDING
-from ..progress.requests import PostedRequest, Request
+from ..progress.posted import PostedRequest
+from ..progress.requests import Request
 from ..runtime import get_runtime
 from ..runtime.base import Runtime
 from ..transport import BLOCKING, SendPlan, ireceive, isend_plan, plan_send, post_send, receive

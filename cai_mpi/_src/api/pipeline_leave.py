@@ -14,7 +14,7 @@ from mpi4py import MPI
 from ..errors import PipelineError, TimeoutError
 from ..progress.backoff import Backoff
 from ..progress.deadlines import Deadline, deadline
-from ..progress.requests import PostedRequest
+from ..progress.posted import PostedRequest
 from ..transport.notices import Notices
 from ..transport.stream import StreamIn, StreamOut
 from .pipeline_wire import encode_notice, failure_from

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from ..config import device_setting, environment, local_rank_setting
+from ..config import device_setting, environment, local_rank_setting, nonnegative_int
 
 __all__ = ["LOCAL_RANK_VARS", "DeviceChoice", "choose_device", "parse_visible_devices"]
 
@@ -68,19 +68,6 @@ def parse_visible_devices(value: str | None) -> tuple[str, ...] | None:
     return tuple(entries)
 
 
-def _int_var(env: Mapping[str, str], name: str) -> int | None:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected a non-negative integer") from None
-    if value < 0:
-        raise ValueError(f"{name}={raw!r}: expected a non-negative integer")
-    return value
-
-
 def _slurm_gpus_on_node(env: Mapping[str, str]) -> int | None:
     raw = env.get("SLURM_GPUS_ON_NODE", "").strip()
     return int(raw) if raw.isdigit() else None
@@ -96,7 +83,7 @@ def _local_rank(env: Mapping[str, str]) -> tuple[int | None, str | None, str]:
     for name in LOCAL_RANK_VARS[1:]:
         if name in env:
             try:
-                value = _int_var(env, name)
+                value = nonnegative_int(env, name)
             except ValueError:
                 skipped.append(f"{name}={env[name]!r}")
                 continue

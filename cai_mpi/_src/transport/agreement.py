@@ -35,7 +35,7 @@ from ..core.header import MessageInfo, decode, encode_header
 from ..errors import CollectiveMismatchError
 from ..progress.deadlines import Deadline, collective_expired
 from ..progress.driving import complete_by
-from ..progress.requests import PostedRequest
+from ..progress.posted import PostedRequest
 from ..progress.waits import MPIWait
 from .privcomm import PrivateComms
 

@@ -8,7 +8,7 @@ from collections import deque
 
 from mpi4py import MPI
 
-from ..progress.requests import PostedRequest
+from ..progress.posted import PostedRequest
 
 __all__ = ["Notices"]
 

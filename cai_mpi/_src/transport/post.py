@@ -31,7 +31,8 @@ from ..arrays.operands import Target
 from ..config import Config, config
 from ..progress.deadlines import Awaited, Deadline
 from ..progress.driving import PENDING
-from ..progress.requests import PostedRequest, Request, drive
+from ..progress.posted import PostedRequest
+from ..progress.requests import Request, drive
 from ..progress.waits import MPIWait, Waitable
 from ..runtime.base import Runtime
 from .failure import PREPARED

@@ -29,7 +29,8 @@ from mpi4py import MPI
 from ..arrays.array import Array
 from ..config import config
 from ..progress.driving import PENDING
-from ..progress.requests import PostedRequest, Request
+from ..progress.posted import PostedRequest
+from ..progress.requests import Request
 
 __all__ = [
     "DESCRIBED", "END", "FAST", "ITEM", "SWITCH", "StreamIn", "StreamOut", "bare_memory", "exchange_bare_ok",
