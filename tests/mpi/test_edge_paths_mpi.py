@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
-from cai_mpi._src.progress import requests
+from cai_mpi._src.progress import posted, requests
 from cai_mpi._src.progress.waits import Waitable
 from cai_mpi._src.runtime.base import Runtime
 from cai_mpi._src.transport.privcomm import private_comms
@@ -202,6 +202,7 @@ def late_header(monkeypatch: pytest.MonkeyPatch) -> Iterator[Race]:
         return False
 
     monkeypatch.setattr(requests, "complete_by", too_late)
+    monkeypatch.setattr(posted, "complete_by", too_late)  # (a channel's next message: a PostedRequest)
     yield race
 
 
