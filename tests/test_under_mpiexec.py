@@ -136,11 +136,15 @@ def test_a_failing_rank_ends_the_run_within_seconds_with_its_assertion(tmp_path:
 
 
 PLANTED = """
+import time
+
 from mpi4py import MPI
 
 
 def test_before_the_hang():
     MPI.COMM_WORLD.Barrier()
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        time.sleep(2)  # rank 1's watchdog fires first: its abort must not end rank 0 before rank 0 records the hang
 
 
 def test_that_hangs():

@@ -119,9 +119,23 @@ def _hung(nodeid: str, seconds: float, main: int) -> None:
         sys.stderr.write(f"\n==== rank {rank}: FAILED {nodeid} (hung: still running after {seconds:g} s); aborting "
                          f"MPI_COMM_WORLD ====\n---- rank {rank}'s main thread ----\n{stack}")
         sys.stderr.flush()
+        if where is not None:
+            _await_stacks(where)
     else:
         time.sleep(5)  # (the first rank's abort ends this one; if it never comes, abort from here)
     MPI.COMM_WORLD.Abort(1)
+
+
+STACK_WAIT = 5.0  # s the first hung rank waits for the others' verdicts before it aborts them
+
+
+def _await_stacks(where: Path) -> None:
+    """Every rank's watchdog fires within the skew of the test's start, a moment apart: an abort before another
+    rank's own verdict would lose its stack and its record of the hang (its summary says nothing of the test)."""
+    deadline = time.monotonic() + STACK_WAIT
+    stacks = [where / f"rank{r}.stack" for r in range(MPI.COMM_WORLD.Get_size())]
+    while time.monotonic() < deadline and not all(path.exists() for path in stacks):
+        time.sleep(0.05)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -139,6 +153,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     finally:
         watchdog.cancel()
     _summary["done"].append(item.nodeid)
+    _write_summary()  # (another rank's abort can end this one at any moment: what it ran so far is on record)
 
 
 @pytest.hookimpl(hookwrapper=True)
