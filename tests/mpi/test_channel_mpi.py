@@ -230,12 +230,12 @@ def test_unclosed_channels_free_their_requests() -> None:
     rx.recv()
     req.wait()
     assert tx in channel._open_channels and rx in channel._open_channels
-    preq = tx._req
+    preq = tx._wire._payload
     del tx, req
     gc.collect()
     assert preq == MPI.REQUEST_NULL  # freed by the garbage-collected channel
     channel._free_open_channels()  # what the exit hook does before MPI finalizes
-    assert rx._req == MPI.REQUEST_NULL
+    assert rx._wire.payload == MPI.REQUEST_NULL
     with pytest.raises(ValueError, match="closed"):
         rx.recv()
 

@@ -142,4 +142,4 @@ def test_channels_post_through_the_persistent_poster_with_and_without_a_deadline
             got = rx.recv(timeout=timeout)
             tx.send(timeout=timeout)
         assert np.array_equal(np.asarray(got), expected_first + 2)
-    assert tx._header_req is None  # the header's persistent request was freed once it had gone
+    assert tx._wire.header_request is None  # the header's persistent request was freed once it had gone

@@ -44,7 +44,7 @@ def test_close_waits_for_the_message_in_flight(earlier: int) -> None:
 def test_freeing_a_request_already_freed_or_completed_does_nothing() -> None:
     """A freed (or completed nonblocking) request's handle is null without being the ``MPI.REQUEST_NULL`` object:
     the channels' free step compares handles, so a second free on teardown's path cannot raise."""
-    from cai_mpi._src.api.channel_ends import free_request
+    from cai_mpi._src.transport.bound import free_request
 
     buf = np.zeros(4, np.int32)
     req = MPI.COMM_SELF.Recv_init(buf, 0, 73)

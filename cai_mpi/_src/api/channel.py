@@ -1,11 +1,9 @@
 """Persistent channels: a stream of same-shaped arrays from one rank to another, described once.
 
 The first message of a channel is an ordinary self-describing header (flag CHANNEL, docs/protocol.md)
-followed by the payload on the channel's payload tag; every later message is the payload alone. Both
-ends plan their first message with the transport and post it through the transport's one posting body
-with its persistent poster (``Send_init`` / ``Recv_init``), as every send and receive is posted; each
-later message starts the one payload request again: no header to build or parse, nothing allocated per
-message.
+followed by the payload on the channel's payload tag; every later message is the payload alone. The wire is
+the transport's (``transport.bound``: the persistent requests, their starts and frees); this module keeps what is
+the channel's own: arguments, the producer's synchronization, ordering of messages in flight, closing.
 """
 
 from __future__ import annotations
@@ -25,9 +23,10 @@ from ..config import config
 from ..progress.deadlines import Awaited, deadline
 from ..progress.driving import PENDING
 from ..progress.requests import Request, RequestWait, keep_past_exit
-from ..progress.waits import MPIWait, Waitable
+from ..progress.waits import Waitable
 from ..runtime import get_runtime
-from ..transport import PERSISTENT, RecvPlan, plan_send, post_send, receive_steps
+from ..transport import plan_send
+from ..transport.bound import BoundRecv, BoundSend
 from .channel_ends import ChannelEnd
 from .validation import (
     ANY_SOURCE,
@@ -79,8 +78,8 @@ class SendChannel(ChannelEnd):
     channel's MPI request; a closed channel refuses to send. Context manager: closes on exit.
     """
 
-    __slots__ = ("_header_req", "_obj", "_opened", "_pc", "_ptr", "_rt", "_sync", "_sync_each", "dest", "dtype",
-                 "shape", "tag")
+    __slots__ = ("_obj", "_ptr", "_rt", "_sync", "_sync_each", "dest", "dtype", "shape", "tag")
+    _wire: BoundSend
 
     def __init__(self, obj: Any, dest: int, tag: int, comm: MPI.Comm | None, sync: bool | None,
                  meta: dict[str, Any] | None) -> None:
@@ -105,9 +104,8 @@ class SendChannel(ChannelEnd):
             )
         # The header and the payload as persistent sends: the first message starts both, every later one the
         # payload's alone (the header's is freed once it has gone).
-        self._header_req: MPI.Prequest | None
-        self._header_req, self._req = post_send(plan, pc, self.dest, self.tag, PERSISTENT)
-        self._pc, self._rt, self._obj = pc, rt, obj
+        self._wire = BoundSend(plan, pc, self.dest, self.tag)
+        self._rt, self._obj = rt, obj
         self._ptr = _address(src)
         self.shape: tuple[int, ...] = src.desc.shape if isinstance(src, DeviceSource) else src.shape
         self.dtype: np.dtype[Any] = src.desc.dtype if isinstance(src, DeviceSource) else src.dtype
@@ -115,7 +113,7 @@ class SendChannel(ChannelEnd):
         # every send; host arrays have nothing pending.
         self._sync_each = isinstance(src, DeviceSource) or (
             not isinstance(obj, (np.ndarray, Array)) and hasattr(obj, "__cuda_array_interface__"))
-        self._opened = self._closed = False
+        self._closed = False
         self._inflight = None
         self._about = Awaited("SendChannel.send", True, self.dest, self.tag, pc.header)
         _open_channels.add(self)
@@ -132,18 +130,8 @@ class SendChannel(ChannelEnd):
         """One message: after the previous one, the header (first message only), then the payload."""
         if previous is not None and not previous._settled:
             yield RequestWait(previous)
-        assert self._req is not None
-        reqs: list[MPI.Request] = [self._req]
-        header = self._header_req
-        if header is not None:  # the first message
-            self._opened = True
-            reqs.append(header)
-            header.Start()
-        self._req.Start()
-        yield MPIWait(reqs, final=True)
-        if header is not None:
-            self._header_req = None
-            self._free_request(header)
+        yield from self._wire.message_steps()
+
 
     def send(self, timeout: float | None = None) -> None:
         """Send the array's current contents (the first send also carries the description).
@@ -153,12 +141,10 @@ class SendChannel(ChannelEnd):
                 ``TimeoutError``; the message stays posted and later ones queue behind it.
         """
         due = deadline("SendChannel.send", timeout)
-        if due is None and self._opened and not self._sync_each and not self._closed and not self._queued() \
+        wire = self._wire
+        if due is None and wire.opened and not self._sync_each and not self._closed and not self._queued() \
                 and not PENDING:
-            req = self._req
-            assert req is not None
-            req.Start()  # the common case: one persistent send, nothing else
-            req.Wait()
+            wire.send_now()  # the common case: one persistent send, nothing else
             return
         self.isend()._wait_until(due)
 
@@ -171,26 +157,19 @@ class SendChannel(ChannelEnd):
         self._check_open("send")
         if self._sync_each:
             self._sync_producer()
-        about = self._about
-        if self._opened and not self._queued():
-            req: Request[None] = self._start(None, keep=(self, self._obj), about=about)
+        about, wire = self._about, self._wire
+        if wire.opened and not self._queued():
+            req: Request[None] = wire.start(keep=(self, self._obj), about=about)
         else:
             req = Request(self._steps(self._inflight), keep=(self, self._obj, self._inflight), about=about)
         self._inflight = req
         return req
 
-    def _release(self) -> None:
-        super()._release()
-        header = getattr(self, "_header_req", None)
-        if header is not None and self._closed and not self._queued():
-            self._header_req = None
-            self._free_request(header)
-
     def __enter__(self) -> SendChannel:
         return self
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("open" if self._opened else "not yet sent")
+        state = "closed" if self._closed else ("open" if self._wire.opened else "not yet sent")
         return f"<cai_mpi.SendChannel to rank {self.dest} tag {self.tag} shape={self.shape} dtype={self.dtype} {state}>"
 
 
@@ -205,6 +184,7 @@ class RecvChannel(ChannelEnd):
 
     __slots__ = ("_array", "_ordinal", "_out", "_pc", "_rt", "_sync_target", "_target", "dtype", "meta", "shape",
                  "source", "tag")
+    _wire: BoundRecv
 
     def __init__(self, source: int, tag: int, comm: MPI.Comm | None, out: Any, device: Any) -> None:
         fn = "recv_channel"
@@ -220,7 +200,7 @@ class RecvChannel(ChannelEnd):
         self._sync_target = isinstance(self._target, RecvTarget) and self._target.producer is not None
         self._ordinal = None if out is not None else receive_device(fn, device, rt)
         self._pc, self._rt, self._out = pc, rt, out
-        self._req = None
+        self._wire = BoundRecv()
         self._array: Array | None = None
         self._inflight = None
         self._closed = False
@@ -230,19 +210,9 @@ class RecvChannel(ChannelEnd):
         self.dtype: np.dtype[Any] | None = None
         self.meta: dict[str, Any] | None = None
 
-    def _open(self) -> Generator[Waitable, None, Array]:
-        """The first message: its header says what the channel carries; its payload's landing is posted as the
-        persistent receive every later message starts."""
-        plan = yield from receive_steps("recv_channel", self._pc, self.source, self.tag, self._target, self._ordinal,
-                                        self._rt, PERSISTENT, channel=True, posted=self._bind)
-        assert plan.result is not None
-        return plan.result
-
-    def _bind(self, plan: RecvPlan, reqs: Any) -> None:
-        """The first message's payload receive is posted (and started): keep it, and what the header said."""
-        array = plan.result
-        assert array is not None
-        self._req, self._array = reqs[0], array
+    def _bind(self, array: Array) -> None:
+        """The first message's payload receive is posted (and started): keep what the header said."""
+        self._array = array
         self._sync_target = self._sync_target or array._host is None
         self.source, self.tag, self.shape, self.dtype, self.meta = array.source, array.tag, array.shape, \
             array.dtype, array.meta
@@ -252,10 +222,11 @@ class RecvChannel(ChannelEnd):
         """One message: after the previous one (the persistent request is single), start and wait."""
         if previous is not None and not previous.done:
             yield RequestWait(previous)
-        if self._req is None:
-            return (yield from self._open())
-        self._req.Start()
-        yield MPIWait([self._req], final=True, cancellable=True)
+        wire = self._wire
+        if not wire.bound:  # the first message: its header says what the channel carries
+            return (yield from wire.open_steps(self._pc, self.source, self.tag, self._target, self._ordinal, self._rt,
+                                               self._bind))
+        yield from wire.message_steps()
         return self._array  # type: ignore[return-value]
 
     def recv(self, timeout: float | None = None) -> Array:
@@ -268,10 +239,9 @@ class RecvChannel(ChannelEnd):
         self._check_open("recv")
         due = deadline("RecvChannel.recv", timeout)
         self._wait_for_users()
-        req = self._req
-        if due is None and req is not None and not self._queued() and not PENDING:
-            req.Start()  # the common case: one persistent receive, nothing else
-            req.Wait()
+        wire = self._wire
+        if due is None and wire.bound and not self._queued() and not PENDING:
+            wire.receive_now()  # the common case: one persistent receive, nothing else
             return self._array  # type: ignore[return-value]
         return self._post()._wait_until(due)
 
@@ -286,9 +256,10 @@ class RecvChannel(ChannelEnd):
         return self._post()
 
     def _post(self) -> Request[Array]:
-        about = self._about
-        if self._req is not None and not self._queued():
-            req: Request[Array] = self._start(self._array, keep=(self,), about=about)
+        about, wire = self._about, self._wire
+        if wire.bound and not self._queued():
+            assert self._array is not None
+            req: Request[Array] = wire.start(self._array, keep=(self,), about=about)
         else:
             req = Request(self._steps(self._inflight), keep=(self, self._out, self._inflight), about=about)
         self._inflight = req

@@ -1,52 +1,36 @@
-"""What both ends of a channel share: one MPI persistent request, the message in flight, closing and freeing."""
+"""What both ends of a channel share: the wire (``transport.bound``), the message in flight, closing and freeing."""
 
 from __future__ import annotations
 
 from types import TracebackType
 from typing import Any
 
-from mpi4py import MPI
-
 from ..errors import TimeoutError
 from ..progress.deadlines import Awaited, Deadline, deadline
 from ..progress.driving import complete_by
-from ..progress.posted import PostedRequest
 from ..progress.requests import Request, RequestWait
+from ..transport.bound import BoundRecv, BoundSend
 
-__all__ = ["ChannelEnd", "free_request"]
-
-
-def free_request(req: MPI.Request | None, mpi: Any = MPI) -> None:  # (``mpi``: this module's MPI, even during teardown)
-    if req is not None and mpi.Is_initialized() and not mpi.Is_finalized() and req != mpi.REQUEST_NULL:
-        req.Free()
+__all__ = ["ChannelEnd"]
 
 
 class ChannelEnd:
-    """What both ends share: one MPI persistent request, the message in flight, closing and freeing.
+    """What both ends share: the wire (its persistent requests), the message in flight, closing and freeing.
 
     Messages of one channel are strictly ordered: a message started while the previous one is in flight
     queues behind it (the persistent request is single), so windows of isends or irecvs never block.
     """
 
-    __slots__ = ("__weakref__", "_about", "_closed", "_inflight", "_req")
+    __slots__ = ("__weakref__", "_about", "_closed", "_inflight", "_wire")
 
-    # Reached through the class: teardown may clear this module's globals before it frees a channel.
-    _free_request = staticmethod(free_request)
     _about: Awaited  # what a timeout says this channel was waiting for
     _closed: bool
-    _req: MPI.Prequest | None
+    _wire: BoundSend | BoundRecv
     _inflight: Request[Any] | None
 
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise ValueError(f"{what} on a closed channel")
-
-    def _start(self, result: Any, keep: Any, about: Awaited) -> Request[Any]:
-        """Start the persistent request now (nothing in flight): a Request with nothing left to drive. A receive's
-        may be withdrawn by a timeout (its message then waits for the next start)."""
-        assert self._req is not None
-        self._req.Start()
-        return PostedRequest([self._req], result, keep=keep, about=about, cancellable=not about.sends)
 
     def _queued(self) -> bool:
         return self._inflight is not None and not self._inflight._settled
@@ -96,7 +80,7 @@ class ChannelEnd:
         return withdrawn
 
     def _release(self) -> None:
-        """No more messages; free the MPI request without waiting (close, exit, garbage collection). Not while a
+        """No more messages; free the wire's MPI requests without waiting (close, exit, garbage collection). Not while a
         message is in flight: MPI still owns its memory, and a freed request would read as complete to its wait
         (which would then let the memory go). The request in flight holds the MPI request until it completes, and
         whoever frees the channel last (garbage collection, or the exit hook) frees it then."""
@@ -104,7 +88,7 @@ class ChannelEnd:
             return
         self._closed = True
         if not self._queued():
-            self._free_request(self._req)
+            self._wire.free()
 
     def __del__(self) -> None:
         self._release()

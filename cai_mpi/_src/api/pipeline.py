@@ -1,8 +1,9 @@
 """Pipeline: a chain of ranks passing self-describing arrays downstream, with back-pressure and errors
 that reach every stage.
 
-Stage ``r`` of ``comm`` receives from ``r - 1`` and sends to ``r + 1``. Each edge is a described stream
-(``transport.stream``) on a private duplicate of ``comm``: items travel with ``isend_array``/``irecv_array`` (their
+Stage ``r`` of ``comm`` receives from ``r - 1`` and sends to ``r + 1``: a chain of described streams
+(``transport.chain``, which owns every MPI resource of it). Each edge is a described stream (``transport.stream``)
+on a private duplicate of ``comm``: items travel with ``isend_array``/``irecv_array`` (their
 headers and payloads on cai_mpi's own duplicates of it), except a run of items that keep the shape, dtype and
 ``meta`` of the one before, in host memory in C order, which travel as bare payloads into receives the next stage
 posted ahead, until an item that differs. A second duplicate carries the control messages: the stream's credits
@@ -27,10 +28,9 @@ from ..arrays.array import Array
 from ..errors import TimeoutError
 from ..progress.deadlines import deadline
 from ..progress.driving import PENDING
+from ..progress.requests import Request
 from ..runtime import get_runtime
-from ..transport.notices import Notices
-from ..transport.privcomm import private_comms
-from ..transport.stream import StreamIn, StreamOut, exchange_bare_ok
+from ..transport.chain import Chain
 from .p2p import irecv_array, isend_array
 from .pipeline_leave import Leaving, wait_pauses
 from .pipeline_wire import NOTICE, NOTICE_BYTES, failure_from
@@ -95,22 +95,12 @@ class Pipeline(Leaving):
         self.depth = int(depth)
         self.stage, self._size = comm.Get_rank(), comm.Get_size()
         self.first, self.last = self.stage == 0, self.stage == self._size - 1
-        self._data = comm.Dup()
-        self._ctl = comm.Dup()
-        self._data.Set_name(f"cai_mpi-pipeline-data({comm.Get_name()})")
-        self._ctl.Set_name(f"cai_mpi-pipeline-control({comm.Get_name()})")
-        private_comms(self._data)  # collective on first use: make it now, while every stage is here
-        # Bare payloads go only to a stage that receives into host memory (no GPU of its own): it says so once.
-        previous = MPI.PROC_NULL if self.first else self.stage - 1
-        following = MPI.PROC_NULL if self.last else self.stage + 1
-        bare = exchange_bare_ok(self._ctl, previous, following,
-                                self.first or receive_device("Pipeline", None, get_runtime()) is None)
-        # The edge to the next stage, and the edge from the previous one.
-        self._down = None if self.last else StreamOut(
-            self._data, self._ctl, following, bare=bare, window=self.depth,
-            describe=partial(_describe, self._data, following), encode=partial(check_meta, "Pipeline.send"))
-        self._up = None if self.first else StreamIn(self._data, self._ctl, previous,
-                                                   receive=partial(_receive, self._data, previous))
+        # Bare payloads go only to a stage that receives into host memory (no GPU of its own).
+        self._chain = chain = Chain(
+            comm, window=self.depth, takes_bare=self.first or receive_device("Pipeline", None, get_runtime()) is None,
+            describe=_describe, receive=_receive, encode=partial(check_meta, "Pipeline.send"), notice_tag=NOTICE,
+            notice_bytes=NOTICE_BYTES)
+        self._down, self._up = chain.down, chain.up  # the edge to the next stage, and the edge from the previous one
         # Credits go back once per half window, not per item. The bound holds as before (a credit is a count of
         # items received, and the sender stays within depth of the last one it read); a sender blocked at depth
         # items always gets one, since every <= depth items received send it.
@@ -119,7 +109,7 @@ class Pipeline(Leaving):
         self._closed = self.last  # the last stage has no stream to close
         self._ended = self.first  # the first stage has no stream to receive
         self._meta: dict[str, Any] | None = None  # of the item this stage works on, for failure reports
-        self._notices = Notices(self._ctl, NOTICE, NOTICE_BYTES)
+        self._notices = chain.notices
         self._left = False
 
     # -- the stream ------------------------------------------------------------------------------------------
@@ -232,11 +222,11 @@ class Pipeline(Leaving):
                 f"{sent} sent, {received} received>")
 
 
-def _describe(data: MPI.Intracomm, dest: int, obj: Any, tag: int, meta: dict[str, Any] | None) -> Any:
+def _describe(data: MPI.Intracomm, dest: int, obj: Any, tag: int, meta: dict[str, Any] | None) -> Request[None]:
     """A self-described item of an edge: the one send path."""
     return isend_array(obj, dest, tag, data, meta=meta)
 
 
-def _receive(data: MPI.Intracomm, source: int, device: Literal["host"] | None) -> Any:
+def _receive(data: MPI.Intracomm, source: int, device: Literal["host"] | None) -> Request[Array]:
     """A self-described receive of an edge (``device`` "host" on leaving: what is drained needs no GPU)."""
     return irecv_array(source, MPI.ANY_TAG, data, device=device)

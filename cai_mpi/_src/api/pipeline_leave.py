@@ -9,12 +9,11 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 from ..errors import PipelineError, TimeoutError
 from ..progress.backoff import Backoff
 from ..progress.deadlines import Deadline, deadline
-from ..progress.posted import PostedRequest
+from ..transport.chain import Chain
 from ..transport.notices import Notices
 from ..transport.stream import StreamIn, StreamOut
 from .pipeline_wire import encode_notice, failure_from
@@ -44,8 +43,7 @@ class Leaving:
     depth: int
     _size: int
     _timeout: float | None
-    _data: MPI.Intracomm
-    _ctl: MPI.Intracomm
+    _chain: Chain
     _down: StreamOut | None
     _up: StreamIn | None
     _ended: bool
@@ -76,18 +74,17 @@ class Leaving:
         mine = np.array([self.stage if failed_here else self._size, 0 if down is None else down.sent,
                          0 if up is None else up.received, 0 if up is None else up.credits_sent,
                          up is not None and up.posted], np.int64)
-        everyone = np.empty((self._size, len(mine)), np.int64)
-        agreed = self._ctl.Iallgather(mine, everyone)
+        chain = self._chain
+        everyone = chain.agree(mine)
         due = self._leaving_deadline()
         backoff = wait_pauses(due)
-        while not agreed.Test():  # meanwhile sends of this stage that still need driving (staging) go on
+        while not chain.agreed():  # meanwhile sends of this stage that still need driving (staging) go on
             self._reap()
             if not backoff.pause():
                 assert due is not None
-                raise self._gave_up(agreed, (mine, everyone), due) from error
+                raise self._gave_up(due) from error
         report = self._settle(everyone)
-        self._data.Free()
-        self._ctl.Free()
+        chain.free()
         failing = int(everyone[:, _FAILED].min())
         if failing == self._size or (failed_here and not self._left):
             return  # no failure; or this stage's own exception goes on unchanged
@@ -108,20 +105,14 @@ class Leaving:
         due = deadline("Pipeline", self._timeout)
         return None if due is None else Deadline(due.seconds * self._size * (self.depth + 1))
 
-    def _gave_up(self, agreed: MPI.Request, buffers: Any, due: Deadline) -> TimeoutError:
-        """Some stage did not leave in time: keep what MPI may still touch (the agreement, which completes if the
-        others leave later, and the control messages in flight) alive, withdraw this stage's control receives, and
-        leave the pipeline's communicators as they are (out of step: not freed)."""
+    def _gave_up(self, due: Deadline) -> TimeoutError:
+        """Some stage did not leave in time: the pipeline is abandoned (``Chain.abandon``: what MPI may still touch
+        finishes in the background, the communicators are left as they are, out of step: not freed)."""
         error = TimeoutError(
             f"Pipeline: stage {self.stage} waited {due.seconds:g} s for every stage to leave the pipeline (leaving is "
             f"collective over {self._size} stages); the pipeline is abandoned: its pending messages finish in the "
             "background, and the communicator you gave it stays usable", due.seconds, False)
-        PostedRequest([agreed], None, keep=buffers).abandon(error)
-        self._notices.abandon(error)
-        if self._down is not None:
-            self._down.abandon(error)
-        if self._up is not None:
-            self._up.abandon(error)
+        self._chain.abandon(error)
         return error
 
     def _settle(self, everyone: np.ndarray[Any, Any]) -> PipelineError | None:
