@@ -14,7 +14,7 @@ import sys
 
 def check_freed():
     # Registered before cai_mpi is imported, this exit hook runs after cai_mpi's own, before MPI finalizes.
-    from cai_mpi._src.api.agreed import open_collectives
+    from cai_mpi._src.api.lifecycle import open_collectives
     left = [p for p in open_collectives() if not p._closed]
     print(f"rank {rank}: {len(left)} open at exit", flush=True)
 

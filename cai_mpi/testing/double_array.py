@@ -19,7 +19,7 @@ class _UsersAllocation:
     def __init__(self, runtime: Any, nbytes: int, ordinal: int) -> None:
         self.nbytes, self.ordinal, self.ptr = nbytes, ordinal, 0
         if nbytes:
-            driver = runtime._driver
+            driver = runtime.driver
             with driver.on(ordinal):
                 (dptr,) = driver.check("cuMemAlloc", nbytes)
             self.ptr = int(dptr)

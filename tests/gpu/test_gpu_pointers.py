@@ -53,7 +53,7 @@ def test_each_gpu_holds_its_own_arrays(rt: CudaRuntime, cp: Any) -> None:
 def test_device_attribution_is_right_on_every_gpu(rt: CudaRuntime) -> None:
     report = device_attribution(rt)
     assert all("error" not in g and g["located"] == g["gpu"] for g in report), report
-    if not ordinal_unreliable(bindings_version(rt._driver.drv)):
+    if not ordinal_unreliable(bindings_version(rt.driver.drv)):
         assert all(g["reported"] == g["gpu"] for g in report), report
 
 
@@ -61,13 +61,13 @@ def test_queries_from_another_gpus_context_see_the_owner(rt: CudaRuntime, cp: An
     """The double answers MEMORY_TYPE, CONTEXT and DEVICE_ORDINAL from any context (unified addressing)."""
     if rt.device_count() < 2:
         pytest.skip("needs two GPUs")
-    drv = rt._driver.drv
+    drv = rt.driver.drv
     with cp.cuda.Device(1):
         b = cp.zeros(4)
-    with rt._driver.on(0):
+    with rt.driver.on(0):
         memory_type, context, _ordinal = attributes(drv, b.data.ptr)
     assert memory_type == int(drv.CUmemorytype.CU_MEMORYTYPE_DEVICE)
-    assert rt._driver.context_ordinal(context) == 1
+    assert rt.driver.context_ordinal(context) == 1
 
 
 def test_stream_ordered_memory_belongs_to_no_context(rt: CudaRuntime, cp: Any) -> None:
@@ -77,10 +77,10 @@ def test_stream_ordered_memory_belongs_to_no_context(rt: CudaRuntime, cp: Any) -
     with cp.cuda.Device(last):
         pool = cp.cuda.MemoryAsyncPool()
         mem = pool.malloc(256)
-        with rt._driver.on(last):
-            _type, context, _ordinal = attributes(rt._driver.drv, int(mem.ptr))
+        with rt.driver.on(last):
+            _type, context, _ordinal = attributes(rt.driver.drv, int(mem.ptr))
         assert context == 0
-        if last > 0 and ordinal_unreliable(bindings_version(rt._driver.drv)):
+        if last > 0 and ordinal_unreliable(bindings_version(rt.driver.drv)):
             with pytest.raises(CudaError, match="cannot tell which GPU holds pointer"):
                 rt.locate(int(mem.ptr))
         else:

@@ -221,7 +221,7 @@ def test_unclosed_channels_free_their_requests() -> None:
     """Dropping a channel, or leaving it open at exit, frees its MPI request (MPICH warns otherwise)."""
     import gc
 
-    from cai_mpi._src.api import channel
+    from cai_mpi._src.api import channel_ends
 
     x = np.arange(3.0)
     tx = cai_mpi.send_channel(x, nxt, tag=12)
@@ -229,12 +229,12 @@ def test_unclosed_channels_free_their_requests() -> None:
     req = tx.isend()
     rx.recv()
     req.wait()
-    assert tx in channel._open_channels and rx in channel._open_channels
+    assert tx in channel_ends._open_channels and rx in channel_ends._open_channels
     preq = tx._wire._payload
     del tx, req
     gc.collect()
     assert preq == MPI.REQUEST_NULL  # freed by the garbage-collected channel
-    channel._free_open_channels()  # what the exit hook does before MPI finalizes
+    channel_ends._free_open_channels()  # what the exit hook does before MPI finalizes
     assert rx._wire.payload == MPI.REQUEST_NULL
     with pytest.raises(ValueError, match="closed"):
         rx.recv()

@@ -112,7 +112,7 @@ def test_forwarding_around_the_ring_after_work_on_the_device(gpu: tuple[Runtime,
     rt, comm = gpu
     got = cai_mpi.sendrecv_array(DoubleDeviceArray(rt, payload(rank, 5000)), nxt, 5, prv, 5, comm)
     assert got.device == 0  # received arrays land on the rank's GPU
-    with rt._driver.on(0):  # type: ignore[attr-defined]  # a slow kernel doubling the received data
+    with rt.driver.on(0):  # type: ignore[attr-defined]  # a slow kernel doubling the received data
         rt.driver_double.kernel_write(1, got.descriptor.ptr, (payload(prv, 5000) * 2).tobytes(),  # type: ignore[attr-defined]
                                       delay=SLOW)
     again = cai_mpi.sendrecv_array(got, nxt, 6, prv, 6, comm)
@@ -173,7 +173,7 @@ def test_device_channels_when_direct(gpu: tuple[Runtime, MPI.Comm]) -> None:
     x = DoubleDeviceArray(rt, np.zeros(1000), stream=1)
     with cai_mpi.send_channel(x, nxt, 8, comm) as tx, cai_mpi.recv_channel(prv, 8, comm, device=0) as rx:
         for step in range(1, 4):
-            with rt._driver.on(0):  # type: ignore[attr-defined]
+            with rt.driver.on(0):  # type: ignore[attr-defined]
                 rt.driver_double.kernel_write(1, x.buf.ptr, payload(rank * step, 1000).tobytes(),  # type: ignore[attr-defined]
                                               delay=SLOW)
             req = tx.isend()

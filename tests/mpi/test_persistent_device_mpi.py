@@ -42,15 +42,15 @@ def host(a: Any) -> np.ndarray[Any, Any]:
 def slow_write(rt: Runtime, x: DoubleDeviceArray, data: np.ndarray[Any, Any]) -> None:
     """A kernel on x's stream writes ``data`` once something synchronizes on it: only a synchronized producer sees
     it (on the lazy double, not by luck of timing)."""
-    with rt._driver.on(0):  # type: ignore[attr-defined]
+    with rt.driver.on(0):  # type: ignore[attr-defined]
         rt.driver_double.kernel_write(x.stream, x.buf.ptr, data.tobytes())  # type: ignore[attr-defined]
 
 
 def non_blocking_stream(rt: Runtime) -> int:
     """A stream of the user's that CUDA orders after nothing: only the stream policy orders a read after it."""
     double = rt.driver_double  # type: ignore[attr-defined]
-    with rt._driver.on(0):  # type: ignore[attr-defined]
-        (handle,) = rt._driver.check("cuStreamCreate", double.CUstream_flags.CU_STREAM_NON_BLOCKING)  # type: ignore[attr-defined]
+    with rt.driver.on(0):  # type: ignore[attr-defined]
+        (handle,) = rt.driver.check("cuStreamCreate", double.CUstream_flags.CU_STREAM_NON_BLOCKING)  # type: ignore[attr-defined]
     return int(handle)
 
 
@@ -270,13 +270,13 @@ def test_bucketed_allreduce_init_waits_for_readers_of_the_last_result(lazy_gpu: 
     rt, comm = lazy_gpu
     d: Any = rt.driver_double  # type: ignore[attr-defined]
     x = DoubleDeviceArray(rt, values(rank), stream=1)
-    with rt._driver.on(0):  # type: ignore[attr-defined]
-        (reader,) = rt._driver.check("cuStreamCreate", 0)  # type: ignore[attr-defined]
+    with rt.driver.on(0):  # type: ignore[attr-defined]
+        (reader,) = rt.driver.check("cuStreamCreate", 0)  # type: ignore[attr-defined]
     with cai_mpi.allreduce_init([x, values(rank, 4)], comm=comm, sync=False) as red:
         first = red()[0]
         seen = bytearray()
         ptr, nbytes = first.descriptor.ptr, first.nbytes
-        with rt._driver.on(0):  # type: ignore[attr-defined]
+        with rt.driver.on(0):  # type: ignore[attr-defined]
             d.launch(int(reader), lambda: seen.extend(d.read_device(ptr, nbytes)))
         d.write_device(x.buf.ptr, values(rank, step=1).tobytes())
         second = red()[0]

@@ -133,7 +133,7 @@ def _fault_at_the_first_wait(rt: Runtime) -> None:
         ):
             time.sleep(0.001)
 
-    with rt._driver.on(0):  # type: ignore[attr-defined]
+    with rt.driver.on(0):  # type: ignore[attr-defined]
         double.launch(1, kernel, fault=True)
 
 

@@ -148,12 +148,12 @@ def test_the_consumers_stream_waits_for_work_queued_on_the_data(rt: CudaRuntime)
     new = np.arange(1 << 12, dtype=np.float64) + 1
     a = on_device(np.zeros_like(new))
     double = rt.driver_double  # type: ignore[attr-defined]
-    with rt._driver.on(0):
+    with rt.driver.on(0):
         double.kernel_write(1, a.descriptor.ptr, new.tobytes(), delay=0.3)
-        (consumer,) = rt._driver.check("cuStreamCreate", double.CUstream_flags.CU_STREAM_NON_BLOCKING)
+        (consumer,) = rt.driver.check("cuStreamCreate", double.CUstream_flags.CU_STREAM_NON_BLOCKING)
     capsule = a.__dlpack__(stream=int(consumer), max_version=(1, 0))
     seen: list[bytes] = []
-    with rt._driver.on(0):
+    with rt.driver.on(0):
         double.launch(int(consumer), lambda: seen.append(double.read_device(a.descriptor.ptr, new.nbytes)))
     rt.sync_stream(int(consumer), 0)
     assert seen == [new.tobytes()]
@@ -162,8 +162,8 @@ def test_the_consumers_stream_waits_for_work_queued_on_the_data(rt: CudaRuntime)
 
 def non_blocking_stream(rt: CudaRuntime) -> int:
     double = rt.driver_double  # type: ignore[attr-defined]
-    with rt._driver.on(0):
-        (handle,) = rt._driver.check("cuStreamCreate", double.CUstream_flags.CU_STREAM_NON_BLOCKING)
+    with rt.driver.on(0):
+        (handle,) = rt.driver.check("cuStreamCreate", double.CUstream_flags.CU_STREAM_NON_BLOCKING)
     return int(handle)
 
 
@@ -176,11 +176,11 @@ def test_the_consumers_stream_waits_for_the_stream_the_array_names(rt: CudaRunti
     desc = CAIDescriptor.for_new_buffer(memory.buf.ptr, new.shape, new.dtype, stream=producer)
     a = cai_mpi.Array(desc, device=0, owner=memory)
     double = rt.driver_double  # type: ignore[attr-defined]
-    with rt._driver.on(0):
+    with rt.driver.on(0):
         double.kernel_write(producer, a.descriptor.ptr, new.tobytes(), delay=0.3)
     capsule = a.__dlpack__(stream=consumer, max_version=(1, 0))
     seen: list[bytes] = []
-    with rt._driver.on(0):
+    with rt.driver.on(0):
         double.launch(consumer, lambda: seen.append(double.read_device(a.descriptor.ptr, new.nbytes)))
     rt.sync_stream(consumer, 0)
     assert seen == [new.tobytes()]

@@ -38,7 +38,7 @@ def device_bytes(rt: CudaRuntime, array: cai_mpi.Array) -> bytes:
 
 def kernel_write(rt: CudaRuntime, stream: int, ptr: int, data: np.ndarray[Any, Any], delay: float = SLOW) -> None:
     """A kernel on ``stream`` (1: the legacy default stream) that writes ``data`` at ``ptr`` after ``delay``."""
-    with rt._driver.on(0):
+    with rt.driver.on(0):
         double_of(rt).kernel_write(stream, ptr, data.tobytes(), delay=delay)
 
 
@@ -47,8 +47,8 @@ def user_stream(rt: CudaRuntime, *, blocking: bool = False) -> int:
     ``cupy.cuda.Stream()`` makes by default)."""
     d = double_of(rt)
     flags = d.CUstream_flags.CU_STREAM_DEFAULT if blocking else d.CUstream_flags.CU_STREAM_NON_BLOCKING
-    with rt._driver.on(0):
-        (handle,) = rt._driver.check("cuStreamCreate", flags)
+    with rt.driver.on(0):
+        (handle,) = rt.driver.check("cuStreamCreate", flags)
     return int(handle)
 
 
@@ -153,7 +153,7 @@ def test_work_on_a_non_blocking_stream_is_waited_for_only_with_sync_device(
     x = DoubleDeviceArray(rt, OLD, stream=None)
     side = user_stream(rt)
     gate = threading.Event()  # the side stream's kernel runs until the test lets it finish
-    with rt._driver.on(0):
+    with rt.driver.on(0):
         double_of(rt).launch(side, lambda: gate.wait(30))
     kernel_write(rt, side, x.buf.ptr, NEW, delay=0)
     assert np.array_equal(np.asarray(round_trip(x, comm, device="host")), OLD)  # not waited for: no deadlock
@@ -177,15 +177,15 @@ def test_pinned_host_memory_a_kernel_writes_is_waited_for(lazy_route: tuple[Cuda
     # stream, and MPI reads it directly, so the default-stream rule applies to it too.
     rt, comm = lazy_route
     d = double_of(rt)
-    with rt._driver.on(0):
-        host = int(rt._driver.check("cuMemHostAlloc", OLD.nbytes, d.CU_MEMHOSTALLOC_DEVICEMAP)[0])
-        alias = int(rt._driver.check("cuMemHostGetDevicePointer", host, 0)[0])
+    with rt.driver.on(0):
+        host = int(rt.driver.check("cuMemHostAlloc", OLD.nbytes, d.CU_MEMHOSTALLOC_DEVICEMAP)[0])
+        alias = int(rt.driver.check("cuMemHostGetDevicePointer", host, 0)[0])
     ctypes.memmove(host, OLD.ctypes.data, OLD.nbytes)
     mapped = MappedArray(alias, OLD)  # what Numba's mapped_array exports: the device alias, stream None
     kernel_write(rt, 1, alias, NEW)
     assert np.array_equal(np.asarray(round_trip(mapped, comm, device="host")), NEW)
-    with rt._driver.on(0):
-        rt._driver.check("cuMemFreeHost", host)
+    with rt.driver.on(0):
+        rt.driver.check("cuMemFreeHost", host)
 
 
 def test_numpy_of_a_device_array_sees_pending_work(lazy_route: tuple[CudaRuntime, MPI.Comm]) -> None:
@@ -217,7 +217,7 @@ def test_a_channel_waits_for_work_on_its_array_before_the_next_message(monkeypat
                 seen = bytearray()
                 ptr, nbytes = first.descriptor.ptr, first.nbytes
                 reader = user_stream(rt, blocking=True)
-                with rt._driver.on(0):  # a kernel still reading the first message (on a blocking stream)
+                with rt.driver.on(0):  # a kernel still reading the first message (on a blocking stream)
                     double_of(rt).launch(reader, lambda: seen.extend(double_of(rt).read_device(ptr, nbytes)),
                                          delay=SLOW)
                 x[:] = NEW
@@ -253,7 +253,7 @@ def test_a_received_block_is_not_reused_while_a_kernel_still_reads_it(lazy_route
     first = round_trip(DoubleDeviceArray(rt, OLD), comm, device=0)
     seen = bytearray()
     ptr, nbytes = first.descriptor.ptr, first.nbytes
-    with rt._driver.on(0):  # f, on the legacy default stream (the caller's current stream without CuPy)
+    with rt.driver.on(0):  # f, on the legacy default stream (the caller's current stream without CuPy)
         double_of(rt).launch(1, lambda: seen.extend(double_of(rt).read_device(ptr, nbytes)), delay=SLOW)
     del first
     gc.collect()
@@ -345,7 +345,7 @@ class FakeCupy:
         class Memory:
             def __init__(self, nbytes: int) -> None:
                 fake.allocated_on.append(fake.current_stream)
-                (ptr,) = rt._driver.check("cuMemAlloc", nbytes)
+                (ptr,) = rt.driver.check("cuMemAlloc", nbytes)
                 self.ptr = int(ptr)
 
         class PinnedMemory(bytearray):  # the buffer numpy views; its address as CuPy's PinnedMemoryPointer has it
@@ -430,8 +430,8 @@ class CupyPinnedPool:
         if kept:
             ptr = kept.pop()
         else:
-            with self.rt._driver.on(0):
-                (ptr,) = self.rt._driver.check("cuMemHostAlloc", size, 1)
+            with self.rt.driver.on(0):
+                (ptr,) = self.rt.driver.check("cuMemHostAlloc", size, 1)
         raw = (ctypes.c_ubyte * size).from_address(int(ptr))
         raw.ptr = int(ptr)  # type: ignore[attr-defined]  # as CuPy's PinnedMemoryPointer
         weakref.finalize(raw, kept.append, ptr)  # back to the pool (not the driver) once no view of it remains

@@ -3,8 +3,6 @@ abandoned ones in the background, and the registry that frees what is still open
 
 from __future__ import annotations
 
-import atexit
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,7 +13,7 @@ from ..progress.waits import Waitable
 from ..transport.agreement import Ballot, check_in_step, disagree, fingerprint, reason, vote
 from ..transport.privcomm import PrivateComms
 
-__all__ = ["Started", "agree", "background", "open_collectives"]
+__all__ = ["Started", "agree", "background"]
 
 
 def agree(fn: str, pc: PrivateComms, due: Any, attempt: Callable[[], tuple[str, Any, bool]]) -> tuple[Any, bool]:
@@ -63,18 +61,3 @@ def background(reqs: list[MPI.Request], keep: Any, error: BaseException) -> Requ
     req: Request[None] = Request(_until(Started(reqs)), keep=keep)
     req.abandon(error)
     return req
-
-
-def open_collectives() -> weakref.WeakSet[Any]:
-    """Persistent collectives not closed yet (bucketed ones register here too: see ``_at_exit``)."""
-    return _open
-
-
-# Not closed yet: their MPI requests are freed before MPI finalizes (a started one is kept past exit instead).
-_open: weakref.WeakSet[Any] = weakref.WeakSet()  # (bucketed ones too: all have _at_exit)
-
-
-@atexit.register
-def _free_open() -> None:
-    for p in list(_open):
-        p._at_exit()

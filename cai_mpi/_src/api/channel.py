@@ -8,26 +8,24 @@ the channel's own: arguments, the producer's synchronization, ordering of messag
 
 from __future__ import annotations
 
-import atexit
-import weakref
 from collections.abc import Generator
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from ..arrays.array import Array
+from ..arrays.array import Array, host_memory
 from ..arrays.operands import DeviceSource, RecvTarget, recv_target, send_source
 from ..arrays.sync import sync_enabled, sync_unnamed
 from ..config import config
 from ..progress.deadlines import Awaited, deadline
 from ..progress.driving import PENDING
-from ..progress.requests import Request, RequestWait, keep_past_exit
+from ..progress.requests import Request, RequestWait, settled, wait_until
 from ..progress.waits import Waitable
 from ..runtime import get_runtime
 from ..transport import plan_send
 from ..transport.bound import BoundRecv, BoundSend
-from .channel_ends import ChannelEnd
+from .channel_ends import ChannelEnd, open_channel_count
 from .validation import (
     ANY_SOURCE,
     ANY_TAG,
@@ -42,30 +40,6 @@ from .validation import (
 )
 
 __all__ = ["RecvChannel", "SendChannel", "open_channel_count", "recv_channel", "send_channel"]
-
-# Channels not closed yet: their persistent requests are freed before MPI finalizes (MPICH reports
-# "freeing inactive persistent request" otherwise), or when a channel is garbage collected.
-_open_channels: weakref.WeakSet[SendChannel | RecvChannel] = weakref.WeakSet()
-
-
-def open_channel_count() -> int:
-    """How many channels of this process are open (created, not closed nor collected): a leak check for tools."""
-    return len(_open_channels)
-
-
-@atexit.register
-def _free_open_channels() -> None:
-    # atexit hooks run before MPI_Finalize (mpi4py finalizes from Py_AtExit, after the interpreter's teardown).
-    for ch in list(_open_channels):
-        inflight = ch._inflight
-        if inflight is not None and not inflight._settled:
-            # MPI still owns its memory: keep it past teardown, and its request active (freed, it would read as
-            # complete to a later wait, which would then let the memory go).
-            keep_past_exit(inflight)
-            ch._closed = True
-        else:
-            ch._release()
-
 
 def _address(src: np.ndarray[Any, Any] | DeviceSource) -> int:
     return src.desc.ptr if isinstance(src, DeviceSource) else int(src.__array_interface__["data"][0])
@@ -116,7 +90,7 @@ class SendChannel(ChannelEnd):
         self._closed = False
         self._inflight = None
         self._about = Awaited("SendChannel.send", True, self.dest, self.tag, pc.header)
-        _open_channels.add(self)
+        self._track()
 
     def _sync_producer(self) -> None:
         """CAI v3: the exporter's current stream is synchronized before every read of its memory."""
@@ -128,7 +102,7 @@ class SendChannel(ChannelEnd):
 
     def _steps(self, previous: Request[Any] | None) -> Generator[Waitable, None, None]:
         """One message: after the previous one, the header (first message only), then the payload."""
-        if previous is not None and not previous._settled:
+        if previous is not None and not settled(previous):
             yield RequestWait(previous)
         yield from self._wire.message_steps()
 
@@ -146,7 +120,7 @@ class SendChannel(ChannelEnd):
                 and not PENDING:
             wire.send_now()  # the common case: one persistent send, nothing else
             return
-        self.isend()._wait_until(due)
+        wait_until(self.isend(), due)
 
     def isend(self) -> Request[None]:
         """Start sending the array's current contents; modifying it before ``wait()`` is an error.
@@ -205,7 +179,7 @@ class RecvChannel(ChannelEnd):
         self._inflight = None
         self._closed = False
         self._about = Awaited("RecvChannel.recv", False, self.source, self.tag, pc.header)
-        _open_channels.add(self)
+        self._track()
         self.shape: tuple[int, ...] | None = None
         self.dtype: np.dtype[Any] | None = None
         self.meta: dict[str, Any] | None = None
@@ -213,7 +187,7 @@ class RecvChannel(ChannelEnd):
     def _bind(self, array: Array) -> None:
         """The first message's payload receive is posted (and started): keep what the header said."""
         self._array = array
-        self._sync_target = self._sync_target or array._host is None
+        self._sync_target = self._sync_target or host_memory(array) is None
         self.source, self.tag, self.shape, self.dtype, self.meta = array.source, array.tag, array.shape, \
             array.dtype, array.meta
         self._about = Awaited("RecvChannel.recv", False, self.source, self.tag, self._pc.header)
@@ -243,7 +217,7 @@ class RecvChannel(ChannelEnd):
         if due is None and wire.bound and not self._queued() and not PENDING:
             wire.receive_now()  # the common case: one persistent receive, nothing else
             return self._array  # type: ignore[return-value]
-        return self._post()._wait_until(due)
+        return wait_until(self._post(), due)
 
     def irecv(self) -> Request[Array]:
         """Start receiving the next array; ``wait()`` returns the channel's Array.

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from types import TracebackType
 from typing import Any
 
 from ..errors import TimeoutError
 from ..progress.deadlines import Awaited, Deadline, deadline
 from ..progress.driving import complete_by
-from ..progress.requests import Request, RequestWait
+from ..progress.requests import Request, RequestWait, keep_past_exit, settled, wait_quietly, wait_until
 from ..transport.bound import BoundRecv, BoundSend
 
-__all__ = ["ChannelEnd"]
+__all__ = ["ChannelEnd", "open_channel_count"]
 
 
 class ChannelEnd:
@@ -23,17 +25,23 @@ class ChannelEnd:
 
     __slots__ = ("__weakref__", "_about", "_closed", "_inflight", "_wire")
 
+    # Reached through the class: teardown may clear this module's globals before it frees a channel (``__del__``).
+    _settled = staticmethod(settled)
     _about: Awaited  # what a timeout says this channel was waiting for
     _closed: bool
     _wire: BoundSend | BoundRecv
     _inflight: Request[Any] | None
+
+    def _track(self) -> None:
+        """Made and open: freed before MPI finalizes unless closed or collected first."""
+        _open_channels.add(self)
 
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise ValueError(f"{what} on a closed channel")
 
     def _queued(self) -> bool:
-        return self._inflight is not None and not self._inflight._settled
+        return self._inflight is not None and not self._settled(self._inflight)
 
     def close(self, timeout: float | None = None) -> None:
         """Wait for a message in flight, then free the channel's MPI request (idempotent).
@@ -49,13 +57,13 @@ class ChannelEnd:
         if self._closed:
             return
         inflight = self._inflight
-        if inflight is not None and not inflight._settled:
+        if inflight is not None and not settled(inflight):
             if due is None:
                 # Its error, if any, is its own wait()'s to raise (a failed recv() has raised it already).
-                inflight._wait_quietly()
+                wait_quietly(inflight)
             else:
                 withdrawn = self._settle_by(inflight, due)
-                if withdrawn or not inflight._settled:
+                if withdrawn or not settled(inflight):
                     self._release()
                     about = self._about
                     raise Awaited(fn, about.sends, about.peer, about.tag, about.comm).expired(
@@ -70,12 +78,12 @@ class ChannelEnd:
         withdrawn = False
         if not inflight.done:
             try:
-                inflight._wait_until(due)
+                wait_until(inflight, due)
             except TimeoutError as exc:
                 withdrawn = exc.cancelled
             except BaseException:
                 pass  # the message's own error is its own wait()'s to raise
-        if not inflight._settled:
+        if not settled(inflight):
             complete_by(RequestWait(inflight), due)
         return withdrawn
 
@@ -105,7 +113,31 @@ class ChannelEnd:
         inflight = self._inflight
         if inflight is not None and not inflight.done and not self._about.sends:
             try:
-                inflight._wait_until(Deadline(0.0))
+                wait_until(inflight, Deadline(0.0))
             except BaseException:
                 pass  # withdrawn (its wait() says so), or its own error
         self._release()
+
+
+# Channels not closed yet: their persistent requests are freed before MPI finalizes (MPICH reports
+# "freeing inactive persistent request" otherwise), or when a channel is garbage collected.
+_open_channels: weakref.WeakSet[ChannelEnd] = weakref.WeakSet()
+
+
+def open_channel_count() -> int:
+    """How many channels of this process are open (created, not closed nor collected): a leak check for tools."""
+    return len(_open_channels)
+
+
+@atexit.register
+def _free_open_channels() -> None:
+    # atexit hooks run before MPI_Finalize (mpi4py finalizes from Py_AtExit, after the interpreter's teardown).
+    for ch in list(_open_channels):
+        inflight = ch._inflight
+        if inflight is not None and not settled(inflight):
+            # MPI still owns its memory: keep it past teardown, and its request active (freed, it would read as
+            # complete to a later wait, which would then let the memory go).
+            keep_past_exit(inflight)
+            ch._closed = True
+        else:
+            ch._release()

@@ -19,8 +19,8 @@ from mpi4py import MPI
 
 from ..errors import TimeoutError
 from ..progress.deadlines import Deadline, deadline
-from ..progress.driving import PENDING, drive_others
-from ..progress.requests import Request
+from ..progress.driving import PENDING, drive_others, poke
+from ..progress.requests import Request, delivered, outcome, wait_until
 from ..runtime import get_runtime
 
 __all__ = ["testall", "waitall", "waitany"]
@@ -45,7 +45,7 @@ def _poll(pending: list[Request[Any]]) -> None:
     drive_others(None)
     for req in pending:
         if req not in PENDING:  # (those were driven just now)
-            req._poke()
+            poke(req)
 
 
 class _Pacing:
@@ -82,14 +82,14 @@ def _outcomes(fn: str, reqs: list[Request[Any] | None], due: Deadline | None) ->
             results.append(None)
             continue
         try:
-            results.append(req._outcome() if req.done else req._wait_until(due))
+            results.append(outcome(req) if req.done else wait_until(req, due))
         except Exception as exc:  # (an interrupt ends the call at once)
             results.append(None)
             first = first or (i, exc)
             if isinstance(exc, TimeoutError):
                 expired.append(exc)
         finally:
-            req._delivered = True
+            delivered(req, now=True)
     if first is None:
         return results
     index, error = first
@@ -161,14 +161,14 @@ def waitany(requests: Iterable[Request[Any] | None], timeout: float | None = Non
     """
     reqs = _requests("waitany", requests)
     due = deadline("waitany", timeout)
-    candidates = [(i, req) for i, req in enumerate(reqs) if req is not None and not req._delivered]
+    candidates = [(i, req) for i, req in enumerate(reqs) if req is not None and not delivered(req)]
     if not candidates:
         return MPI.UNDEFINED, None
     pacing = _Pacing()
     while True:
         for i, req in candidates:
             if req.done:
-                return i, req._outcome()
+                return i, outcome(req)
         _poll([req for _, req in candidates])
         if pacing.expired(due):
             break
@@ -177,7 +177,7 @@ def waitany(requests: Iterable[Request[Any] | None], timeout: float | None = Non
     for _, req in candidates:
         if not req.done:
             try:
-                req._wait_until(due)  # (past due: withdrawn, or left to finish in the background, as wait() does)
+                wait_until(req, due)  # (past due: withdrawn, or left to finish in the background, as wait() does)
             except TimeoutError as exc:
                 cancelled &= exc.cancelled
             except Exception:

@@ -10,6 +10,8 @@ result), and which memory MPI uses while a dropped use finishes (``_memory``).
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -18,9 +20,9 @@ from mpi4py import MPI
 from ..progress.deadlines import collective_expired, deadline
 from ..progress.driving import complete, complete_by, drive_others, idle
 from ..progress.requests import keep_past_exit
-from .agreed import Started, background, open_collectives
+from .agreed import Started, background
 
-__all__ = ["PersistentLifecycle"]
+__all__ = ["PersistentLifecycle", "open_collectives"]
 
 _Self = TypeVar("_Self", bound="PersistentLifecycle")
 
@@ -47,7 +49,7 @@ class PersistentLifecycle:
 
     def _open(self) -> None:
         self._closed = False
-        open_collectives().add(self)
+        _open.add(self)
 
     # what a subclass says
 
@@ -198,3 +200,18 @@ class PersistentLifecycle:
 
     def _state(self) -> str:
         return "closed" if self._closed else ("started" if self._started else "ready")
+
+
+def open_collectives() -> weakref.WeakSet[PersistentLifecycle]:
+    """Persistent collectives not closed yet (bucketed ones too: every one has ``_at_exit``)."""
+    return _open
+
+
+# Not closed yet: their MPI requests are freed before MPI finalizes (a started one is kept past exit instead).
+_open: weakref.WeakSet[PersistentLifecycle] = weakref.WeakSet()
+
+
+@atexit.register
+def _free_open() -> None:
+    for p in list(_open):
+        p._at_exit()

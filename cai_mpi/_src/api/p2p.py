@@ -16,7 +16,7 @@ from ..config import Config, config
 from ..progress.deadlines import deadline
 from ..progress.driving import PENDING
 from ..progress.posted import PostedRequest
-from ..progress.requests import Request
+from ..progress.requests import Request, wait_until
 from ..runtime import get_runtime
 from ..runtime.base import Runtime
 from ..transport import BLOCKING, SendPlan, ireceive, isend_plan, plan_send, post_send, receive
@@ -157,7 +157,7 @@ def send_array(
     if plan.steps is None and due is None and not PENDING:
         post_send(plan, pc, dest, tag, BLOCKING)  # nothing to drive, nothing to time: MPI's blocking calls
     else:
-        isend_plan("send_array", plan, pc, dest, tag, (obj, src))._wait_until(due)
+        wait_until(isend_plan("send_array", plan, pc, dest, tag, (obj, src)), due)
 
 
 # -- receiving ------------------------------------------------------------------------------------------------
@@ -330,4 +330,4 @@ def sendrecv_array(
         return receive(fn, pc, source, recvtag, target, ordinal, rt, out, due, config())
     finally:
         if sent is not None:
-            sent._wait_until(deadline(fn, timeout))
+            wait_until(sent, deadline(fn, timeout))

@@ -28,8 +28,8 @@ Device = Literal["host"] | int | None
 
 def check_comm(fn: str, comm: Any) -> PrivateComms:
     """cai_mpi's private communicators for ``comm`` (None: COMM_WORLD); the first use of another is collective."""
-    if comm is None and privcomm._world is not None:
-        return privcomm._world
+    if comm is None and (world := privcomm.world()) is not None:
+        return world
     try:
         return privcomm.private_comms(comm)
     except (TypeError, ValueError, RuntimeError) as exc:

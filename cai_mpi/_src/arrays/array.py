@@ -12,7 +12,7 @@ from ..runtime.base import DeviceBuffer
 from . import dlpack
 from .sync import sync_unnamed
 
-__all__ = ["NO_SOURCE", "NO_TAG", "Array"]
+__all__ = ["NO_SOURCE", "NO_TAG", "Array", "host_memory"]
 
 _new = object.__new__
 
@@ -263,3 +263,9 @@ class Array:
             f"cai_mpi.Array(shape={self.shape}, dtype={self.dtype}, device={where}, "
             f"source={_SOURCE_NAMES.get(self.source, self.source)}, tag={_TAG_NAMES.get(self.tag, self.tag)}{meta})"
         )
+
+
+def host_memory(array: Array) -> np.ndarray[Any, Any] | None:
+    """The numpy array a host Array holds (its memory, not a copy); None for a device Array. For the library's
+    modules: users have ``Array.numpy``."""
+    return array._host

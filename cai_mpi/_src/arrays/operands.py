@@ -16,7 +16,7 @@ import numpy as np
 from ..core.descriptor import CAIDescriptor, descriptor_from_dict, may_self_overlap
 from ..errors import CAIError
 from ..runtime.base import HOST, LEGACY_STREAM, PER_THREAD_STREAM, Location, MemoryKind, Runtime
-from .array import Array
+from .array import Array, host_memory
 from .sync import sync_enabled, sync_producer, sync_unnamed
 
 __all__ = [
@@ -109,8 +109,8 @@ def send_source(fn: str, obj: Any, sync: bool | None, runtime: Runtime) -> np.nd
     if type(obj) is np.ndarray:
         return obj
     if isinstance(obj, Array):
-        if obj._host is not None:
-            return obj._host
+        if (host := host_memory(obj)) is not None:
+            return host
         ordinal = int(obj.device)
         desc = obj.descriptor
         if sync_enabled(sync):  # the user may have launched work on a received Array since (cupy.asarray(a) *= 2)
@@ -216,8 +216,8 @@ def _describe_out(fn: str, out: Any, runtime: Runtime) -> Target:
     if isinstance(out, np.ndarray):
         return _host_target(_plain(fn, out), out)
     if isinstance(out, Array):
-        if out._host is not None:
-            return _host_target(out._host, out)
+        if (host := host_memory(out)) is not None:
+            return _host_target(host, out)
         d = out.descriptor  # work the user launched on it since: its stream, and the default streams' order
         pending = d.replace(stream=None) if d.stream in (None, LEGACY_STREAM, PER_THREAD_STREAM) else d
         return RecvTarget(

@@ -11,19 +11,33 @@ and it holds that memory. ``requests`` adds and removes its requests; everything
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from .backoff import Backoff
 from .deadlines import Deadline
 from .waits import Waitable
 
 __all__ = [
-    "PENDING", "complete", "complete_by", "drive_others", "idle", "is_pending", "others_pending", "pending_count",
+    "PENDING", "Driven", "complete", "complete_by", "drive_others", "idle", "is_pending", "others_pending", "poke",
+    "pending_count",
 ]
 
 
+class Driven:
+    """What the progress rule drives: ``requests.Request`` is one (``_poke`` advances it without blocking)."""
+
+    __slots__ = ()
+
+    def _poke(self) -> None:
+        raise NotImplementedError
+
+
+def poke(item: Driven) -> None:
+    """Advance ``item`` without blocking (what every wait does to every pending request)."""
+    item._poke()
+
+
 #: The requests every wait drives (see the module docstring); only ``requests`` changes it.
-PENDING: set[Any] = set()
+PENDING: set[Driven] = set()
 
 
 def idle() -> bool:
@@ -50,7 +64,7 @@ def drive_others(me: object = None) -> None:
     """Advance, without blocking, every pending request but ``me``."""
     for req in list(PENDING):
         if req is not me:
-            req._poke()
+            poke(req)
 
 
 def complete(waitable: Waitable, me: object = None) -> None:

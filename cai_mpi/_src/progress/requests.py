@@ -13,10 +13,13 @@ from typing import Any, ClassVar, Generic, TypeVar
 from mpi4py import MPI
 
 from .deadlines import Awaited, Deadline, deadline
-from .driving import PENDING, complete, complete_by, drive_others
+from .driving import PENDING, Driven, complete, complete_by, drive_others
 from .waits import Waitable
 
-__all__ = ["Request", "RequestWait", "drive", "keep_past_exit"]
+__all__ = [
+    "Request", "RequestWait", "delivered", "drive", "keep_past_exit", "outcome", "settled", "wait_quietly",
+    "wait_until",
+]
 
 T = TypeVar("T")
 
@@ -59,9 +62,7 @@ def keep_past_exit(req: Request[Any]) -> None:
 @atexit.register
 def _keep_pending_past_exit() -> None:
     Request._exiting = True  # requests freed from now on are pending ones dropped by teardown: see Request.abandon
-    Request._outliving_teardown.extend(list(PENDING))
-
-
+    Request._outliving_teardown.extend(req for req in PENDING if isinstance(req, Request))  # (all of them)
 
 
 def drive(steps: Generator[Waitable, None, T]) -> T:
@@ -81,7 +82,7 @@ def drive(steps: Generator[Waitable, None, T]) -> T:
         return result
 
 
-class Request(Generic[T]):
+class Request(Driven, Generic[T]):
     """A nonblocking cai_mpi operation: ``wait()`` returns its result, ``test()`` returns ``(flag, result)``,
     ``cancel()`` withdraws a receive no message has matched yet.
 
@@ -345,3 +346,35 @@ class Request(Generic[T]):
 
 
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(Request._outliving_teardown))  # a reference nobody drops
+
+
+# -- what the library's other modules ask of a Request beyond its public methods --------------------------------
+
+
+def wait_until(req: Request[T], due: Deadline | None) -> T:
+    """Block until ``req`` completes and return its result, or give up at ``due`` as ``Request.wait(timeout)`` does
+    (every blocking call with a deadline waits this way)."""
+    return req._wait_until(due)
+
+
+def wait_quietly(req: Request[Any]) -> None:
+    """Block until ``req`` completed, even in the background after a timeout; an error stays for ``wait()``."""
+    req._wait_quietly()
+
+
+def settled(req: Request[Any]) -> bool:
+    """Nothing of ``req`` is left under way (unlike ``done``, which a timeout makes true at once)."""
+    return req._settled
+
+
+def outcome(req: Request[Any]) -> Any:
+    """The result of a request that is done, or the error it ended with; it counts as returned."""
+    return req._outcome()
+
+
+def delivered(req: Request[Any], now: bool = False) -> bool:
+    """Whether ``req``'s result (or error) was returned once (``waitany`` skips it, as MPI skips null requests);
+    ``now``: it is being returned."""
+    if now:
+        req._delivered = True
+    return req._delivered

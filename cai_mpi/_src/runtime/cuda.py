@@ -53,11 +53,11 @@ class CudaRuntime(CudaAllocation, Runtime):
                 f"the CUDA runtime needs cuda-python ({exc}); pip install 'cai_mpi[cuda12]'"
             ) from None
         self.ordinal = ordinal
-        self._driver = Driver(drv)
+        self.driver = Driver(drv)
         self._count: int | None = None
         self._retired = RetiredBlocks(self._release_events)
-        self._idle_streams = Idle(self._driver, "cuStreamDestroy")
-        self._idle_events = Idle(self._driver, "cuEventDestroy")
+        self.idle_streams = Idle(self.driver, "cuStreamDestroy")
+        self.idle_events = Idle(self.driver, "cuEventDestroy")
         # CuPy calls the real driver: with a driver given (the double), its memory means nothing to CuPy.
         self._load_cupy = load_cupy if driver is None else no_cupy
         #: Where the caller's current streams come from (each: ordinal -> (CAI handle, its owner) or None).
@@ -72,16 +72,16 @@ class CudaRuntime(CudaAllocation, Runtime):
     # -- devices --------------------------------------------------------------
     def device_count(self) -> int:
         if self._count is None:
-            self._driver.init()
-            (count,) = self._driver.check("cuDeviceGetCount")
+            self.driver.init()
+            (count,) = self.driver.check("cuDeviceGetCount")
             self._count = int(count)
         return self._count
 
     def current_device(self) -> int:
         """The device current in the calling thread, or the rank's (``ordinal``) where none is current."""
-        self._driver.init()
-        context = self._driver.current()
-        return self.ordinal if int(context) == 0 else self._driver.context_ordinal(context)
+        self.driver.init()
+        context = self.driver.current()
+        return self.ordinal if int(context) == 0 else self.driver.context_ordinal(context)
 
     # -- pointers ----------------------------------------------------------
     def locate(self, ptr: int) -> Location:
@@ -90,8 +90,8 @@ class CudaRuntime(CudaAllocation, Runtime):
         the query runs in the caller's context if one is current, else in this rank's."""
         if ptr == 0:  # zero-size arrays export NULL: they "live" where this rank works
             return Location(MemoryKind.DEVICE, self.ordinal)
-        memory_type, is_managed, reported, host_pointer, context = self._driver.pointer_attributes(ptr, self.ordinal)
-        ordinal = self._driver.pointer_ordinal(ptr, memory_type, is_managed, context, reported, self.device_count)
+        memory_type, is_managed, reported, host_pointer, context = self.driver.pointer_attributes(ptr, self.ordinal)
+        ordinal = self.driver.pointer_ordinal(ptr, memory_type, is_managed, context, reported, self.device_count)
         where = classify_pointer(memory_type, is_managed, ordinal, self.ordinal)
         if where.kind is MemoryKind.HOST and host_pointer and host_pointer != ptr:
             # Mapped pinned or registered memory seen through its device alias: the host reads it elsewhere.
@@ -133,11 +133,11 @@ class CudaRuntime(CudaAllocation, Runtime):
             return taken[-1][0]
 
         try:
-            with self._on(stream.ordinal):
+            with self.on_gpu(stream.ordinal):
                 if pack:
-                    pack_with_copies(self._driver, stream, desc, packed, pinned)
+                    pack_with_copies(self.driver, stream, desc, packed, pinned)
                 else:
-                    unpack_with_copies(self._driver, stream, packed, desc, pinned)
+                    unpack_with_copies(self.driver, stream, packed, desc, pinned)
         finally:  # (both return, or raise, only once the copies using the blocks are done)
             assert source is not None or not taken
             for block, cls in taken:
@@ -168,7 +168,7 @@ def attribution_report(runtime: CudaRuntime) -> dict[str, Any]:
     """The cuda-bindings release in use and ``device_attribution``'s findings, for ``python -m cai_mpi info``."""
     from .cudadriver import bindings_version
 
-    return {"bindings": bindings_version(runtime._driver.drv), "gpus": device_attribution(runtime)}
+    return {"bindings": bindings_version(runtime.driver.drv), "gpus": device_attribution(runtime)}
 
 
 def device_attribution(runtime: CudaRuntime) -> list[dict[str, Any]]:
@@ -178,13 +178,13 @@ def device_attribution(runtime: CudaRuntime) -> list[dict[str, Any]]:
     for gpu in range(runtime.device_count()):
         entry: dict[str, Any] = {"gpu": gpu, "located": None, "reported": None}
         try:  # context-bound memory, as the default allocators of CuPy and PyTorch make (not a stream-ordered pool)
-            with runtime._on(gpu):
-                (dptr,) = runtime._driver.check("cuMemAlloc", 256)
+            with runtime.on_gpu(gpu):
+                (dptr,) = runtime.driver.check("cuMemAlloc", 256)
             try:
                 entry["located"] = runtime.locate(int(dptr)).ordinal
-                entry["reported"] = runtime._driver.pointer_attributes(int(dptr), gpu)[2]
+                entry["reported"] = runtime.driver.pointer_attributes(int(dptr), gpu)[2]
             finally:
-                runtime._driver.release(gpu, "cuMemFree", dptr)
+                runtime.driver.release(gpu, "cuMemFree", dptr)
         except CudaError as exc:
             entry["error"] = str(exc)
         found.append(entry)

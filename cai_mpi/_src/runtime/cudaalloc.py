@@ -89,17 +89,17 @@ class CudaAllocation(CudaStreams):
         """Device memory from the driver's stream-ordered pool on ``stream`` (None: the legacy default stream), and
         what frees it on the same stream (the stream object is kept alive until then)."""
         handle = LEGACY_STREAM if stream is None else stream.handle
-        with self._on(ordinal):
-            (dptr,) = self._driver.check("cuMemAllocAsync", nbytes, handle)
+        with self.on_gpu(ordinal):
+            (dptr,) = self.driver.check("cuMemAllocAsync", nbytes, handle)
         ptr = int(dptr)
-        return ptr, OrderedFree(self._driver, ordinal, ptr, handle, stream)
+        return ptr, OrderedFree(self.driver, ordinal, ptr, handle, stream)
 
     def _retire(self, ordinal: int, consumers: list[tuple[int, Any]], give_back: Callable[[], None]) -> None:
         """A handed-out block's Array died: retire the block (its events, the reap, the blocks going back) in one
         context scope. If even entering it fails (the driver gone at exit), ``hold`` finds out and never reuses it."""
         with contextlib.ExitStack() as scope:
             with contextlib.suppress(Exception):
-                scope.enter_context(self._on(ordinal))
+                scope.enter_context(self.on_gpu(ordinal))
             self._retired.hold(ordinal, consumers, give_back)
 
     def _release_events(self, ordinal: int, consumers: list[tuple[int, Any]]) -> list[Event]:
@@ -122,10 +122,10 @@ class CudaAllocation(CudaStreams):
         (CuPy's pinned pool keeps every block it frees, so behind it the bound would bound nothing.)"""
         if nbytes == 0:
             return CudaPinnedBuffer(0, 0, np.empty(0, np.uint8))
-        with self._on(self.ordinal):  # allocating needs a context: ours, not a fresh one on GPU 0
-            (ptr,) = self._driver.check("cuMemHostAlloc", nbytes, self._driver.drv.CU_MEMHOSTALLOC_PORTABLE)
+        with self.on_gpu(self.ordinal):  # allocating needs a context: ours, not a fresh one on GPU 0
+            (ptr,) = self.driver.check("cuMemHostAlloc", nbytes, self.driver.drv.CU_MEMHOSTALLOC_PORTABLE)
         ptr = int(ptr)
-        owner = HostAllocation(self._driver, ptr, self.ordinal)
+        owner = HostAllocation(self.driver, ptr, self.ordinal)
         raw = (ctypes.c_ubyte * nbytes).from_address(ptr)
         raw._cai_mpi_owner = owner  # type: ignore[attr-defined]  # the view's base keeps the block alive
         return CudaPinnedBuffer(ptr, nbytes, np.ctypeslib.as_array(raw))

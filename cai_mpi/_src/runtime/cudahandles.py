@@ -52,14 +52,14 @@ class CudaStream(Stream):
 
     def __del__(self) -> None:
         try:  # (builtins only: at interpreter exit module globals may be gone already, and leaking is harmless)
-            self._runtime._idle_streams.put(self.ordinal, self.handle)
+            self._runtime.idle_streams.put(self.ordinal, self.handle)
         except Exception:
             pass
 
     def synchronize(self) -> None:
         """Wait for cai_mpi's own work on it (a failure is the CudaError of the call, not a user stream's)."""
-        with self._runtime._on(self.ordinal):
-            self._runtime._driver.check("cuStreamSynchronize", self.handle)
+        with self._runtime.on_gpu(self.ordinal):
+            self._runtime.driver.check("cuStreamSynchronize", self.handle)
 
     def __repr__(self) -> str:
         return f"<CudaStream {self.handle:#x} on GPU {self.ordinal}>"
@@ -80,22 +80,22 @@ class CudaEvent(Event):
 
     def __del__(self) -> None:
         try:  # (as CudaStream's)
-            self._runtime._idle_events.put(self.ordinal, self.handle)
+            self._runtime.idle_events.put(self.ordinal, self.handle)
         except Exception:
             pass
 
     def synchronize(self) -> None:
         if self._passed:
             return
-        with self._runtime._on(self.ordinal):
-            self._runtime._driver.check("cuEventSynchronize", self.handle)
+        with self._runtime.on_gpu(self.ordinal):
+            self._runtime.driver.check("cuEventSynchronize", self.handle)
         self._passed = True
 
     def query(self) -> bool:
         if self._passed:
             return True
-        drv = self._runtime._driver.drv
-        with self._runtime._on(self.ordinal):
+        drv = self._runtime.driver.drv
+        with self._runtime.on_gpu(self.ordinal):
             code, status, _ = raw_call(drv, "cuEventQuery", self.handle)
         if code == NOT_READY:
             return False

@@ -21,22 +21,22 @@ class CudaStreams:
     they concern."""
 
     ordinal: int
-    _driver: Driver
-    _idle_streams: Idle
-    _idle_events: Idle
+    driver: Driver
+    idle_streams: Idle
+    idle_events: Idle
     _load_cupy: Callable[[], Any]
     _load_torch: Callable[[], Any]
     _stream_sources: tuple[Callable[[int], tuple[int, Any] | None], ...]
 
     # -- contexts -----------------------------------------------------------
-    def _on(self, ordinal: int | None) -> contextlib.AbstractContextManager[None]:
+    def on_gpu(self, ordinal: int | None) -> contextlib.AbstractContextManager[None]:
         """``ordinal``'s primary context current for one call; the caller's context is back afterwards (a
         thread's current device is the caller's business: CuPy and PyTorch allocate on it)."""
-        return self._driver.on(self.ordinal if ordinal is None else ordinal)
+        return self.driver.on(self.ordinal if ordinal is None else ordinal)
 
     def context_scope(self) -> ContextScope:
         """The current context asked once for the calls inside (``Driver.scope``)."""
-        return self._driver.scope()
+        return self.driver.scope()
 
     # -- the producer's and the user's streams -----------------------------
     def sync_stream(self, handle: int, ordinal: int | None) -> None:
@@ -46,15 +46,15 @@ class CudaStreams:
                 "(1 legacy default, 2 per-thread default, else a cudaStream_t address)"
             )
         try:
-            with self._on(ordinal):
-                self._driver.check("cuStreamSynchronize", handle)
+            with self.on_gpu(ordinal):
+                self.driver.check("cuStreamSynchronize", handle)
         except CudaError as exc:
             raise StreamError(_stream_failure("synchronized", handle, ordinal, exc)) from exc
 
     def sync_legacy(self, ordinal: int | None) -> None:
         gpu = self.ordinal if ordinal is None else ordinal
         try:
-            with self._on(gpu):  # (one context query for both calls)
+            with self.on_gpu(gpu):  # (one context query for both calls)
                 self.record_event_on(LEGACY_STREAM, gpu).synchronize()
         except CudaError as exc:
             raise StreamError(
@@ -64,8 +64,8 @@ class CudaStreams:
 
     def sync_device(self, ordinal: int | None) -> None:
         try:
-            with self._on(ordinal):
-                self._driver.check("cuCtxSynchronize")
+            with self.on_gpu(ordinal):
+                self.driver.check("cuCtxSynchronize")
         except CudaError as exc:
             gpu = self.ordinal if ordinal is None else ordinal
             raise StreamError(
@@ -78,8 +78,8 @@ class CudaStreams:
         if isinstance(handle, bool) or not isinstance(handle, int) or handle <= 0:
             raise StreamError(f"stream handle {handle!r} cannot wait on an event: not a CAI v3 stream handle")
         try:
-            with self._on(ordinal):
-                self._driver.check("cuStreamWaitEvent", handle, ev.handle, 0)
+            with self.on_gpu(ordinal):
+                self.driver.check("cuStreamWaitEvent", handle, ev.handle, 0)
         except CudaError as exc:
             message = _stream_failure("made to wait on cai_mpi's event", handle, ordinal, exc)
             raise StreamError(message) from exc
@@ -122,11 +122,11 @@ class CudaStreams:
         # A blocking stream: ordered after work on the legacy default stream, where exporters that give no
         # stream (Numba's default, CAI v0-v2) and users who never chose a stream leave their kernels. One whose
         # object died is used again (``Idle``): work queued on it before stays ahead of the new work.
-        handle = self._idle_streams.take(ordinal)
+        handle = self.idle_streams.take(ordinal)
         if handle is None:
-            flags = self._driver.drv.CUstream_flags.CU_STREAM_DEFAULT
-            with self._on(ordinal):
-                (raw,) = self._driver.check("cuStreamCreate", flags)
+            flags = self.driver.drv.CUstream_flags.CU_STREAM_DEFAULT
+            with self.on_gpu(ordinal):
+                (raw,) = self.driver.check("cuStreamCreate", flags)
             handle = int(raw)
         return CudaStream(self, handle, ordinal)
 
@@ -134,8 +134,8 @@ class CudaStreams:
         s = own_stream(stream)
         if nbytes == 0:
             return
-        with self._on(s.ordinal):  # unified addressing: the driver infers the direction
-            self._driver.check("cuMemcpyAsync", dst, src, nbytes, s.handle)
+        with self.on_gpu(s.ordinal):  # unified addressing: the driver infers the direction
+            self.driver.check("cuMemcpyAsync", dst, src, nbytes, s.handle)
 
     def record_event(self, stream: Stream) -> Event:
         s = own_stream(stream)
@@ -143,20 +143,20 @@ class CudaStreams:
 
     def record_event_on(self, handle: int, ordinal: int) -> CudaEvent:
         """An event recorded now on CAI stream ``handle`` (1 and 2: the default streams of ``ordinal``'s context)."""
-        with self._on(ordinal):
-            idle = self._idle_events.take(ordinal)
+        with self.on_gpu(ordinal):
+            idle = self.idle_events.take(ordinal)
             if idle is None:
-                (raw,) = self._driver.check("cuEventCreate", self._driver.drv.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+                (raw,) = self.driver.check("cuEventCreate", self.driver.drv.CUevent_flags.CU_EVENT_DISABLE_TIMING)
                 idle = int(raw)
             event = CudaEvent(self, idle, ordinal)
-            self._driver.check("cuEventRecord", event.handle, handle)
+            self.driver.check("cuEventRecord", event.handle, handle)
         return event
 
     @contextlib.contextmanager
     def _cupy_on(self, cp: Any, ordinal: int, stream: CudaStream | None) -> Iterator[None]:
         """CuPy's current device and stream set to ``ordinal`` and cai_mpi's ``stream`` for the block (None:
         CuPy's current stream stays)."""
-        with self._on(ordinal), cp.cuda.Device(ordinal):
+        with self.on_gpu(ordinal), cp.cuda.Device(ordinal):
             if stream is None:
                 yield
                 return

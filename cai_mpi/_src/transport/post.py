@@ -32,7 +32,7 @@ from ..config import Config, config
 from ..progress.deadlines import Awaited, Deadline
 from ..progress.driving import PENDING
 from ..progress.posted import PostedRequest
-from ..progress.requests import Request, drive
+from ..progress.requests import Request, drive, wait_until
 from ..progress.waits import MPIWait, Waitable
 from ..runtime.base import Runtime
 from .failure import PREPARED
@@ -134,7 +134,7 @@ def receive(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | N
 def _receive(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None, ordinal: int | None, rt: Runtime,
              keep: Any, due: Deadline | None, cfg: Config) -> Array:
     if due is not None or PENDING:
-        return ireceive(fn, pc, source, tag, target, ordinal, rt, keep)._wait_until(due)
+        return wait_until(ireceive(fn, pc, source, tag, target, ordinal, rt, keep), due)
     try:
         inbox = _tls.inbox
     except AttributeError:

@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from .detect import CudaAwareness, agree, detect_local
 
-__all__ = ["PrivateComms", "cuda_aware", "init_world", "private_comms"]
+__all__ = ["PrivateComms", "cuda_aware", "init_world", "private_comms", "world"]
 
 
 class PrivateComms:
@@ -61,6 +61,11 @@ def _delete_attr(comm: MPI.Comm, keyval: int, pc: Any) -> None:
 _keyval = MPI.Comm.Create_keyval(delete_fn=_delete_attr)
 _create_lock = threading.Lock()
 _world: PrivateComms | None = None
+
+
+def world() -> PrivateComms | None:
+    """COMM_WORLD's private communicators once made (``init_world``), else None."""
+    return _world
 
 
 def init_world() -> None:

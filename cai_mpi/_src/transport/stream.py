@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 from mpi4py import MPI
 
-from ..arrays.array import Array
+from ..arrays.array import Array, host_memory
 from ..config import config
 from ..progress.driving import PENDING
 from ..progress.posted import PostedRequest
@@ -61,7 +61,7 @@ def bare_memory(obj: Any) -> np.ndarray[Any, Any] | None:
     if type(obj) is np.ndarray:
         host = obj
     elif type(obj) is Array:
-        host = obj._host
+        host = host_memory(obj)
     else:
         return None
     return host if host is not None and host.flags.c_contiguous and host.dtype.kind in _BARE_KINDS else None

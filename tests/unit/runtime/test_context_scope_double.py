@@ -79,7 +79,7 @@ def test_an_exception_inside_a_scope_leaves_no_answer_for_a_later_call(rt: CudaR
     make_current(d, 0)
     with pytest.raises(RuntimeError), rt.context_scope():
         synchronize_legacy(rt, 0)
-        with rt._driver.on(1):
+        with rt.driver.on(1):
             raise RuntimeError("inside a pushed context")
     assert current(d) == int(d.cuDevicePrimaryCtxRetain(0)[1])  # the push was undone
     make_current(d, 1)  # the user switches
@@ -93,7 +93,7 @@ def test_a_failed_pop_makes_the_scope_ask_again(rt: CudaRuntime, d: CudaDriverDo
     with rt.context_scope():
         rt.current_device()
         d.fail_next("cuCtxPopCurrent", d.CUresult.CUDA_ERROR_INVALID_CONTEXT)
-        with pytest.raises(Exception, match="cuCtxPopCurrent"), rt._driver.on(1):
+        with pytest.raises(Exception, match="cuCtxPopCurrent"), rt.driver.on(1):
             pass
         d.calls.clear()
         rt.current_device()

@@ -31,10 +31,10 @@ class UsersStream:
 
     def __init__(self, rt: CudaRuntime, *, blocking: bool = True) -> None:
         flags = 0 if blocking else 1  # CU_STREAM_DEFAULT or CU_STREAM_NON_BLOCKING
-        with rt._driver.on(0):
-            (handle,) = rt._driver.check("cuStreamCreate", flags)
+        with rt.driver.on(0):
+            (handle,) = rt.driver.check("cuStreamCreate", flags)
         self.ptr = int(handle)
-        weakref.finalize(self, rt._driver.release, 0, "cuStreamDestroy", self.ptr)
+        weakref.finalize(self, rt.driver.release, 0, "cuStreamDestroy", self.ptr)
 
 
 def current_is(rt: CudaRuntime, streams: list[UsersStream]) -> None:
@@ -43,7 +43,7 @@ def current_is(rt: CudaRuntime, streams: list[UsersStream]) -> None:
 
 
 def alive(rt: CudaRuntime, d: CudaDriverDouble, handle: int) -> bool:
-    with rt._driver.on(0):
+    with rt.driver.on(0):
         return d.cuStreamQuery(handle)[0] in (CUresult.CUDA_SUCCESS, CUresult.CUDA_ERROR_NOT_READY)
 
 
@@ -72,7 +72,7 @@ def test_a_received_array_keeps_the_stream_it_names_alive(rt: CudaRuntime, d: Cu
 def pending_read(rt: CudaRuntime, d: CudaDriverDouble, stream: int, ptr: int, nbytes: int) -> bytearray:
     """A user kernel on ``stream`` that copies ``nbytes`` at ``ptr`` (the lazy double runs it only on demand)."""
     seen = bytearray()
-    with rt._driver.on(0):
+    with rt.driver.on(0):
         d.launch(stream, lambda: seen.extend(d.read_device(ptr, nbytes)))
     return seen
 

@@ -34,7 +34,7 @@ def finishes(fn: Callable[[], Any]) -> bool:
 
 def pending_kernel(rt: CudaRuntime, d: CudaDriverDouble, ordinal: int) -> None:
     """A user kernel still queued on ``ordinal``'s legacy default stream (the lazy double runs it only on demand)."""
-    with rt._driver.on(ordinal):
+    with rt.driver.on(ordinal):
         d.launch(1, lambda: None)
 
 
@@ -122,7 +122,7 @@ def test_an_allocation_that_does_not_fit_waits_for_retired_blocks(rt: CudaRuntim
     d.write_device(first.ptr, old)
     seen = bytearray()
     ptr = first.ptr
-    with rt._driver.on(0):  # a user kernel still reads the block on the legacy default stream
+    with rt.driver.on(0):  # a user kernel still reads the block on the legacy default stream
         d.launch(1, lambda: seen.extend(d.read_device(ptr, 8192)))
     first.free()  # retired behind that kernel
     second = rt.alloc_device(8192, 0)  # the device has no room but the retired block's
