@@ -212,7 +212,8 @@ class RecvChannel(ChannelEnd):
         """
         self._check_open("recv")
         due = deadline("RecvChannel.recv", timeout)
-        self._wait_for_users()
+        if self._sync_target:
+            self._wait_for_users()
         wire = self._wire
         if due is None and wire.bound and not self._queued() and not PENDING:
             wire.receive_now()  # the common case: one persistent receive, nothing else

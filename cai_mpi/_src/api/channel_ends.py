@@ -41,7 +41,15 @@ class ChannelEnd:
             raise ValueError(f"{what} on a closed channel")
 
     def _queued(self) -> bool:
-        return self._inflight is not None and not self._settled(self._inflight)
+        """Whether a message is still in flight (the next one queues behind it). One found settled is forgotten, so
+        every later message of a channel used one at a time asks nothing more."""
+        inflight = self._inflight
+        if inflight is None:
+            return False
+        if self._settled(inflight):
+            self._inflight = None
+            return False
+        return True
 
     def close(self, timeout: float | None = None) -> None:
         """Wait for a message in flight, then free the channel's MPI request (idempotent).

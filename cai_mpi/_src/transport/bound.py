@@ -91,16 +91,13 @@ class BoundRecv:
     """The receiving end: the first message is received self-described (``open_steps``), and its payload's receive,
     posted persistent into the landing the header chose, is what every later message starts (``bound``)."""
 
-    __slots__ = ("payload",)
+    __slots__ = ("bound", "payload")
 
     _free = staticmethod(free_request)
 
     def __init__(self) -> None:
         self.payload: MPI.Prequest | None = None
-
-    @property
-    def bound(self) -> bool:
-        return self.payload is not None
+        self.bound = False  # (an attribute, not a property: every message of a channel asks)
 
     def open_steps(self, pc: PrivateComms, source: int, tag: int, target: Target | None, ordinal: int | None,
                    rt: Runtime, bind: Callable[[Array], None]) -> Generator[Waitable, None, Array]:
@@ -110,6 +107,7 @@ class BoundRecv:
         def posted(plan: RecvPlan, reqs: Sequence[Any]) -> None:
             assert plan.result is not None
             self.payload = reqs[0]
+            self.bound = True
             bind(plan.result)
 
         plan = yield from receive_steps("recv_channel", pc, source, tag, target, ordinal, rt, PERSISTENT,
