@@ -20,7 +20,7 @@ from mpi4py import MPI
 from ..errors import TimeoutError
 from ..progress.deadlines import Deadline, deadline
 from ..progress.driving import PENDING, drive_others, poke
-from ..progress.requests import Request, delivered, outcome, wait_until
+from ..progress.requests import Request, delivered, outcome, outcomes, wait_until
 from ..runtime import get_runtime
 
 __all__ = ["testall", "waitall", "waitany"]
@@ -71,37 +71,6 @@ class _Pacing:
         return False
 
 
-def _outcomes(fn: str, reqs: list[Request[Any] | None], due: Deadline | None) -> list[Any]:
-    """Each request's result, waiting (until ``due``) for those not complete. Every request is completed, or treated
-    as ``Request.wait(timeout)`` treats it, before the first error (in list order) is raised."""
-    results: list[Any] = []
-    first: tuple[int, Exception] | None = None
-    expired: list[TimeoutError] = []
-    for i, req in enumerate(reqs):
-        if req is None:
-            results.append(None)
-            continue
-        try:
-            results.append(outcome(req) if req.done else wait_until(req, due))
-        except Exception as exc:  # (an interrupt ends the call at once)
-            results.append(None)
-            first = first or (i, exc)
-            if isinstance(exc, TimeoutError):
-                expired.append(exc)
-        finally:
-            delivered(req, now=True)
-    if first is None:
-        return results
-    index, error = first
-    if isinstance(error, TimeoutError):
-        count = sum(req is not None for req in reqs)
-        raise TimeoutError(
-            f"{fn}: {len(expired)} of {count} requests did not complete within {error.seconds:g} s; the first, "
-            f"requests[{index}]: {error}", error.seconds, all(e.cancelled for e in expired),
-        ) from None
-    raise error
-
-
 def waitall(requests: Iterable[Request[Any] | None], timeout: float | None = None) -> list[Any]:
     """Complete every request, driving all of them together; their results in order (mpi4py's ``waitall``).
 
@@ -132,7 +101,7 @@ def waitall(requests: Iterable[Request[Any] | None], timeout: float | None = Non
     # completes them all, whatever order they finish in.
     # (one context query for every device step the waits drive: the user cannot switch contexts inside this call)
     with get_runtime().context_scope():
-        return _outcomes("waitall", _requests("waitall", requests), deadline("waitall", timeout))
+        return outcomes("waitall", _requests("waitall", requests), deadline("waitall", timeout))
 
 
 def waitany(requests: Iterable[Request[Any] | None], timeout: float | None = None) -> tuple[int, Any]:
@@ -206,4 +175,4 @@ def testall(requests: Iterable[Request[Any] | None]) -> tuple[bool, list[Any] | 
         _poll(pending)
         if not all(req.done for req in pending):
             return False, None
-    return True, _outcomes("testall", reqs, None)
+    return True, outcomes("testall", reqs, None)

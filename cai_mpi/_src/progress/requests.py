@@ -12,13 +12,14 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from mpi4py import MPI
 
+from ..errors import TimeoutError
 from .deadlines import Awaited, Deadline, deadline
 from .driving import PENDING, Driven, complete, complete_by, drive_others
 from .waits import Waitable
 
 __all__ = [
-    "Request", "RequestWait", "delivered", "drive", "keep_past_exit", "outcome", "settled", "wait_quietly",
-    "wait_until",
+    "Request", "RequestWait", "delivered", "drive", "keep_past_exit", "outcome", "outcomes", "settled",
+    "wait_quietly", "wait_until",
 ]
 
 T = TypeVar("T")
@@ -378,3 +379,35 @@ def delivered(req: Request[Any], now: bool = False) -> bool:
     if now:
         req._delivered = True
     return req._delivered
+
+
+def outcomes(fn: str, reqs: list[Request[Any] | None], due: Deadline | None) -> list[Any]:
+    """Each request's result, in list order, waiting (until ``due``) for those not complete (``waitall``,
+    ``testall``: ``fn``). Every request is completed, or treated as ``Request.wait(timeout)`` treats it, before the
+    first error (in list order) is raised."""
+    results: list[Any] = []
+    first: tuple[int, Exception] | None = None
+    expired: list[TimeoutError] = []
+    for i, req in enumerate(reqs):
+        if req is None:
+            results.append(None)
+            continue
+        try:
+            results.append(req._outcome() if req.done else req._wait_until(due))
+        except Exception as exc:  # (an interrupt ends the call at once)
+            results.append(None)
+            first = first or (i, exc)
+            if isinstance(exc, TimeoutError):
+                expired.append(exc)
+        finally:
+            req._delivered = True
+    if first is None:
+        return results
+    index, error = first
+    if isinstance(error, TimeoutError):
+        count = sum(req is not None for req in reqs)
+        raise TimeoutError(
+            f"{fn}: {len(expired)} of {count} requests did not complete within {error.seconds:g} s; the first, "
+            f"requests[{index}]: {error}", error.seconds, all(e.cancelled for e in expired),
+        ) from None
+    raise error
