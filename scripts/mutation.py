@@ -160,10 +160,6 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
     ("cai_mpi/_src/progress/requests.py", "core/ReplaceUnaryOperator_Delete_USub", 1):
         "harmless: the fallback description of a request made without one changes its tag from -1 to 1; every "
         "request a public call can time out is made with its own description",
-    ("cai_mpi/_src/api/channel.py", "core/ReplaceAndWithOr", 4):
-        "harmless: _queued() is reached only with a message in flight (_inflight is None only before the first "
-        "message and after close), where 'or' makes it always true: every message then takes the queued path, "
-        "which waits for a settled predecessor at once; only the fast path is skipped",
     ("cai_mpi/_src/api/pipeline.py", "core/ReplaceComparisonOperator_Eq_LtE", 8):
         "equivalent: a stage holding a description receives only FAST (taken before), END or SWITCH on its bare "
         "receive (the previous stage sends SWITCH before any self-described item), and of END (1) and SWITCH (4) "

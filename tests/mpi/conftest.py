@@ -59,8 +59,9 @@ def _write_summary() -> None:
     if where:
         path = where / f"rank{MPI.COMM_WORLD.Get_rank()}.json"
         # Whole or not at all: a rank may be killed mid-write (another rank's abort), and a half-written
-        # summary would fail the outer run's reading of it.
-        partial = path.with_suffix(".partial")
+        # summary would fail the outer run's reading of it. One partial file per thread: the watchdog may write
+        # while the main thread does.
+        partial = path.with_suffix(f".partial{threading.get_ident()}")
         partial.write_text(json.dumps(_summary))
         os.replace(partial, path)
 

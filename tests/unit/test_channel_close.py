@@ -4,6 +4,8 @@ it waits for the message in flight, so the request is done when ``close()`` retu
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -57,3 +59,35 @@ def test_freeing_a_request_already_freed_or_completed_does_nothing() -> None:
     free_request(done)
     free_request(None)
     assert buf.tolist() == [1, 1, 1, 1]
+
+
+def test_a_receive_queued_behind_an_abandoned_one_waits_until_that_one_settles() -> None:
+    """A channel receive that a timeout abandoned after its message matched is done but still in flight (MPI owns
+    its memory): the next message must not start the channel's one persistent request before it has settled."""
+    from cai_mpi._src.progress.requests import Request, settled
+    from cai_mpi._src.progress.waits import MPIWait
+
+    x = np.arange(4.0)
+    with cai_mpi.send_channel(x, me, 91) as tx, cai_mpi.recv_channel(me, 91, out=np.empty(4)) as rx:
+        first = tx.isend()
+        rx.recv()
+        first.wait()
+        # The abandoned predecessor: a request whose MPI receive nothing has matched yet, given up on by a timeout.
+        late = np.zeros(1)
+        held = MPI.COMM_SELF.Irecv(late, 0, 92)
+
+        def payload_wait() -> Any:
+            yield MPIWait([held], final=True)
+
+        previous: Request[None] = Request(payload_wait())
+        previous.abandon(RuntimeError("timed out in the payload"))
+        assert previous.done and not settled(previous)
+        rx._inflight = previous
+        received = rx.irecv()
+        x[...] = 7.0
+        sent = tx.isend()
+        assert not received.test()[0], "the next message started while the abandoned one was still in flight"
+        MPI.COMM_SELF.Send(np.ones(1), 0, 92)  # the abandoned receive completes
+        assert np.asarray(received.wait()).tolist() == [7.0] * 4
+        sent.wait()
+        assert late.tolist() == [1.0]

@@ -1,5 +1,5 @@
-"""What the persistent collectives share: the agreement at creation, waiting on started MPI requests, finishing
-abandoned ones in the background, and the registry that frees what is still open when the interpreter exits."""
+"""What the persistent collectives share: the agreement at creation, waiting on started MPI requests, and finishing
+abandoned ones in the background (the registry that frees what is still open at exit is ``lifecycle``'s)."""
 
 from __future__ import annotations
 

@@ -106,7 +106,6 @@ class SendChannel(ChannelEnd):
             yield RequestWait(previous)
         yield from self._wire.message_steps()
 
-
     def send(self, timeout: float | None = None) -> None:
         """Send the array's current contents (the first send also carries the description).
 
@@ -193,8 +192,9 @@ class RecvChannel(ChannelEnd):
         self._about = Awaited("RecvChannel.recv", False, self.source, self.tag, self._pc.header)
 
     def _steps(self, previous: Request[Any] | None) -> Generator[Waitable, None, Array]:
-        """One message: after the previous one (the persistent request is single), start and wait."""
-        if previous is not None and not previous.done:
+        """One message: after the previous one has settled (the persistent request is single; one abandoned by a
+        timeout may still be in flight), start and wait."""
+        if previous is not None and not settled(previous):
             yield RequestWait(previous)
         wire = self._wire
         if not wire.bound:  # the first message: its header says what the channel carries

@@ -63,7 +63,8 @@ def keep_past_exit(req: Request[Any]) -> None:
 @atexit.register
 def _keep_pending_past_exit() -> None:
     Request._exiting = True  # requests freed from now on are pending ones dropped by teardown: see Request.abandon
-    Request._outliving_teardown.extend(req for req in PENDING if isinstance(req, Request))  # (all of them)
+    # (a copy first: a thread that completes a request meanwhile would change the set under a Python loop)
+    Request._outliving_teardown.extend(req for req in list(PENDING) if isinstance(req, Request))
 
 
 def drive(steps: Generator[Waitable, None, T]) -> T:
@@ -373,11 +374,8 @@ def outcome(req: Request[Any]) -> Any:
     return req._outcome()
 
 
-def delivered(req: Request[Any], now: bool = False) -> bool:
-    """Whether ``req``'s result (or error) was returned once (``waitany`` skips it, as MPI skips null requests);
-    ``now``: it is being returned."""
-    if now:
-        req._delivered = True
+def delivered(req: Request[Any]) -> bool:
+    """Whether ``req``'s result (or error) was returned once (``waitany`` skips it, as MPI skips null requests)."""
     return req._delivered
 
 

@@ -12,11 +12,11 @@ blocking ``Send``/``Recv``, nonblocking ``Isend``/``Irecv`` driven by a Request,
 ``Send_init``/``Recv_init`` for channels (mpi4py's ``util.pkl5`` passes its ``send`` callback the same way).
 The point-to-point API modules validate arguments and choose a poster; they post nothing themselves. Steady-state
 traffic between a pair of ranks is a described stream, described once through that one path: a channel's is bound
-in place (``bound.py``: each later message restarts its persistent requests); a ``Pipeline`` edge's (``stream.py``)
-moves bare payloads into a ring of persistent receives, with credits for back-pressure, on a chain of ranks
-(``chain.py``: its communicators, opening and leaving); a failing stage tells the others through ``notices.py``.
-Collectives move each
-rank's payload as one contiguous piece (``contiguous.py``) through MPI's collectives (``bigcount.py``).
+in place (``bound.py``: each later message restarts its persistent payload request); a ``Pipeline`` edge's
+(``stream.py``) moves bare payloads into a ring of persistent receives, with credits for back-pressure, on a chain
+of ranks (``chain.py``: its communicators, opening and leaving); a failing stage tells the others through
+``notices.py``. Collectives move each rank's payload as one contiguous piece (``contiguous.py``) through MPI's
+collectives (``bigcount.py``).
 """
 from __future__ import annotations
 
