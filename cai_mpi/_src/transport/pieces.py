@@ -4,6 +4,7 @@ device streams, and (from ``pool``) the pinned staging buffers."""
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Generator
 from typing import Any, TypeVar
 
@@ -74,12 +75,15 @@ _tls = threading.local()
 
 
 def internal_stream(runtime: Runtime, ordinal: int) -> Stream:
-    """cai_mpi's own stream for ``ordinal``, one per thread (the current device is per thread)."""
-    streams: dict[tuple[int, int], Stream] | None = getattr(_tls, "streams", None)
+    """cai_mpi's own stream for ``ordinal``, one per thread (the current device is per thread). Kept per runtime
+    object, not per ``id``: a runtime made after another died may get the dead one's id, never its streams."""
+    per_runtime: weakref.WeakKeyDictionary[Runtime, dict[int, Stream]] | None = getattr(_tls, "streams", None)
+    if per_runtime is None:
+        per_runtime = _tls.streams = weakref.WeakKeyDictionary()
+    streams = per_runtime.get(runtime)
     if streams is None:
-        streams = _tls.streams = {}
-    key = (id(runtime), ordinal)
-    s = streams.get(key)
+        streams = per_runtime[runtime] = {}
+    s = streams.get(ordinal)
     if s is None:
-        s = streams[key] = runtime.create_stream(ordinal)
+        s = streams[ordinal] = runtime.create_stream(ordinal)
     return s
