@@ -371,7 +371,7 @@ def test_halo_exchange_along_a_chain_of_three(tmp_path: Path) -> None:
     out = tmp_path / "halo.json"
     proc = _bench(3, "halo", "--sizes", "8,8K,64K", "--iters", "5", "--samples", "2", "--json", str(out))
     doc = _load(out)
-    _check_doc(doc, "halo", ["raw", "cai-out-irecv", "cai-irecv"], [8, 8192, 65536], 3)
+    _check_doc(doc, "halo", ["raw", "cai-out-irecv", "cai-irecv", "channel"], [8, 8192, 65536], 3)
     assert "Time/exchange (us)" in proc.stdout
 
 

@@ -66,15 +66,18 @@ def test_halo_exchange_example(nprocs: int) -> None:
 
 
 def test_halo_exchange_example_benchmarks(tmp_path: Path) -> None:
-    """--bench times the exchange beside hand-written mpi4py and writes the table as JSON (a short run)."""
+    """--bench times the exchange, one-shot and over channels, beside hand-written mpi4py and writes the table as
+    JSON (a short run)."""
     out = tmp_path / "halo.json"
     text = run(4, "examples/halo_exchange.py", "--nx", "8", "--ny", "8", "--bench", "--sizes", "16,1024", "--iters",
                "3", "--samples", "3", "--json", str(out))
-    assert "WRONG" not in text and "cai / raw" in text, text
+    assert "WRONG" not in text and "cai / raw" in text and "channels / raw" in text, text
     rows = json.loads(out.read_text())["rows"]
     assert [r["face_bytes"] for r in rows] == [128, 8192]
     for r in rows:
-        assert r["cai_us"] > 0 and r["raw_us"] > 0 and r["ratio"] == pytest.approx(r["cai_us"] / r["raw_us"])
+        assert r["cai_us"] > 0 and r["channels_us"] > 0 and r["raw_us"] > 0
+        assert r["ratio"] == pytest.approx(r["cai_us"] / r["raw_us"])
+        assert r["channels_ratio"] == pytest.approx(r["channels_us"] / r["raw_us"])
 
 
 @pytest.mark.parametrize("nprocs", [1, 4])

@@ -36,7 +36,7 @@ __all__ = ["main", "parse_size", "size_list"]
 _DEFAULT_ITERS = {"latency": 1000, "bw": 20, "bibw": 20, "pipeline": 500, "halo": 1000,
                   **dict.fromkeys(COLLECTIVE_TESTS, 1000)}
 #: The halo exchange compares nonblocking receives posted before the sends (the other modes' receives are blocking).
-_HALO_MODES = ("raw", "cai-out-irecv", "cai-irecv")
+_HALO_MODES = ("raw", "cai-out-irecv", "cai-irecv", "channel")
 _UNITS = {"": 0, "K": 10, "M": 20, "G": 30}
 
 
