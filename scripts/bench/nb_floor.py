@@ -10,11 +10,16 @@ One process sends 8-byte float64 arrays to itself (as ``self_loop.py``; Open MPI
   the inline payload as one message (``inline_message``), received into a header buffer, decoded through the
   header memo, copied into ``out=`` and wrapped in an Array. No argument checks, no request object, no deadline, no
   progress rule: what no cai_mpi request can go below;
+- ``body-nb``: what cai_mpi's calls run besides their requests: the receive's and the send's argument checks
+  (``check_comm``, ranks, tags, ``recv_target``), the send's plan and posting (``plan_send``, ``post_send``), the
+  header receive into an inbox and its landing (``plan_recv``: decode, the fit check, the Array), with a bare
+  object for a request and MPI's waits: the price of the request machinery is ``cai-nb`` less this;
 - ``cai-nb``: ``irecv_array(out=)`` + ``isend_array`` + ``waitall``;
 - ``channel-nb``: a ``recv_channel(out=)``'s ``irecv()`` + a ``send_channel``'s ``isend()`` + ``waitall``, the
   channels opened once (a halo exchange's steady state).
 
-Reads library internals on purpose (the header codec, ``Array.over_host``): it measures the wire, not the API.
+Reads library internals on purpose (the header codec, ``Array.over_host``, the transport's bodies): it measures
+the wire and the bodies, not the API.
 """
 
 from __future__ import annotations
@@ -28,8 +33,14 @@ import numpy as np
 from mpi4py import MPI
 
 from cai_mpi import irecv_array, isend_array, recv_channel, send_channel, waitall
+from cai_mpi._src.api.validation import check_comm
 from cai_mpi._src.arrays.array import Array
+from cai_mpi._src.arrays.operands import recv_target
+from cai_mpi._src.config import config
 from cai_mpi._src.core.header import HeaderMemo, inline_message
+from cai_mpi._src.runtime import get_runtime
+from cai_mpi._src.transport import NONBLOCKING, plan_send, post_send
+from cai_mpi._src.transport.receive import give_back_inbox, plan_recv, take_inbox
 
 BYTE = MPI.BYTE
 NO_LIMIT = 1 << 62
@@ -45,6 +56,7 @@ def main() -> None:
     me = comm.Get_rank()
     x, out, landing = np.arange(1, dtype=np.float64), np.empty(1), np.empty(1)
     memo = HeaderMemo()
+    tag = 0
     status = MPI.Status()
 
     def raw_nb(n: int) -> None:
@@ -62,6 +74,31 @@ def main() -> None:
             np.copyto(out, np.frombuffer(inbox, info.dtype, out.size, info.header_nbytes).reshape(info.shape))
             Array.over_host(out, status.Get_source(), status.Get_tag(), None)
 
+    def body_nb(n: int) -> None:
+        for _ in range(n):
+            # irecv_array(me, 0, out=out)
+            pc = check_comm("irecv_array", None)
+            if type(me) is not int or not 0 <= me < pc.size or type(tag) is not int or not 0 <= tag <= pc.tag_ub:
+                raise ValueError
+            rt = get_runtime()
+            target = recv_target("irecv_array", out, rt)
+            inbox = take_inbox()
+            recv = pc.header.Irecv(inbox.msg, me, tag)
+            # isend_array(x, me, 0)
+            spc = check_comm("isend_array", None)
+            if type(me) is not int or not 0 <= me < spc.size or type(tag) is not int or not 0 <= tag <= spc.tag_ub:
+                raise ValueError
+            cfg = config()
+            plan = plan_send(x, spc, b"", cfg, None, me)
+            sends = post_send(plan, spc, me, tag, NONBLOCKING)
+            # waitall
+            recv.Wait(inbox.status)
+            MPI.Request.Waitall(sends)
+            try:
+                plan_recv("irecv_array", inbox, target, None, pc, cfg, rt)
+            finally:
+                give_back_inbox(inbox)
+
     def cai_nb(n: int) -> None:
         for _ in range(n):
             waitall([irecv_array(me, 0, out=out), isend_array(x, me, 0)])
@@ -72,8 +109,8 @@ def main() -> None:
         for _ in range(n):
             waitall([rx.irecv(), tx.isend()])
 
-    runs: dict[str, Callable[[int], None]] = {"raw-nb": raw_nb, "wire-nb": wire_nb, "cai-nb": cai_nb,
-                                              "channel-nb": channel_nb}
+    runs: dict[str, Callable[[int], None]] = {"raw-nb": raw_nb, "wire-nb": wire_nb, "body-nb": body_nb,
+                                              "cai-nb": cai_nb, "channel-nb": channel_nb}
     for run in runs.values():
         run(args.pairs // 10)  # warm-up
     best = dict.fromkeys(runs, float("inf"))
