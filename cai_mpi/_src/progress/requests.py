@@ -93,8 +93,9 @@ class Request(Driven, Generic[T]):
     dropping your own references right after ``isend_array`` is safe.
     Modifying a send buffer, or reading a receive buffer, before ``wait()``
     returns is an error, as with any MPI nonblocking call. Progress happens
-    inside cai_mpi calls (any wait, test, send or receive drives every
-    pending request of the process).
+    inside cai_mpi calls that wait (any wait or test, and a blocking send or
+    receive, drives every pending request of the process; posting one with
+    ``isend_array`` or ``irecv_array`` does not).
 
     ``wait(timeout)`` gives up with ``cai_mpi.TimeoutError``: a receive whose
     message has not arrived is cancelled (nothing consumed); anything already
