@@ -5,7 +5,8 @@
 One rank sends 8-byte float64 arrays to itself and receives them (``send_array`` + ``recv_array``, then the same
 into ``out=``), 20,000 pairs per repetition, against raw ``Comm.Send`` + ``Comm.Recv``; and the nonblocking pair of a
 halo exchange, ``irecv_array(out=)`` + ``isend_array`` + ``waitall`` ("cai-nb"), against raw ``Irecv`` + ``Isend`` +
-``Waitall`` ("raw-nb"). Each figure is the thread's
+``Waitall`` ("raw-nb"); and ``irecv_array`` (without and with ``out=``) + ``send_array`` + ``wait``
+("cai-irecv", "cai-out-irecv"). Each figure is the thread's
 CPU time per pair (``time.thread_time``), the least over REPS repetitions: on a loaded machine, CPU time is not
 inflated by the time the process waits for a core, and there is no peer whose delays would be counted. Needs an MPI
 whose blocking send to the same rank completes for a small message (Open MPI's wheel; MPICH's waits for the
@@ -47,11 +48,18 @@ def main() -> None:
         for _ in range(n):
             waitall([irecv_array(me, 0, out=out), isend_array(x, me, 0)])
 
+    def cai_irecv(n: int, into: np.ndarray | None) -> None:
+        for _ in range(n):
+            req = irecv_array(me, 0, out=into)
+            send_array(x, me, 0)
+            req.wait()
+
     def raw_nb(n: int) -> None:
         for _ in range(n):
             MPI.Request.Waitall([comm.Irecv(landing, me, 0), comm.Isend(x, me, 0)])
 
     runs = {"raw": lambda n: raw(n), "cai": lambda n: cai(n, None), "cai-out": lambda n: cai(n, out),
+            "cai-irecv": lambda n: cai_irecv(n, None), "cai-out-irecv": lambda n: cai_irecv(n, out),
             "raw-nb": raw_nb, "cai-nb": cai_nb}
     for run in runs.values():
         run(N // 10)  # warm-up

@@ -28,7 +28,7 @@ Device = Literal["host"] | int | None
 
 def check_comm(fn: str, comm: Any) -> PrivateComms:
     """cai_mpi's private communicators for ``comm`` (None: COMM_WORLD); the first use of another is collective."""
-    if comm is None and (world := privcomm.world()) is not None:
+    if comm is None and (world := privcomm.WORLD) is not None:
         return world
     try:
         return privcomm.private_comms(comm)
@@ -112,7 +112,9 @@ def check_meta(fn: str, meta: Any) -> bytes:
 def outgoing_meta(fn: str, obj: Any, meta: Any) -> bytes:
     """The ``meta`` a send carries, encoded: ``meta=`` when given, else a forwarded ``Array``'s own (a received
     Array is forwarded as it is), else none."""
-    if meta is None and type(obj) is not np.ndarray and isinstance(obj, Array):
+    if meta is None:
+        if type(obj) is np.ndarray or not isinstance(obj, Array) or obj.meta is None:
+            return b""  # (the common send: no call)
         meta = obj.meta
     return check_meta(fn, meta)
 

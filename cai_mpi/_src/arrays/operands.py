@@ -204,15 +204,15 @@ def recv_target(fn: str, out: Any, runtime: Runtime) -> Target:
 
     A numpy array is its own description: plain host memory with nothing to synchronize.
     """
+    if type(out) is np.ndarray:
+        return out
     target = _describe_out(fn, out, runtime)
-    if isinstance(target, RecvTarget):
-        target.sync_before_write(runtime)
+    target.sync_before_write(runtime)
     return target
 
 
-def _describe_out(fn: str, out: Any, runtime: Runtime) -> Target:
-    if type(out) is np.ndarray:
-        return out
+def _describe_out(fn: str, out: Any, runtime: Runtime) -> RecvTarget:
+    """What ``out=`` is, other than a plain numpy array (``recv_target``'s own case)."""
     if isinstance(out, np.ndarray):
         return _host_target(_plain(fn, out), out)
     if isinstance(out, Array):

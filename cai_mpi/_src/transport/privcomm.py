@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from .detect import CudaAwareness, agree, detect_local
 
-__all__ = ["PrivateComms", "cuda_aware", "init_world", "private_comms", "world"]
+__all__ = ["WORLD", "PrivateComms", "cuda_aware", "init_world", "private_comms"]
 
 
 class PrivateComms:
@@ -60,19 +60,16 @@ def _delete_attr(comm: MPI.Comm, keyval: int, pc: Any) -> None:
 
 _keyval = MPI.Comm.Create_keyval(delete_fn=_delete_attr)
 _create_lock = threading.Lock()
-_world: PrivateComms | None = None
-
-
-def world() -> PrivateComms | None:
-    """COMM_WORLD's private communicators once made (``init_world``), else None."""
-    return _world
+#: COMM_WORLD's private communicators once made (``init_world``), else None: a module attribute, not a function,
+#: since every call on COMM_WORLD reads it.
+WORLD: PrivateComms | None = None
 
 
 def init_world() -> None:
     """Duplicate COMM_WORLD now (at import, when every rank imports cai_mpi), if MPI is initialized."""
-    global _world
-    if _world is None and MPI.Is_initialized() and not MPI.Is_finalized():
-        _world = _attach(MPI.COMM_WORLD)
+    global WORLD
+    if WORLD is None and MPI.Is_initialized() and not MPI.Is_finalized():
+        WORLD = _attach(MPI.COMM_WORLD)
 
 
 def _attach(comm: MPI.Comm) -> PrivateComms:
@@ -91,11 +88,11 @@ def private_comms(comm: MPI.Comm | None) -> PrivateComms:
     over that communicator (it duplicates it twice).
     """
     if comm is None or comm is MPI.COMM_WORLD:
-        if _world is None:
+        if WORLD is None:
             init_world()
-            if _world is None:
+            if WORLD is None:
                 raise RuntimeError("MPI is not initialized (or already finalized): call MPI.Init() first")
-        return _world
+        return WORLD
     if not isinstance(comm, MPI.Comm):
         raise TypeError(f"comm must be an mpi4py MPI.Comm or None, got {type(comm).__name__}")
     if comm == MPI.COMM_NULL:
