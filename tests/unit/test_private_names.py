@@ -1,7 +1,7 @@
 """No private name crosses a module boundary in the library (docs/design.md, "The layers"): a name with a leading
 underscore is imported by no other module, and an attribute or method spelled ``obj._name`` is read only in a
 module that defines ``_name`` itself (a subclass overriding it defines it too). What several modules share is a
-documented name in its owner (``requests.wait_until``, ``array.host_memory``, ``privcomm.world``...)."""
+documented name in its owner (``requests.wait_until``, ``array.host_memory``, ``privcomm.WORLD``...)."""
 
 from __future__ import annotations
 
