@@ -93,7 +93,10 @@ class HaloChannels:
         if face.flags.c_contiguous:
             return face
         buf = np.empty(face.shape, face.dtype)
-        (self.packs if sent else self.unpacks).append((buf, face) if sent else (face, buf))
+        if sent:
+            self.packs.append((buf, face))
+        else:
+            self.unpacks.append((face, buf))
         return buf
 
     def exchange(self) -> list[int]:
@@ -192,9 +195,9 @@ def main() -> int:
     field[1:-1, 1:-1] = block(rank, args.nx, args.ny)
     neighbours = exchange(cart, field)
     ok = check(field, neighbours, args.nx, args.ny)
-    field[[0, -1], :] = field[:, [0, -1]] = WALL  # again, over channels: the ghost faces as they were first
     channels = HaloChannels(cart, field)
-    for _ in range(2):  # (the first exchange carries the description, the second only the data)
+    for _ in range(2):  # again over channels: the first exchange carries the description, the second only the data
+        field[[0, -1], :] = field[:, [0, -1]] = WALL  # (the ghost faces as they were first)
         ok &= channels.exchange() == neighbours and check(field, neighbours, args.nx, args.ny)
     channels.close()
     walls = sum(peer == MPI.PROC_NULL for peer in neighbours)
