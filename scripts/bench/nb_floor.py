@@ -10,10 +10,10 @@ One process sends 8-byte float64 arrays to itself (as ``self_loop.py``; Open MPI
   the inline payload as one message (``inline_message``), received into a header buffer, decoded through the
   header memo, copied into ``out=`` and wrapped in an Array. No argument checks, no request object, no deadline, no
   progress rule: what no cai_mpi request can go below;
-- ``body-nb``: what cai_mpi's calls run besides their requests: the receive's and the send's argument checks
-  (``check_comm``, ranks, tags, ``recv_target``), the send's plan and posting (``plan_send``, ``post_send``), the
-  header receive into an inbox and its landing (``plan_recv``: decode, the fit check, the Array), with a bare
-  object for a request and MPI's waits: the price of the request machinery is ``cai-nb`` less this;
+- ``body-nb``: what cai_mpi's calls run besides their requests: the receive's and the send's own argument checks
+  and the send's plan (``p2p._receive_args``, ``p2p._outbound``), the send's posting (``post_send``), the
+  header receive into an inbox and its landing (``plan_recv``: decode, the fit check, the Array), with MPI's waits
+  and no request object: the price of the request machinery is ``cai-nb`` less this;
 - ``cai-nb``: ``irecv_array(out=)`` + ``isend_array`` + ``waitall``;
 - ``channel-nb``: a ``recv_channel(out=)``'s ``irecv()`` + a ``send_channel``'s ``isend()`` + ``waitall``, the
   channels opened once (a halo exchange's steady state).
@@ -33,13 +33,11 @@ import numpy as np
 from mpi4py import MPI
 
 from cai_mpi import irecv_array, isend_array, recv_channel, send_channel, waitall
-from cai_mpi._src.api.validation import check_comm
+from cai_mpi._src.api.p2p import _outbound, _receive_args
 from cai_mpi._src.arrays.array import Array
-from cai_mpi._src.arrays.operands import recv_target
 from cai_mpi._src.config import config
 from cai_mpi._src.core.header import HeaderMemo, inline_message
-from cai_mpi._src.runtime import get_runtime
-from cai_mpi._src.transport import NONBLOCKING, plan_send, post_send
+from cai_mpi._src.transport import NONBLOCKING, post_send
 from cai_mpi._src.transport.receive import give_back_inbox, plan_recv, take_inbox
 
 BYTE = MPI.BYTE
@@ -76,21 +74,14 @@ def main() -> None:
 
     def body_nb(n: int) -> None:
         for _ in range(n):
-            # irecv_array(me, 0, out=out)
-            pc = check_comm("irecv_array", None)
-            if type(me) is not int or not 0 <= me < pc.size or type(tag) is not int or not 0 <= tag <= pc.tag_ub:
-                raise ValueError
-            rt = get_runtime()
-            target = recv_target("irecv_array", out, rt)
+            # irecv_array(me, tag, out=out) and isend_array(x, me, tag): their own argument checks and plans
+            pc, source, rtag, target, _, rt = _receive_args("irecv_array", me, tag, None, out, None)
             inbox = take_inbox()
-            recv = pc.header.Irecv(inbox.msg, me, tag)
-            # isend_array(x, me, 0)
-            spc = check_comm("isend_array", None)
-            if type(me) is not int or not 0 <= me < spc.size or type(tag) is not int or not 0 <= tag <= spc.tag_ub:
-                raise ValueError
+            recv = pc.header.Irecv(inbox.msg, source, rtag)
             cfg = config()
-            plan = plan_send(x, spc, b"", cfg, None, me)
-            sends = post_send(plan, spc, me, tag, NONBLOCKING)
+            spc, dest, stag, plan, _ = _outbound("isend_array", x, me, tag, None, None, None, cfg)
+            assert plan is not None
+            sends = post_send(plan, spc, dest, stag, NONBLOCKING)
             # waitall
             recv.Wait(inbox.status)
             MPI.Request.Waitall(sends)

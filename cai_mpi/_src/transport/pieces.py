@@ -76,7 +76,8 @@ _tls = threading.local()
 
 def internal_stream(runtime: Runtime, ordinal: int) -> Stream:
     """cai_mpi's own stream for ``ordinal``, one per thread (the current device is per thread). Kept per runtime
-    object, not per ``id``: a runtime made after another died may get the dead one's id, never its streams."""
+    object, not per ``id``: a runtime made after another died may get the dead one's id, never its streams. Weakly:
+    a dead runtime's entry goes (a CUDA runtime's streams hold it, so it lives while its thread's entry does)."""
     per_runtime: weakref.WeakKeyDictionary[Runtime, dict[int, Stream]] | None = getattr(_tls, "streams", None)
     if per_runtime is None:
         per_runtime = _tls.streams = weakref.WeakKeyDictionary()
