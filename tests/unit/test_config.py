@@ -187,6 +187,19 @@ def test_device_and_local_rank_settings_reach_the_choice() -> None:
     assert choose_device({**visible, "CAI_MPI_DEVICE": "3"}).ordinal == 3
 
 
+@pytest.mark.parametrize("raw", ["0", " 0 ", "00"])
+def test_zero_is_a_valid_device_and_local_rank(raw: str) -> None:
+    """GPU 0 and local rank 0 are the commonest settings of all: zero is a value, not 'unset'."""
+    from cai_mpi._src.config import device_setting, local_rank_setting
+    from cai_mpi._src.runtime.device import choose_device
+
+    assert device_setting({"CAI_MPI_DEVICE": raw}) == 0
+    assert local_rank_setting({"CAI_MPI_LOCAL_RANK": raw}) == 0
+    visible = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "SLURM_LOCALID": "3"}
+    assert choose_device({**visible, "CAI_MPI_DEVICE": raw}).ordinal == 0
+    assert choose_device({**visible, "CAI_MPI_LOCAL_RANK": raw}).ordinal == 0
+
+
 def test_the_process_environment_reaches_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     from cai_mpi._src.runtime.device import choose_device
 
