@@ -1,10 +1,12 @@
 """Mutation testing of cai_mpi's core modules with cosmic-ray (docs/testing.md, "Mutation testing").
 
 A maintainer's tool, too slow for every CI run. For each core module it plants one small bug at a time (cosmic-ray's
-mutants) in a scratch copy of the tree and runs that module's targeted tests: the one-process unit tests, then the
-MPI test files under ``mpiexec -n 2`` and ``-n 3``, each stage stopping at the first failure. A mutant the tests
-reject is killed; one they pass is a survivor to kill with a test or to explain in docs/testing.md.
+mutants) in a scratch copy of the tree and runs the tests that cover that module: every test file that executes one
+of its files (the coverage map, scripts/mutation_map.json): the one-process ones, then the MPI test files under
+``mpiexec -n 2`` and ``-n 3``, each stage stopping at the first failure. A mutant the tests reject is killed; one they
+pass is a survivor to kill with a test or to explain in docs/testing.md.
 
+    python scripts/mutation.py map [TEST_FILE ...]                        # which files each test file executes
     python scripts/mutation.py run [MODULE ...] [--sample N] [--seed S]   # mutate and test (resumable)
     python scripts/mutation.py report [MODULE ...] [--json FILE]          # score per module, survivors' diffs
     python scripts/mutation.py test MODULE                                # the per-mutant test command itself
@@ -34,104 +36,43 @@ STATE = ROOT / ".mutation"
 VENV = Path(os.environ.get("CAI_MPI_MUTATION_VENV", ROOT / ".venv-mut"))
 BIN = VENV / "bin"
 
-# module -> (files to mutate, unit test files run in one process, MPI test files run at 2 and 3 ranks). Unit test files
-# are under tests/unit unless named from the repository root ("tests/..."): top-level tests that start mpiexec
-# themselves. Every module under cai_mpi/_src outside cli/ is in exactly one entry (``uncovered()`` says which are
-# not; tests/unit/test_mutation_coverage.py checks it).
-MODULES: dict[str, tuple[list[str], list[str], list[str]]] = {
-    "sync": (["cai_mpi/_src/arrays/sync.py"],
-             ["test_sync_policy.py", "test_device_ordering.py", "test_device_rule.py", "test_config.py",
-              "test_sendrecv_self.py"],
-             ["test_staging_mpi.py"]),
-    "header": (["cai_mpi/_src/core/header.py"],
-               ["test_largest_inline_message.py", "test_header.py", "test_bad_input_table.py"],
-               ["test_bcast_headers_mpi.py", "test_corrupt_header_mpi.py"]),
-    "descriptor": (["cai_mpi/_src/core/descriptor.py"],
-                   ["test_descriptor.py", "test_array.py", "test_datatypes.py", "test_bad_input_table.py"],
-                   ["test_p2p_mpi.py"]),
-    "operands": (["cai_mpi/_src/arrays/operands.py"],
-                 ["test_zero_size_exports.py", "test_datatypes.py", "test_descriptor.py", "test_input_errors.py",
-                  "test_bad_input_table.py", "test_device_ordering.py", "test_device_rule.py"],
-                 ["test_p2p_mpi.py", "test_bad_input_mpi.py"]),
-    "reductions": (["cai_mpi/_src/api/reductions.py", "cai_mpi/_src/api/reduce_ops.py"],
-                   ["test_reduction_route.py"],
-                   ["test_agreement_mpi.py", "test_reduction_results_mpi.py", "test_reduce_byte_order_mpi.py",
-                    "test_reduce_ops_mpi.py",
-                    "test_fused_collectives_mpi.py", "test_collectives_mpi.py",
-                    "test_collectives_with_timeout_mpi.py"]),
-    "pipeline": (["cai_mpi/_src/api/pipeline.py", "cai_mpi/_src/api/pipeline_wire.py",
-                  "cai_mpi/_src/api/pipeline_leave.py"], ["test_p2p_self.py", "test_wait_polling.py"],
-                 ["test_pipeline_mpi.py", "test_pipeline_notice_mpi.py", "test_pipeline_window_mpi.py",
-                  "test_pipeline_bare_mpi.py", "test_close_timeouts_mpi.py"]),
-    "channel": (["cai_mpi/_src/api/channel.py", "cai_mpi/_src/api/channel_ends.py"],
-                ["test_channel_close.py", "test_channel_one_message.py", "test_p2p_self.py", "test_input_errors.py",
-                 "test_exit_hooks.py", "test_device_ordering.py"],
-                ["test_channel_mpi.py", "test_lifetime_mpi.py", "test_close_timeouts_mpi.py"]),
-    "collectives": (["cai_mpi/_src/api/collectives.py", "cai_mpi/_src/api/gathers.py",
-                     "cai_mpi/_src/api/collective_call.py"],
-                    ["test_collective_counts.py"],
-                    ["test_agreement_mpi.py", "test_collectives_mpi.py", "test_fused_collectives_mpi.py",
-                     "test_collectives_with_timeout_mpi.py", "test_bcast_headers_mpi.py",
-                     "test_reduce_byte_order_mpi.py", "test_reduction_results_mpi.py"]),
-    "requests": (["cai_mpi/_src/progress/requests.py", "cai_mpi/_src/progress/posted.py",
-                  "cai_mpi/_src/progress/driving.py",
-                  "cai_mpi/_src/progress/backoff.py"],
-                 ["test_wait_polling.py", "test_completion.py", "test_dropped_requests.py", "test_request_timeouts.py",
-                  "test_device_ordering.py", "test_exit_hooks.py"],
-                 ["test_requests_mpi.py", "test_lifetime_mpi.py", "test_channel_mpi.py", "test_timeouts_mpi.py"]),
-    "transport": (["cai_mpi/_src/transport"],
-                  ["test_p2p_self.py", "test_sendrecv_self.py", "test_send_failure.py", "test_device_ordering.py",
-                   "test_stream_self.py", "test_host_datatypes.py", "test_channel_close.py"],
-                  ["test_p2p_mpi.py", "test_posting_forms_mpi.py", "test_staging_mpi.py", "test_send_failure_mpi.py",
-                   "test_edge_paths_mpi.py", "test_agreement_mpi.py", "test_strided_host_mpi.py",
-                   # (transport/bound.py, a channel's wire; chain.py and stream.py, a Pipeline's)
-                   "test_channel_mpi.py", "test_pipeline_mpi.py", "test_pipeline_bare_mpi.py",
-                   "test_pipeline_window_mpi.py", "test_pipeline_notice_mpi.py", "test_close_timeouts_mpi.py"]),
-    "persistent": (["cai_mpi/_src/api/persistent.py", "cai_mpi/_src/api/persistent_init.py",
-                    "cai_mpi/_src/api/bucketed.py", "cai_mpi/_src/api/bucket_plan.py", "cai_mpi/_src/api/agreed.py"],
-                   ["test_exit_hooks.py", "tests/test_persistent_exit.py"],
-                   ["test_persistent_mpi.py", "test_persistent_device_mpi.py", "test_bucketed_paths_mpi.py"]),
-    "lifecycle": (["cai_mpi/_src/api/lifecycle.py"],
-                  ["test_exit_hooks.py", "tests/test_persistent_exit.py"],
-                  ["test_persistent_mpi.py", "test_persistent_device_mpi.py", "test_close_timeouts_mpi.py"]),
-    "completion": (["cai_mpi/_src/api/completion.py"],
-                   ["test_completion.py", "test_request_timeouts.py", "test_wait_polling.py"],
-                   ["test_requests_mpi.py", "test_timeouts_mpi.py"]),
-    "array": (["cai_mpi/_src/arrays/array.py", "cai_mpi/_src/arrays/dlpack.py"],
-              ["test_array.py", "test_array_dlpack.py", "test_zero_size_exports.py", "test_p2p_self.py"],
-              ["test_p2p_mpi.py", "test_bucketed_paths_mpi.py", "test_double_mpi.py"]),
-    "core": (["cai_mpi/_src/core/typestr.py", "cai_mpi/_src/core/meta.py", "cai_mpi/_src/core/memo.py",
-              "cai_mpi/_src/core/__init__.py"],
-             ["test_descriptor.py", "test_datatypes.py", "test_header.py", "test_input_errors.py",
-              "test_bad_input_table.py"],
-             ["test_p2p_mpi.py", "test_reduce_byte_order_mpi.py"]),
-    "waits": (["cai_mpi/_src/progress/waits.py", "cai_mpi/_src/progress/deadlines.py",
-               "cai_mpi/_src/progress/__init__.py"],
-              ["test_request_timeouts.py", "test_wait_polling.py", "test_progress.py", "test_device_ordering.py",
-               "test_completion.py"],
-              ["test_timeouts_mpi.py", "test_close_timeouts_mpi.py", "test_requests_mpi.py"]),
-    "p2p": (["cai_mpi/_src/api/p2p.py", "cai_mpi/_src/api/validation.py", "cai_mpi/_src/api/abort.py",
-             "cai_mpi/_src/api/__init__.py", "cai_mpi/_src/arrays/__init__.py", "cai_mpi/_src/__init__.py"],
-            ["test_p2p_self.py", "test_sendrecv_self.py", "test_input_errors.py", "test_bad_input_table.py",
-             "test_proc_null.py", "test_public_names.py", "tests/test_abort_on_error.py"],
-            ["test_p2p_mpi.py", "test_bad_input_mpi.py", "test_proc_null_mpi.py", "test_receive_refusals_mpi.py"]),
-    "config": (["cai_mpi/_src/config.py", "cai_mpi/_src/errors.py"],
-               ["test_config.py", "test_input_errors.py", "test_bad_input_table.py", "test_request_timeouts.py",
-                "test_bind_device.py"],
-               ["test_timeouts_mpi.py", "test_send_failure_mpi.py"]),
-    "runtime": (["cai_mpi/_src/runtime"],
-                ["runtime/test_host_runtime.py", "runtime/test_cuda_runtime_double.py",
-                 "runtime/test_cuda_pack_double.py", "runtime/test_cuda_pointers_double.py", "test_device.py",
-                 "test_device_rule.py", "test_device_ordering.py", "test_bind_device.py", "test_pool.py",
-                 "runtime/test_context_scope_double.py", "runtime/test_driver_call_budget.py"],
-                ["test_double_mpi.py", "test_staging_mpi.py", "test_persistent_device_mpi.py"]),
+# module -> the files one cosmic-ray session mutates. Every module under cai_mpi/_src outside cli/ is in exactly one
+# entry (``uncovered()`` says which are not; tests/unit/test_mutation_coverage.py checks it). The tests a session runs
+# are not listed here: they are the test files that execute its files, read from the coverage map (``map``).
+MODULES: dict[str, list[str]] = {
+    "sync": ["cai_mpi/_src/arrays/sync.py"],
+    "header": ["cai_mpi/_src/core/header.py"],
+    "descriptor": ["cai_mpi/_src/core/descriptor.py"],
+    "operands": ["cai_mpi/_src/arrays/operands.py"],
+    "reductions": ["cai_mpi/_src/api/reductions.py", "cai_mpi/_src/api/reduce_ops.py"],
+    "pipeline": ["cai_mpi/_src/api/pipeline.py", "cai_mpi/_src/api/pipeline_wire.py",
+                 "cai_mpi/_src/api/pipeline_leave.py"],
+    "channel": ["cai_mpi/_src/api/channel.py", "cai_mpi/_src/api/channel_ends.py"],
+    "collectives": ["cai_mpi/_src/api/collectives.py", "cai_mpi/_src/api/gathers.py",
+                    "cai_mpi/_src/api/collective_call.py"],
+    "requests": ["cai_mpi/_src/progress/requests.py", "cai_mpi/_src/progress/posted.py",
+                 "cai_mpi/_src/progress/driving.py", "cai_mpi/_src/progress/backoff.py"],
+    "transport": ["cai_mpi/_src/transport"],
+    "persistent": ["cai_mpi/_src/api/persistent.py", "cai_mpi/_src/api/persistent_init.py",
+                   "cai_mpi/_src/api/bucketed.py", "cai_mpi/_src/api/bucket_plan.py", "cai_mpi/_src/api/agreed.py"],
+    "lifecycle": ["cai_mpi/_src/api/lifecycle.py"],
+    "completion": ["cai_mpi/_src/api/completion.py"],
+    "array": ["cai_mpi/_src/arrays/array.py", "cai_mpi/_src/arrays/dlpack.py"],
+    "core": ["cai_mpi/_src/core/typestr.py", "cai_mpi/_src/core/meta.py", "cai_mpi/_src/core/memo.py",
+             "cai_mpi/_src/core/__init__.py"],
+    "waits": ["cai_mpi/_src/progress/waits.py", "cai_mpi/_src/progress/deadlines.py",
+              "cai_mpi/_src/progress/__init__.py"],
+    "p2p": ["cai_mpi/_src/api/p2p.py", "cai_mpi/_src/api/validation.py", "cai_mpi/_src/api/abort.py",
+            "cai_mpi/_src/api/__init__.py", "cai_mpi/_src/arrays/__init__.py", "cai_mpi/_src/__init__.py"],
+    "config": ["cai_mpi/_src/config.py", "cai_mpi/_src/errors.py"],
+    "runtime": ["cai_mpi/_src/runtime"],
 }
 
 
 def uncovered() -> list[str]:
     """The modules under cai_mpi/_src (outside cli/) that no MODULES entry mutates."""
     covered: set[Path] = set()
-    for paths, _, _ in MODULES.values():
+    for paths in MODULES.values():
         for name in paths:
             path = ROOT / name
             covered |= set(path.rglob("*.py")) if path.is_dir() else {path}
@@ -173,25 +114,184 @@ STAGE_TIMEOUT = int(os.environ.get("CAI_MPI_MUTATION_STAGE_TIMEOUT", "120"))  # 
 TEST_TIMEOUT = 30  # one test inside a stage (pytest-timeout): a mutant that hangs a wait fails fast
 
 
-def stages(module: str) -> list[list[str]]:
-    """The test commands for ``module``, in order: one process, then mpiexec at 2 and 3 ranks (``RANKS``)."""
-    _, unit, mpi = MODULES[module]
-    common = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", f"--timeout={TEST_TIMEOUT}",
-              "--timeout-method=thread", "-m", "not slow and not gpu and not slurm"]
-    out = []
-    if unit:
-        out.append([str(BIN / "python"), *common, *(f if f.startswith("tests/") else f"tests/unit/{f}" for f in unit)])
-    for n in RANKS.get(module, (2, 3)):
-        out.append([str(BIN / "mpiexec"), "-n", str(n), str(BIN / "python"), *common, "--with-mpi",
-                    *(f"tests/mpi/{f}" for f in mpi)])
+# The coverage map: which library files each test file executes, in its own process, in every rank it starts under
+# mpiexec and in every Python subprocess it starts. A session runs every test file that executes one of its files.
+MAP = ROOT / "scripts" / "mutation_map.json"
+# Test files that run other test files again at other world sizes: the files they run are in the map themselves, and
+# every session would otherwise run the whole suite per mutant.
+RERUNNERS = {"tests/test_under_mpiexec.py", "tests/test_collectives_at_scale.py"}
+MARKERS = "not slow and not gpu and not slurm"
+MAP_RANKS = 2  # the world size tests/mpi files are measured at
+MAP_TIMEOUT = 600  # one test file, seconds
+
+
+def test_files(root: Path = ROOT) -> list[str]:
+    """Every test file the map measures: tests/unit (with its folders), the top-level tests/test_*.py, tests/mpi."""
+    tests = root / "tests"
+    found = [*sorted((tests / "unit").rglob("test_*.py")), *sorted(tests.glob("test_*.py")),
+             *sorted((tests / "mpi").glob("test_*.py"))]
+    return [name for name in (str(p.relative_to(root)) for p in found) if name not in RERUNNERS]
+
+
+def library_file(path: str, root: Path = ROOT) -> str | None:
+    """``path`` (as coverage measured it) relative to ``root`` when it is a library module outside cli/, else None."""
+    try:
+        rel = Path(path).resolve().relative_to(root.resolve())
+    except ValueError:
+        return None
+    parts = rel.parts
+    if parts[:2] != ("cai_mpi", "_src") or (len(parts) > 2 and parts[2] == "cli"):
+        return None
+    return str(rel)
+
+
+def measure(test_file: str, root: Path = ROOT, bin_dir: Path = BIN) -> dict[str, Any]:
+    """Run ``test_file`` under coverage (under mpiexec for tests/mpi) and say which library files it executed.
+
+    Failing tests still count: what a test executes before it fails is what a mutant there can break."""
+    import tempfile
+
+    import coverage
+
+    with tempfile.TemporaryDirectory(prefix="cai-mpi-map-") as tmp:
+        rc = Path(tmp) / "coveragerc"
+        # patch = subprocess: every Python process the test starts (mpiexec's ranks, the CLI) measures itself too
+        rc.write_text(f"[run]\nparallel = true\nsource = cai_mpi\ndata_file = {tmp}/.coverage\n"
+                      "patch = subprocess\n")
+        env = {**os.environ, "PYTHONPATH": str(root), "OMPI_ALLOW_RUN_AS_ROOT": "1",
+               "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        python = [str(bin_dir / "python"), "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q",
+                  "-p", "no:cacheprovider", "-m", MARKERS]
+        if test_file.startswith("tests/mpi/"):
+            command = [str(bin_dir / "mpiexec"), "-n", str(MAP_RANKS), *python, "--with-mpi", test_file]
+        else:
+            command = [*python, test_file]
+        start = time.monotonic()
+        try:
+            outcome = subprocess.run(command, cwd=root, env=env, timeout=MAP_TIMEOUT, start_new_session=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            status = "passed" if outcome.returncode == 0 else f"exit {outcome.returncode}"
+        except subprocess.TimeoutExpired:
+            status = "timed out"
+        seconds = round(time.monotonic() - start, 1)
+        cov = coverage.Coverage(data_file=f"{tmp}/.coverage", config_file=str(rc))
+        cov.combine()
+        data = cov.get_data()
+        executed: dict[str, list[int]] = {}
+        for measured in data.measured_files():
+            name, lines = library_file(measured, root), data.lines(measured)
+            if name is not None and lines:
+                executed[name] = sorted(set(executed.get(name, [])) | set(lines))
+    return {"files": {name: ranges(executed[name]) for name in sorted(executed)}, "seconds": seconds,
+            "status": status}
+
+
+def ranges(lines: list[int]) -> str:
+    """Sorted line numbers as "1-3,7,9-10" (the map stays a reviewable size)."""
+    runs: list[list[int]] = []
+    for line in lines:
+        if runs and line == runs[-1][1] + 1:
+            runs[-1][1] = line
+        else:
+            runs.append([line, line])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def in_ranges(line: int, text: str) -> bool:
+    for part in text.split(","):
+        first, _, end = part.partition("-")
+        if int(first) <= line <= int(end or first):
+            return True
+    return False
+
+
+def build_map(names: list[str]) -> None:
+    """Measure ``names`` (every test file when empty) and write them into the map, keeping the other entries."""
+    known = json.loads(MAP.read_text()) if MAP.exists() else {"tests": {}}
+    for name in names or test_files():
+        print(f"== measuring {name}", flush=True)
+        entry = measure(name)
+        print(f"   {entry['status']}, {entry['seconds']} s, {len(entry['files'])} library files", flush=True)
+        known["tests"][name] = entry
+    known["tests"] = {name: known["tests"][name] for name in sorted(known["tests"])}
+    known.update(revision=revision(), made=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 ranks=MAP_RANKS, markers=MARKERS)
+    MAP.write_text(json.dumps(known, indent=1) + "\n")
+    print(f"wrote {MAP.relative_to(ROOT)}")
+
+
+def session_files(module: str) -> set[str]:
+    """The library files ``module``'s session mutates, one by one."""
+    out: set[str] = set()
+    for name in MODULES[module]:
+        path = ROOT / name
+        out |= {str(p.relative_to(ROOT)) for p in path.rglob("*.py")} if path.is_dir() else {name}
     return out
+
+
+def chosen_tests(module: str, coverage_map: dict[str, Any], root: Path = ROOT,
+                 mutated: tuple[str, int] | None = None) -> list[str]:
+    """The test files that execute ``module``'s files, the quickest first (a mutant most tests kill dies sooner).
+
+    With ``mutated`` (the file and line a mutant changed), the test files that execute that line, or, when none
+    does (a line inside a statement that starts above it), those that execute that file. Test files gone since the
+    map was made are left out."""
+    files = session_files(module)
+    tests = {name: entry for name, entry in coverage_map["tests"].items() if (root / name).is_file()}
+    chosen = [name for name, entry in tests.items() if files & set(entry["files"])]
+    if mutated is not None:
+        path, line = mutated
+        on_file = [name for name in chosen if path in tests[name]["files"]]
+        on_line = [name for name in on_file if in_ranges(line, tests[name]["files"][path])]
+        chosen = on_line or on_file
+    return sorted(chosen, key=lambda name: (tests[name]["seconds"], name))
+
+
+def mutated_line(module: str, tree: Path) -> tuple[str, int] | None:
+    """The first file and line where ``tree`` (cosmic-ray's scratch copy, a mutant applied) differs from ROOT."""
+    if tree.resolve() == ROOT.resolve():
+        return None
+    for name in sorted(session_files(module)):
+        mine, theirs = (tree / name).read_text().splitlines(), (ROOT / name).read_text().splitlines()
+        for number, (a, b) in enumerate(zip(mine, theirs), start=1):
+            if a != b:
+                return name, number
+        if len(mine) != len(theirs):
+            return name, min(len(mine), len(theirs)) + 1
+    return None
+
+
+def stages(module: str, mutated: tuple[str, int] | None = None) -> list[list[str]]:
+    """The test commands for ``module`` (for a mutant at ``mutated``), in order: the chosen test files outside
+    tests/mpi (tests/unit and the top-level ones) in one process, then tests/mpi's under mpiexec at 2 and 3 ranks
+    (``RANKS``)."""
+    chosen = chosen_tests(module, json.loads(MAP.read_text()), mutated=mutated)
+    one_process = [name for name in chosen if not name.startswith("tests/mpi/")]
+    mpi = [name for name in chosen if name.startswith("tests/mpi/")]
+    common = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", f"--timeout={TEST_TIMEOUT}",
+              "--timeout-method=thread", "-m", MARKERS]
+    out = []
+    if one_process:
+        out.append([str(BIN / "python"), *common, *one_process])
+    if mpi:
+        for n in RANKS.get(module, (2, 3)):
+            out.append([str(BIN / "mpiexec"), "-n", str(n), str(BIN / "python"), *common, "--with-mpi", *mpi])
+    return out
+
+
+def stale_tests(coverage_map: dict[str, Any]) -> list[str]:
+    """Test files the map has not measured (new since it was made): no session runs them until ``map`` does."""
+    return [name for name in test_files() if name not in coverage_map["tests"]]
 
 
 def test(module: str) -> int:
     """The per-mutant test command: exit 0 when every stage passes (the mutant survives)."""
     env = {**os.environ, "PYTHONPATH": str(Path.cwd()), "OMPI_ALLOW_RUN_AS_ROOT": "1",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    for command in stages(module):
+    mutated = mutated_line(module, Path.cwd())
+    commands = stages(module, mutated)
+    print(f"mutant at {mutated}: {len(commands)} stage(s)" if mutated else f"{len(commands)} stage(s)", flush=True)
+    for command in commands:
         try:
             run = subprocess.run(command, env=env, timeout=STAGE_TIMEOUT, start_new_session=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -228,7 +328,7 @@ def scratch_tree(module: str) -> Path:
 
 
 def config_text(module: str) -> str:
-    paths, _, _ = MODULES[module]
+    paths = MODULES[module]
     command = f"{BIN / 'python'} {ROOT / 'scripts' / 'mutation.py'} test {module}"
     # cosmic-ray's own timeout is a last resort above the three stages' own limits
     return (f'[cosmic-ray]\nmodule-path = {json.dumps(paths)}\ntimeout = {4 * STAGE_TIMEOUT + 60}\n'
@@ -268,7 +368,7 @@ def run(module: str, sample: int | None, seed: int, fresh: bool, retest_survivor
         meta["sample"] = max(sample, meta.get("sample") or 0)
         meta_path.write_text(json.dumps(meta))
     tree = STATE / f"tree-{module}"
-    print(f"== {module}: mutating {', '.join(MODULES[module][0])} in {tree}", flush=True)
+    print(f"== {module}: mutating {', '.join(MODULES[module])} in {tree}", flush=True)
     cosmic_ray("exec", "mutation.toml", str(session), cwd=tree)
 
 
@@ -446,16 +546,27 @@ def main() -> int:
     p_rep.add_argument("modules", nargs="*", metavar="MODULE")
     p_rep.add_argument("--json", type=Path, help="also write the scores and survivors as JSON")
     p_rep.add_argument("--markdown", action="store_true", help="also print the table for docs/testing.md")
+    p_map = sub.add_parser("map", help="measure which library files each test file executes (the coverage map)")
+    p_map.add_argument("tests", nargs="*", metavar="TEST_FILE", help="only these (default: every test file)")
     p_test = sub.add_parser("test", help="the test command cosmic-ray runs for each mutant of MODULE")
     p_test.add_argument("module", choices=list(MODULES))
     args = parser.parse_args()
     if args.command == "test":
         return test(args.module)
+    if args.command == "map":
+        build_map(args.tests)
+        return 0
     modules = args.modules or list(MODULES)
     unknown = [m for m in modules if m not in MODULES]
     if unknown:
         parser.error(f"unknown module(s) {unknown}: choose from {list(MODULES)}")
     if args.command == "run":
+        if not MAP.exists():
+            parser.error(f"no coverage map: run `{sys.argv[0]} map` first (it says which tests cover which module)")
+        new = stale_tests(json.loads(MAP.read_text()))
+        if new:
+            print(f"warning: {len(new)} test file(s) newer than the coverage map run for no module until "
+                  f"`map {' '.join(new)}`: {', '.join(new)}", flush=True)
         for module in modules:
             run(module, args.sample, args.seed, args.fresh, args.retest_survivors)
         report(modules, None)

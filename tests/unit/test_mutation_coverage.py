@@ -1,9 +1,12 @@
-"""scripts/mutation.py's tables: every library module under cai_mpi/_src (outside cli/) is mutated by exactly one
-entry, and every test file an entry runs exists (a renamed test file would otherwise be silently left out)."""
+"""scripts/mutation.py: every library module under cai_mpi/_src (outside cli/) is mutated by exactly one session, and
+a session runs the tests that cover it: every test file that executes one of its files, measured by coverage (in the
+test's own process, in the ranks it starts under mpiexec and in its subprocesses), not a hand-kept list."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +29,96 @@ def test_every_library_module_is_mutated_by_exactly_one_entry() -> None:
     script = mutation()
     assert script.uncovered() == []
     files: list[Path] = []
-    for paths, _, _ in script.MODULES.values():
+    for paths in script.MODULES.values():
         for name in paths:
             path = ROOT / name
             files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
     assert len(files) == len(set(files)), "a module is mutated by two entries (two sessions would score it twice)"
 
 
-def test_every_targeted_test_file_exists() -> None:
+def test_every_session_runs_some_test_by_the_committed_map() -> None:
     script = mutation()
-    for module, (_, unit, mpi) in script.MODULES.items():
-        for name in unit:
-            assert (ROOT / name if name.startswith("tests/") else ROOT / "tests" / "unit" / name).is_file(), (module,
-                                                                                                              name)
-        for name in mpi:
-            assert (ROOT / "tests" / "mpi" / name).is_file(), (module, name)
+    coverage_map = json.loads(script.MAP.read_text())
+    bare = [module for module in script.MODULES if not script.chosen_tests(module, coverage_map)]
+    assert bare == [], f"no test file executes these sessions' modules: {bare}"
+    assert not [name for name in coverage_map["tests"] if name in script.RERUNNERS]
+
+
+def test_a_session_runs_exactly_the_test_files_that_execute_its_files(tmp_path: Path) -> None:
+    script = mutation()
+    for name in ("tests/unit/test_a.py", "tests/test_b.py", "tests/mpi/test_c.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    post, config = "cai_mpi/_src/transport/post.py", "cai_mpi/_src/config.py"
+    coverage_map = {"tests": {
+        "tests/unit/test_a.py": {"files": {config: "1-20"}, "seconds": 1.0},
+        "tests/test_b.py": {"files": {post: "1-10,40", config: "5"}, "seconds": 9.0},
+        "tests/mpi/test_c.py": {"files": {post: "1-50"}, "seconds": 2.0},
+        "tests/mpi/test_gone.py": {"files": {post: "1-50"}, "seconds": 0.1},
+    }}
+    # the transport session mutates a folder: a file inside it is its; the quickest test first; a gone test is left out
+    assert script.chosen_tests("transport", coverage_map, tmp_path) == ["tests/mpi/test_c.py", "tests/test_b.py"]
+    assert script.chosen_tests("config", coverage_map, tmp_path) == ["tests/unit/test_a.py", "tests/test_b.py"]
+    assert script.chosen_tests("pipeline", coverage_map, tmp_path) == []
+    assert script.ranges([1, 2, 3, 7, 9, 10]) == "1-3,7,9-10" and script.ranges([5]) == "5"
+    # a mutant runs the tests that execute its line; a line no test executes, those that execute its file
+    assert script.chosen_tests("transport", coverage_map, tmp_path, (post, 40)) == ["tests/mpi/test_c.py",
+                                                                                    "tests/test_b.py"]
+    assert script.chosen_tests("transport", coverage_map, tmp_path, (post, 30)) == ["tests/mpi/test_c.py"]
+    assert script.chosen_tests("config", coverage_map, tmp_path, (config, 5)) == ["tests/unit/test_a.py",
+                                                                                  "tests/test_b.py"]
+    assert script.chosen_tests("config", coverage_map, tmp_path, (config, 7)) == ["tests/unit/test_a.py"]
+    assert script.chosen_tests("config", coverage_map, tmp_path, (config, 99)) == ["tests/unit/test_a.py",
+                                                                                   "tests/test_b.py"]
+
+
+def test_a_mutant_is_found_by_its_difference_from_the_tree(tmp_path: Path) -> None:
+    script = mutation()
+    name = "cai_mpi/_src/config.py"
+    lines = (script.ROOT / name).read_text().splitlines(keepends=True)
+    for other in script.session_files("config"):
+        (tmp_path / other).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / other).write_text((script.ROOT / other).read_text())
+    assert script.mutated_line("config", tmp_path) is None
+    lines[41] = lines[41].replace("=", "!=", 1) if "=" in lines[41] else "x = 1\n"
+    (tmp_path / name).write_text("".join(lines))
+    assert script.mutated_line("config", tmp_path) == (name, 42)
+
+
+PACKAGE = {
+    "cai_mpi/__init__.py": "",
+    "cai_mpi/_src/__init__.py": "",
+    "cai_mpi/_src/alone.py": "X = 1\n",
+    "cai_mpi/_src/in_a_child.py": "X = 2\n",
+    "cai_mpi/_src/in_the_ranks.py": "X = 3\n",
+    "cai_mpi/_src/never.py": "X = 4\n",
+    "cai_mpi/_src/cli/__init__.py": "X = 5\n",
+    "tests/unit/test_alone.py": "import cai_mpi._src.alone\n\ndef test_it():\n    assert cai_mpi._src.alone.X == 1\n",
+    # a top-level test that starts a process of its own, as the tests that start mpiexec or the CLI do
+    "tests/test_child.py": ("import subprocess, sys\n\ndef test_it():\n    subprocess.run([sys.executable, '-c',"
+                            " 'import cai_mpi._src.in_a_child'], check=True)\n"),
+    "tests/mpi/test_ranks.py": ("import pytest\n\n@pytest.mark.mpi\ndef test_it():\n"
+                                "    import cai_mpi._src.in_the_ranks\n    import cai_mpi._src.cli\n"),
+}
+
+
+@pytest.mark.timeout(240)
+def test_the_map_counts_what_a_test_executes_in_its_subprocesses_and_its_ranks(tmp_path: Path) -> None:
+    pytest.importorskip("coverage", minversion="7.10")  # [run] patch = subprocess
+    script = mutation()
+    for name, text in PACKAGE.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    bin_dir = Path(sys.executable).parent
+    ours = {"cai_mpi/_src/alone.py", "cai_mpi/_src/in_a_child.py", "cai_mpi/_src/in_the_ranks.py",
+            "cai_mpi/_src/never.py"}
+
+    def executed(test_file: str) -> set[str]:
+        entry = script.measure(test_file, tmp_path, bin_dir)
+        assert entry["status"] == "passed", entry
+        assert "cai_mpi/_src/cli/__init__.py" not in entry["files"]  # the command line is no session's
+        return set(entry["files"]) & ours
+
+    assert executed("tests/unit/test_alone.py") == {"cai_mpi/_src/alone.py"}
+    assert executed("tests/test_child.py") == {"cai_mpi/_src/in_a_child.py"}
+    assert executed("tests/mpi/test_ranks.py") == {"cai_mpi/_src/in_the_ranks.py"}
