@@ -56,7 +56,7 @@ def test_every_benchmark_has_help_with_an_example_that_parses(test: str, capsys:
     assert mine, f"python -m cai_mpi bench {test} --help shows no example of itself:\n{text}"
     for line in mine:
         words = shlex.split(line, comments=True)
-        args = bench_cli._parser().parse_args(words[words.index("bench") + 1:])
+        args = bench_cli.parser().parse_args(words[words.index("bench") + 1:])
         assert args.test == test
 
 
@@ -102,9 +102,9 @@ def test_info_says_when_cai_mpi_itself_misplaces_memory() -> None:
     found = {"bindings": "13.2.0", "gpus": [{"gpu": 0, "located": 0, "reported": 0},
                                             {"gpu": 1, "located": 0, "reported": 0},
                                             {"gpu": 2, "located": None, "reported": None, "error": "out of memory"}]}
-    assert info._attribution_text(found) == (
+    assert info.attribution_text(found) == (
         "device attribution: GPU 0 ok, GPU 1 WRONG (placed on 0), GPU 2 unchecked")
-    tips = info._attribution_advice(found)
+    tips = info.attribution_advice(found)
     assert any("places device memory on the wrong GPU with cuda-bindings 13.2.0" in t for t in tips), tips
     assert "GPU 2 could not be checked: out of memory" in tips
 
@@ -189,11 +189,11 @@ def test_info_shows_what_differs_between_ranks_environments() -> None:
     for r, env in enumerate([{"CAI_MPI_SYNC": "0", "SLURM_LOCALID": "0", "UCX_TLS": "tcp"},
                              {"CAI_MPI_SYNC": "0", "SLURM_LOCALID": "1"}]):
         ranks.append({**base, "rank": r, "size": 2, "host": f"node{r}", "env": env})
-    lines = info._text(ranks).splitlines()
+    lines = info.render_text(ranks).splitlines()
     assert "environment   : CAI_MPI_SYNC=0 (the same on every rank)" in lines
     rank_env = [line.strip() for line in lines if line.strip().startswith("environment of rank")]
     assert rank_env == ["environment of rank 0: SLURM_LOCALID=0, UCX_TLS=tcp", "environment of rank 1: SLURM_LOCALID=1"]
-    apart = info._text([{**ranks[0], "env": {"SLURM_LOCALID": "0"}}, {**ranks[1], "env": {}}]).splitlines()
+    apart = info.render_text([{**ranks[0], "env": {"SLURM_LOCALID": "0"}}, {**ranks[1], "env": {}}]).splitlines()
     assert "environment   : (none the same on every rank: see each rank's)" in apart
-    one = info._text([{**base, "env": {"SLURM_LOCALID": "0"}}]).splitlines()
+    one = info.render_text([{**base, "env": {"SLURM_LOCALID": "0"}}]).splitlines()
     assert "environment   : SLURM_LOCALID=0" in one and not any("environment of rank" in x for x in one)

@@ -85,7 +85,7 @@ def received_per_item(mpicount: tuple[Any, Path]) -> dict[str, list[float]]:
                str(ITEMS), ",".join(RUNS)]
         done = subprocess.run(cmd, env=env, timeout=300, cwd=ROOT, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-4000:]
-        ranks = [traffic._read(Path(tmp) / f"rank{r}.txt") for r in range(1, RANKS)]
+        ranks = [traffic.read_counts(Path(tmp) / f"rank{r}.txt") for r in range(1, RANKS)]
     out: dict[str, list[float]] = {}
     for name in RUNS:
         out[name] = []

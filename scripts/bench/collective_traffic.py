@@ -75,7 +75,7 @@ def measure(nprocs: int, library: Path, prefix: Path, collectives: list[str] = C
         cmd = [str(prefix / "bin" / "mpiexec"), "-n", str(nprocs), str(prefix / "bin" / "python"), "-c", PROGRAM,
                str(calls), ",".join(collectives)]
         subprocess.run(cmd, check=True, env=env, timeout=timeout, cwd=ROOT, capture_output=True)
-        ranks = [_read(Path(tmp) / f"rank{r}.txt") for r in range(nprocs)]
+        ranks = [read_counts(Path(tmp) / f"rank{r}.txt") for r in range(nprocs)]
     out: dict[str, dict[str, Any]] = {}
     for name in collectives:
         most_bytes, most_calls = 0.0, {}
@@ -92,7 +92,7 @@ def measure(nprocs: int, library: Path, prefix: Path, collectives: list[str] = C
     return out
 
 
-def _read(path: Path) -> dict[str, dict[str, tuple[int, int]]]:
+def read_counts(path: Path) -> dict[str, dict[str, tuple[int, int]]]:
     snaps: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
     for line in path.read_text().splitlines():
         label, fn, calls, nbytes = line.split()

@@ -32,8 +32,8 @@ def test_the_setting_wins_over_the_library_default() -> None:
 ])
 def test_the_default_follows_the_library(monkeypatch: pytest.MonkeyPatch, version: str, limit: int) -> None:
     monkeypatch.setattr(datatypes.MPI, "Get_library_version", lambda: version)
-    datatypes._library_is_mpich.cache_clear()
+    datatypes.library_is_mpich.cache_clear()
     try:
         assert datatypes.host_datatype_bytes(Config.from_env({})) == limit
     finally:
-        datatypes._library_is_mpich.cache_clear()
+        datatypes.library_is_mpich.cache_clear()

@@ -119,9 +119,10 @@ def test_idle_bytes_stay_exact_under_threads() -> None:
             t.join()
     finally:
         sys.setswitchinterval(old)
-    idle = sum(cls * len(free) for cls, free in pool._idle.items())
+    kept = pool.idle_blocks()
+    idle = sum(cls * count for cls, count in kept.items())
     assert pool.idle_bytes == idle and 0 < idle <= pool.budget
-    assert len(blocks.made) == len(blocks.released) + sum(len(free) for free in pool._idle.values())
+    assert len(blocks.made) == len(blocks.released) + sum(kept.values())
 
 
 # -- HostReceivePool -----------------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def test_any_failure_makes_the_exit_status_1(capsys: pytest.CaptureFixture[str])
     spec = SPECS[7]
     wrong = content(spec, SEED).copy()
     wrong.view(np.uint8).reshape(-1)[:1] ^= 0xFF
-    worker._check("exchange", Array.from_host(wrong), spec)
+    worker.check("exchange", Array.from_host(wrong), spec)
     assert worker.messages == Counter(exchange=1) and len(worker.failures) == 1
     args = argparse.Namespace(warmup=0.2, seed=SEED, max_bytes=1 << 20, json=None, plot=None,
                               command="python -m cai_mpi soak")

@@ -18,7 +18,7 @@ from ..runtime.device import choose_device
 from ..transport.privcomm import cuda_aware
 from . import simulated
 
-__all__ = ["collect", "main"]
+__all__ = ["attribution_advice", "attribution_text", "collect", "main", "render_text"]
 
 _THREAD_LEVELS = {
     MPI.THREAD_SINGLE: "single",
@@ -113,7 +113,7 @@ def _device_attribution(rt: Any) -> dict[str, Any] | None:
     return attribution_report(rt)
 
 
-def _attribution_text(found: dict[str, Any] | None) -> str:
+def attribution_text(found: dict[str, Any] | None) -> str:
     if found is None:
         return ""
     parts = []
@@ -129,7 +129,7 @@ def _attribution_text(found: dict[str, Any] | None) -> str:
     return "device attribution: " + ", ".join(parts) if parts else ""
 
 
-def _attribution_advice(found: dict[str, Any] | None) -> list[str]:
+def attribution_advice(found: dict[str, Any] | None) -> list[str]:
     from ..runtime.cudadriver import FIXED_BINDINGS
 
     if found is None:
@@ -159,7 +159,7 @@ def _advice(r: dict[str, Any]) -> list[str]:
                     "MPI (docs/gpu-and-mpi.md) or set CAI_MPI_CUDA_AWARE=1 if yours is")
     if r["thread_level"] != "multiple":
         tips.append("MPI is not at THREAD_MULTIPLE: call cai_mpi from one thread at a time")
-    return tips + _attribution_advice(r.get("device_attribution"))
+    return tips + attribution_advice(r.get("device_attribution"))
 
 
 def _environments(reports: list[dict[str, Any]]) -> tuple[str, dict[int, str]]:
@@ -177,7 +177,7 @@ def _environments(reports: list[dict[str, Any]]) -> tuple[str, dict[int, str]]:
     return line, own
 
 
-def _text(reports: list[dict[str, Any]]) -> str:
+def render_text(reports: list[dict[str, Any]]) -> str:
     r0 = reports[0]
     persistent = ("yes (allreduce_init & co. bind MPI's Allreduce_init...)" if r0.get("persistent_collectives")
                   else "no (allreduce_init & co. start a nonblocking collective per use)")
@@ -203,7 +203,7 @@ def _text(reports: list[dict[str, Any]]) -> str:
         )
         if r["rank"] in own:
             lines.append(f"{'':11}environment of rank {r['rank']}: {own[r['rank']]}")
-        attribution = _attribution_text(r.get("device_attribution"))
+        attribution = attribution_text(r.get("device_attribution"))
         if attribution:
             lines.append(f"{'':11}{attribution}")
     routes = sorted({r["gpu_route"] for r in reports})
@@ -236,5 +236,5 @@ def main(argv: list[str]) -> int:
     reports = comm.gather(report, root=0)
     if comm.Get_rank() == 0:
         assert reports is not None
-        print(json.dumps({"ranks": reports}, indent=2) if args.json else _text(reports), flush=True)
+        print(json.dumps({"ranks": reports}, indent=2) if args.json else render_text(reports), flush=True)
     return 0

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from ..config import Config
 
-__all__ = ["describable", "host_datatype_bytes", "strided_type"]
+__all__ = ["describable", "host_datatype_bytes", "library_is_mpich", "strided_type"]
 
 # MPICH's derived datatypes past its eager size (a strided row of 8 KiB or more, between two processes) ran several
 # times slower than numpy packing plus a contiguous message; Open MPI's ran faster than packing at every size
@@ -20,7 +20,7 @@ _MPICH_DATATYPE_BYTES = 4096
 
 
 @functools.cache
-def _library_is_mpich() -> bool:
+def library_is_mpich() -> bool:
     try:
         return "MPICH" in MPI.Get_library_version().upper()
     except Exception:  # (a library that will not say keeps the default)
@@ -32,7 +32,7 @@ def host_datatype_bytes(cfg: Config) -> int:
     (CAI_MPI_HOST_DATATYPE_BYTES, else by library)."""
     if cfg.host_datatype_bytes is not None:
         return cfg.host_datatype_bytes
-    return _MPICH_DATATYPE_BYTES if _library_is_mpich() else 2**63
+    return _MPICH_DATATYPE_BYTES if library_is_mpich() else 2**63
 
 _CACHE_SIZE = 64
 # key -> (committed datatype, low offset, every datatype it was built from)

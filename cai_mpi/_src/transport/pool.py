@@ -95,6 +95,11 @@ class BlockPool(Generic[B]):
         for b in evicted:  # outside the lock: releasing may call into CUDA or the allocator
             self._release(b)
 
+    def idle_blocks(self) -> dict[int, int]:
+        """How many idle blocks the pool keeps, by size class (what ``idle_bytes`` counts)."""
+        with self._lock:
+            return {cls: len(idle) for cls, idle in self._idle.items() if idle}
+
     def clear(self) -> None:
         """Release every idle block."""
         with self._lock:

@@ -31,7 +31,7 @@ from .preflight import abort_job, output_problems
 from .progress import Progress
 from .report import SCHEMA, check_targets, plot, render_markdown, render_targets, render_text, results_json
 
-__all__ = ["main", "parse_size", "size_list"]
+__all__ = ["main", "parse_size", "parser", "size_list"]
 
 _DEFAULT_ITERS = {"latency": 1000, "bw": 20, "bibw": 20, "pipeline": 500, "halo": 1000,
                   **dict.fromkeys(COLLECTIVE_TESTS, 1000)}
@@ -129,7 +129,7 @@ def _examples(*commands: str) -> str:
     return "examples:\n" + "\n".join(f"  {_EXAMPLES[c]}" for c in commands) + "\n"
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m cai_mpi bench", epilog=_EPILOG + "\n" + _examples("latency", "allreduce", "report"),
                 description="cai_mpi benchmarks, side by side with raw mpi4py.",
                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -321,7 +321,7 @@ def main(argv: list[str]) -> int:
     rank, nranks = world.Get_rank(), world.Get_size()
     _Parser.rank = rank
     try:
-        args = _parser().parse_args(argv)
+        args = parser().parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0) if isinstance(exc.code, int) or exc.code is None else 2
     if args.test == "report":

@@ -95,7 +95,7 @@ class Worker:
     def _outgoing(self, spec: Spec) -> Any:
         return make(spec, content(spec, self.seed), self.runtime)[0]
 
-    def _check(self, kind: str, got: Any, spec: Spec, meta: Any = None) -> None:
+    def check(self, kind: str, got: Any, spec: Spec, meta: Any = None) -> None:
         self.messages[kind] += 1
         self.bytes[kind] += spec.nbytes
         wrong = problem(got, spec, digest(content(spec, self.seed)), meta)
@@ -143,7 +143,7 @@ class Worker:
                 sent.wait(self.timeout)
             if got.source != source:
                 self.failures.append(f"exchange {theirs.ident}: came from rank {got.source}")
-            self._check("exchange", got, theirs, self._meta(theirs))
+            self.check("exchange", got, theirs, self._meta(theirs))
             if readback is not None:  # the out= buffer itself holds the message
                 self._check_buffer("exchange", kw["out"], readback, theirs)
 
@@ -174,7 +174,7 @@ class Worker:
                 continue
             senders.add(got.source)
             spec = self._spec(ident)
-            self._check("wildcard", got, spec, self._meta(spec))
+            self.check("wildcard", got, spec, self._meta(spec))
         if len(senders) != n - 1:
             self.failures.append(f"wildcard round {rnd}: messages from {sorted(senders)}, expected every other rank")
         for req in sent:
@@ -210,7 +210,7 @@ class Worker:
                 spec = self._spec((-1, t, source, me, 0), layouts=("C",), exports=(HOST,))
                 self._recv_channels[source] = (recv_channel(source, _CHANNEL_TAG, self.comm, device="host"), spec)
             rchannel, spec = self._recv_channels[source]
-            self._check("channel", rchannel.recv(self.timeout), _this_round(spec, rnd))
+            self.check("channel", rchannel.recv(self.timeout), _this_round(spec, rnd))
         for req in sends:
             req.wait(self.timeout)
 
@@ -225,28 +225,28 @@ class Worker:
             spec = self._spec((rnd, t, root, -1, 0))
             got = bcast_array(self._outgoing(spec) if me == root else None, root, self.comm, timeout=self.timeout)
             if me != root:
-                self._check(kind, got, spec)
+                self.check(kind, got, spec)
             return
         if which == "scatter":
             specs = [self._spec((rnd, t, root, r, 0)) for r in range(n)]
             got = scatter_array([self._outgoing(s) for s in specs] if me == root else None, root, self.comm,
                                 timeout=self.timeout)
             if me != root:
-                self._check(kind, got, specs[me])
+                self.check(kind, got, specs[me])
             return
         if which == "alltoall":
             pieces = alltoall_array([self._outgoing(self._spec((rnd, t, me, r, 0))) for r in range(n)], self.comm,
                                     timeout=self.timeout)
             for r, got in enumerate(pieces):
                 if r != me:
-                    self._check(kind, got, self._spec((rnd, t, r, me, 0)))
+                    self.check(kind, got, self._spec((rnd, t, r, me, 0)))
             return
         mine = self._outgoing(self._spec((rnd, t, me, -1, 0)))
         gathered = (gather_array(mine, root, self.comm, timeout=self.timeout) if which == "gather"
                     else allgather_array(mine, self.comm, timeout=self.timeout))
         for r, got in enumerate(gathered or ()):
             if r != me:
-                self._check(kind, got, self._spec((rnd, t, r, -1, 0)))
+                self.check(kind, got, self._spec((rnd, t, r, -1, 0)))
 
     def _reduction(self, rnd: int, which: str, root: int) -> None:
         """Small integers summed: the exact result is known (every rank's contribution derives from its id)."""
