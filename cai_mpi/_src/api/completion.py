@@ -10,15 +10,15 @@ waits for each in list order, and each wait drives all the others (the progress 
 
 from __future__ import annotations
 
-import os
-import time
+import math
 from collections.abc import Iterable
 from typing import Any
 
 from mpi4py import MPI
 
 from ..errors import TimeoutError
-from ..progress.deadlines import Deadline, deadline
+from ..progress.backoff import Backoff
+from ..progress.deadlines import deadline
 from ..progress.driving import PENDING, drive_others, poke
 from ..progress.requests import Request, delivered, outcome, outcomes, wait_until
 from ..runtime import get_runtime
@@ -46,29 +46,6 @@ def _poll(pending: list[Request[Any]]) -> None:
     for req in pending:
         if req not in PENDING:  # (those were driven just now)
             poke(req)
-
-
-class _Pacing:
-    """How a polling loop waits between rounds: a millisecond of yields, then sleeps backing off to a millisecond
-    (as ``requests.complete_by``), never past ``due``."""
-
-    __slots__ = ("pause", "spin_until")
-
-    def __init__(self) -> None:
-        self.spin_until = time.monotonic() + 1e-3
-        self.pause = 0.0
-
-    def expired(self, due: Deadline | None) -> bool:
-        """Wait a little; True when ``due`` has passed."""
-        now = time.monotonic()
-        if due is not None and now >= due.at:
-            return True
-        if now < self.spin_until:
-            os.sched_yield()
-        else:
-            self.pause = min(self.pause * 2 + 1e-5, 1e-3, due.at - now if due is not None else 1e-3)
-            time.sleep(self.pause)
-        return False
 
 
 def waitall(requests: Iterable[Request[Any] | None], timeout: float | None = None) -> list[Any]:
@@ -133,13 +110,13 @@ def waitany(requests: Iterable[Request[Any] | None], timeout: float | None = Non
     candidates = [(i, req) for i, req in enumerate(reqs) if req is not None and not delivered(req)]
     if not candidates:
         return MPI.UNDEFINED, None
-    pacing = _Pacing()
+    pauses = Backoff(until=math.inf if due is None else due.at)
     while True:
         for i, req in candidates:
             if req.done:
                 return i, outcome(req)
         _poll([req for _, req in candidates])
-        if pacing.expired(due):
+        if not pauses.pause():
             break
     assert due is not None
     cancelled = True

@@ -1,7 +1,7 @@
 """How a wait that polls spends the time between two polls: first it only yields the core (what it waits for
 usually comes sooner than any ``time.sleep``, even of 0, returns), then it sleeps, each pause longer than the last
-up to a ceiling, and never past a deadline. One helper for every poll loop: request waits with a timeout and the
-``Pipeline``'s waits."""
+up to a ceiling, and never past a deadline. One helper for every poll loop: request waits with a timeout,
+``waitany`` and the ``Pipeline``'s waits."""
 
 from __future__ import annotations
 
