@@ -15,6 +15,7 @@ from mpi4py import MPI
 from ..arrays.array import NO_TAG
 from ..config import Config, config
 from ..core.header import MessageInfo
+from ..core.memo import Memo
 from ..progress.deadlines import Deadline, deadline
 from ..runtime import get_runtime
 from ..runtime.base import Runtime
@@ -75,14 +76,16 @@ class AgreedSignature:
         return info if info.meta is None else info._replace(meta=copy.deepcopy(info.meta))
 
 
-_COMMON: dict[tuple[str, int], int] = {}
+# (a Memo, as every cache of descriptions: one entry per operation and root a program uses, bounded by
+# CAI_MPI_MEMO_ENTRIES, where a plain dict grew with every root of a large world)
+_COMMON: Memo[tuple[str, int], int] = Memo()
 
 
 def common_fingerprint(fn: str, root: int) -> int:
     """The fingerprint of what every rank of ``fn`` must share: the operation and its root."""
     fp = _COMMON.get((fn, root))
     if fp is None:
-        fp = _COMMON[(fn, root)] = fingerprint(f"{fn} root={root}")
+        fp = _COMMON.remember((fn, root), fingerprint(f"{fn} root={root}"))
     return fp
 
 
