@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..arrays.array import Array
-from ..arrays.operands import RecvTarget, Target, recv_target, replaces, send_source
+from ..arrays.operands import Target, proc_null_array, recv_target, replaces, send_source
 from ..config import Config, config
 from ..progress.deadlines import deadline
 from ..progress.driving import PENDING
@@ -180,22 +180,6 @@ def _receive_args(fn: str, source: Any, tag: Any, comm: Any, out: Any, device: A
     return pc, source, tag, None, rt.current_device() if device is None else receive_device(fn, device, rt), rt
 
 
-def _from_proc_null(target: Target | None) -> Array:
-    """A receive from PROC_NULL completes at once with no data (MPI semantics): an Array over ``out=`` as it is
-    (a plain numpy array is its own target), or an empty host Array without ``out=``; its source and tag are
-    what MPI's status reports, PROC_NULL and ANY_TAG."""
-    if target is None:
-        return Array.over_host(np.empty(0, np.uint8), PROC_NULL, ANY_TAG, None)
-    if type(target) is np.ndarray:
-        return Array.over_host(target, PROC_NULL, ANY_TAG, None)
-    assert isinstance(target, RecvTarget)
-    if target.host is not None:
-        return Array.over_host(target.host, PROC_NULL, ANY_TAG, None, target.owner)
-    assert target.desc is not None and target.ordinal is not None
-    return Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=PROC_NULL,
-                 tag=ANY_TAG)
-
-
 def recv_array(
     source: int = ANY_SOURCE,
     tag: int = ANY_TAG,
@@ -234,7 +218,7 @@ def recv_array(
     due = None if timeout is None and cfg.timeout is None else deadline("recv_array", timeout)
     pc, source, tag, target, ordinal, rt = _receive_args("recv_array", source, tag, comm, out, device)
     if source == PROC_NULL:
-        return _from_proc_null(target)
+        return proc_null_array(target)
     return receive("recv_array", pc, source, tag, target, ordinal, rt, out, due, cfg)
 
 
@@ -266,7 +250,7 @@ def irecv_array(
     """
     pc, source, tag, target, ordinal, rt = _receive_args("irecv_array", source, tag, comm, out, device)
     if source == PROC_NULL:
-        return PostedRequest([], _from_proc_null(target))
+        return PostedRequest([], proc_null_array(target))
     return ireceive("irecv_array", pc, source, tag, target, ordinal, rt, out)
 
 
@@ -334,7 +318,7 @@ def sendrecv_array(
     sent = None if plan is None else isend_plan(fn, plan, pc, dest, sendtag, (obj, src))
     try:
         if source == PROC_NULL:
-            return _from_proc_null(target)
+            return proc_null_array(target)
         return receive(fn, pc, source, recvtag, target, ordinal, rt, out, due, config())
     finally:
         if sent is not None:

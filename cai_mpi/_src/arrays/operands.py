@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from ..core.descriptor import CAIDescriptor, byte_extent, descriptor_from_dict, may_self_overlap
 from ..errors import CAIError
@@ -20,8 +21,8 @@ from .array import Array, host_memory
 from .sync import sync_enabled, sync_producer, sync_unnamed
 
 __all__ = [
-    "DeviceSource", "RecvTarget", "Target", "as_host_array", "describe_target", "host_view", "mismatch", "recv_target",
-    "replaces", "send_source",
+    "DeviceSource", "RecvTarget", "Target", "as_host_array", "describe_target", "host_view", "mismatch",
+    "proc_null_array", "recv_target", "replaces", "send_source",
 ]
 
 _NO_CAI = object()
@@ -209,6 +210,22 @@ def recv_target(fn: str, out: Any, runtime: Runtime) -> Target:
     target = _describe_out(fn, out, runtime)
     target.sync_before_write(runtime)
     return target
+
+
+def proc_null_array(target: Target | None) -> Array:
+    """What a receive from PROC_NULL gives (one-shot or channel): it completes at once with no data (MPI semantics),
+    an Array over ``out=`` as it is (a plain numpy array is its own target), or an empty host Array without ``out=``;
+    its source and tag are what MPI's status reports, PROC_NULL and ANY_TAG."""
+    if target is None:
+        return Array.over_host(np.empty(0, np.uint8), MPI.PROC_NULL, MPI.ANY_TAG, None)
+    if type(target) is np.ndarray:
+        return Array.over_host(target, MPI.PROC_NULL, MPI.ANY_TAG, None)
+    assert isinstance(target, RecvTarget)
+    if target.host is not None:
+        return Array.over_host(target.host, MPI.PROC_NULL, MPI.ANY_TAG, None, target.owner)
+    assert target.desc is not None and target.ordinal is not None
+    return Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=MPI.PROC_NULL,
+                 tag=MPI.ANY_TAG)
 
 
 def _describe_out(fn: str, out: Any, runtime: Runtime) -> RecvTarget:
