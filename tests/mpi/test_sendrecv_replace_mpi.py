@@ -90,8 +90,8 @@ def test_simulated_device_send_buffer_as_out_is_replaced(routed_dup: Any, nbytes
         comm.Free()
 
 
-@pytest.mark.parametrize("nbytes", NBYTES)
-@pytest.mark.parametrize("strided", [False, True])
+# (the driver double moves strided device memory an element at a time: a strided MiB would take too long)
+@pytest.mark.parametrize(("strided", "nbytes"), [(False, n) for n in NBYTES] + [(True, n) for n in NBYTES[:2]])
 @pytest.mark.parametrize("aware", [False, True])
 def test_device_send_buffer_as_out_is_replaced(on_double: Any, nbytes: int, strided: bool, aware: bool) -> None:
     n = nbytes // 8
