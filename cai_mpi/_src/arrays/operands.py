@@ -12,12 +12,11 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 from ..core.descriptor import CAIDescriptor, byte_extent, descriptor_from_dict, may_self_overlap
 from ..errors import CAIError
 from ..runtime.base import HOST, LEGACY_STREAM, PER_THREAD_STREAM, Location, MemoryKind, Runtime
-from .array import Array, host_memory
+from .array import NO_SOURCE, NO_TAG, Array, host_memory
 from .sync import sync_enabled, sync_producer, sync_unnamed
 
 __all__ = [
@@ -215,17 +214,17 @@ def recv_target(fn: str, out: Any, runtime: Runtime) -> Target:
 def proc_null_array(target: Target | None) -> Array:
     """What a receive from PROC_NULL gives (one-shot or channel): it completes at once with no data (MPI semantics),
     an Array over ``out=`` as it is (a plain numpy array is its own target), or an empty host Array without ``out=``;
-    its source and tag are what MPI's status reports, PROC_NULL and ANY_TAG."""
+    its source and tag are what MPI's status reports, PROC_NULL and ANY_TAG (``NO_SOURCE``, ``NO_TAG``)."""
     if target is None:
-        return Array.over_host(np.empty(0, np.uint8), MPI.PROC_NULL, MPI.ANY_TAG, None)
+        return Array.over_host(np.empty(0, np.uint8), NO_SOURCE, NO_TAG, None)
     if type(target) is np.ndarray:
-        return Array.over_host(target, MPI.PROC_NULL, MPI.ANY_TAG, None)
+        return Array.over_host(target, NO_SOURCE, NO_TAG, None)
     assert isinstance(target, RecvTarget)
     if target.host is not None:
-        return Array.over_host(target.host, MPI.PROC_NULL, MPI.ANY_TAG, None, target.owner)
+        return Array.over_host(target.host, NO_SOURCE, NO_TAG, None, target.owner)
     assert target.desc is not None and target.ordinal is not None
-    return Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=MPI.PROC_NULL,
-                 tag=MPI.ANY_TAG)
+    return Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=NO_SOURCE,
+                 tag=NO_TAG)
 
 
 def _describe_out(fn: str, out: Any, runtime: Runtime) -> RecvTarget:
