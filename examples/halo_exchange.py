@@ -12,8 +12,9 @@ Run:  mpiexec -n 4 python examples/halo_exchange.py
 
 A code that exchanges the same faces every step can open persistent channels once instead
 (``HaloChannels``): the faces are described by the first exchange, and each later one moves only the
-data, at nearly MPI's own cost. A strided face goes through a contiguous buffer there, as hand-written
-mpi4py does.
+data, at nearly MPI's own cost. A channel takes ``PROC_NULL`` as MPI's persistent requests do, so the
+walls need no special case there either. A strided face goes through a contiguous buffer there, as
+hand-written mpi4py does.
 
 ``--bench`` times both forms against hand-written mpi4py that knows every shape (``Irecv`` into
 contiguous buffers copied into the ghost faces, ``Isend`` of contiguous copies of the edge faces,
@@ -68,49 +69,50 @@ def exchange(cart: MPI.Cartcomm, field: np.ndarray[Any, Any]) -> list[int]:
 
 class HaloChannels:
     """The same exchange over persistent channels, opened once for ``field`` (its faces' memory stays bound to them):
-    ``exchange()`` fills the ghost faces with the neighbours' edges as they are now. A strided face goes through a
-    contiguous buffer on both sides, as in hand-written mpi4py (MPI's derived datatypes are slow on some MPIs)."""
+    ``exchange()`` fills the ghost faces with the neighbours' edges as they are now. At a wall the channels' peer is
+    ``PROC_NULL``: nothing is sent there, and nothing comes (the ghost face keeps its value). A strided face goes
+    through a contiguous buffer on both sides, as in hand-written mpi4py (MPI's derived datatypes are slow on some
+    MPIs)."""
 
     def __init__(self, cart: MPI.Cartcomm, field: np.ndarray[Any, Any]) -> None:
         self.neighbours: list[int] = []
         self.receivers: list[cai_mpi.RecvChannel] = []
         self.senders: list[cai_mpi.SendChannel] = []
         self.packs: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []  # (buffer, strided edge)
-        self.unpacks: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []  # (strided ghost, buffer)
+        self.unpacks: list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []  # (receiver, ghost, buffer)
         for axis in (0, 1):
             lower, upper = cart.Shift(axis, 1)
             first, last, ghost_lo, ghost_hi = _faces(axis)
             for peer, tag, ghost in ((lower, 2 * axis, field[ghost_lo]), (upper, 2 * axis + 1, field[ghost_hi])):
-                if peer != MPI.PROC_NULL:  # (at a wall nothing comes: the ghost face keeps its value)
-                    self.receivers.append(cai_mpi.recv_channel(peer, tag, cart, out=self._contiguous(ghost, False)))
+                into = _contiguous(ghost)
+                if into is not ghost:
+                    self.unpacks.append((len(self.receivers), ghost, into))
+                self.receivers.append(cai_mpi.recv_channel(peer, tag, cart, out=into))
             for peer, tag, edge in ((upper, 2 * axis, field[last]), (lower, 2 * axis + 1, field[first])):
-                if peer != MPI.PROC_NULL:
-                    self.senders.append(cai_mpi.send_channel(self._contiguous(edge, True), peer, tag, cart))
+                sent = _contiguous(edge)
+                if sent is not edge:
+                    self.packs.append((sent, edge))
+                self.senders.append(cai_mpi.send_channel(sent, peer, tag, cart))
             self.neighbours += [lower, upper]
-
-    def _contiguous(self, face: np.ndarray[Any, Any], sent: bool) -> np.ndarray[Any, Any]:
-        """``face`` itself, or a buffer for it (copied from it before each send, into it after each receive)."""
-        if face.flags.c_contiguous:
-            return face
-        buf = np.empty(face.shape, face.dtype)
-        if sent:
-            self.packs.append((buf, face))
-        else:
-            self.unpacks.append((face, buf))
-        return buf
 
     def exchange(self) -> list[int]:
         recvs = [rx.irecv() for rx in self.receivers]
         for buf, edge in self.packs:
             buf[...] = edge
-        cai_mpi.waitall(recvs + [tx.isend() for tx in self.senders])
-        for ghost, buf in self.unpacks:
-            ghost[...] = buf
+        got = cai_mpi.waitall(recvs + [tx.isend() for tx in self.senders])
+        for i, ghost, buf in self.unpacks:
+            if got[i].source != MPI.PROC_NULL:  # (from a wall nothing came: the buffer holds nothing)
+                ghost[...] = buf
         return self.neighbours
 
     def close(self) -> None:
         for end in (*self.receivers, *self.senders):
             end.close()
+
+
+def _contiguous(face: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``face`` itself, or a contiguous buffer for it (copied from it before each send, into it after each receive)."""
+    return face if face.flags.c_contiguous else np.empty(face.shape, face.dtype)
 
 
 def exchange_raw(cart: MPI.Cartcomm, field: np.ndarray[Any, Any], bufs: list[np.ndarray[Any, Any]]) -> None:

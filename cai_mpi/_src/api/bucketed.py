@@ -194,6 +194,14 @@ def _direct(comm: MPI.Intracomm, d: Direct, src: np.ndarray[Any, Any], result: n
         reduce(comm, src.ctypes.data, result.ctypes.data, count, d.datatype, d.op, None, max_message_bytes)
 
 
+_REMEDY = ("write each step's values into the arrays bound at creation, in place (container[key][...] = new), "
+           "or create a new allreduce_init for the new arrays (close this one)")
+
+
+def _keys(keys: list[Any]) -> str:
+    return ("key " if len(keys) == 1 else "keys ") + ", ".join(map(repr, keys))
+
+
 class BucketedAllreduce(PersistentLifecycle):
     """A persistent allreduce of a list or dict of arrays, made by ``allreduce_init`` given one.
 
@@ -204,10 +212,11 @@ class BucketedAllreduce(PersistentLifecycle):
     container of Arrays at every use, over memory allocated once at creation (host results are views of the
     buckets or arrays of their own; device results are device buffers, copied into at each use): the next use
     overwrites them. ``close()`` is collective; shapes are fixed at creation (an array reshaped or reallocated
-    since is refused with ``ValueError``, as is any use after ``close()``).
+    since, an entry of the container rebound to another array, or a key added or removed, is refused with
+    ``ValueError``, as is any use after ``close()``).
     """
 
-    __slots__ = ("_alone", "_device", "_plan", "_recv", "_result", "_rt", "_send")
+    __slots__ = ("_alone", "_bound", "_device", "_objs", "_plan", "_recv", "_result", "_rt", "_send")
 
     def __init__(self, objs: Any, op: Any, comm: Any, sync: Any) -> None:
         fn = "allreduce_init"
@@ -226,6 +235,7 @@ class BucketedAllreduce(PersistentLifecycle):
             rbuf = [MPI.buffer.fromaddress(r.ctypes.data if r.size else 0, r.nbytes), bucket.count, bucket.datatype]
             self._reqs.append(comm_.Allreduce_init(sbuf, rbuf, bucket.op))
         values = list(objs.values()) if isinstance(objs, Mapping) else list(objs)
+        self._objs, self._bound = objs, values
         self._alone = [self._bind(d, values[d.position], plan.sources[d.position]) for d in plan.direct]
         self._device: dict[int, Array] = {}
         self._result = self._plan.results(self._recv, self._device, rt)
@@ -258,9 +268,37 @@ class BucketedAllreduce(PersistentLifecycle):
             if staging is not None:
                 np.copyto(staging, src, casting="equiv")
 
+    def _check_bound(self) -> None:
+        """The container holds the arrays it held at creation (compared by identity: cheap at every use). The
+        buckets read those arrays, so an entry rebound to a new array (``grads[k] = g``, as functional code does)
+        would be silently left out; it is refused, like a reallocated single array, before anything starts."""
+        objs, bound, keys = self._objs, self._bound, self._plan.keys
+        if keys is None:
+            if len(objs) != len(bound):
+                raise ValueError(f"{self._fn}: the list has {len(bound)} entries at creation, {len(objs)} now: a "
+                                 f"persistent allreduce reduces the arrays it was created with; {_REMEDY}")
+            changed = [i for i, (a, b) in enumerate(zip(objs, bound, strict=True)) if a is not b]
+        else:
+            if len(objs) != len(keys) or any(k not in objs for k in keys):
+                known = set(keys)
+                added = [k for k in objs if k not in known]
+                removed = [k for k in keys if k not in objs]
+                what = "; ".join(f"{_keys(ks)} {how} since creation" for ks, how in ((added, "added"),
+                                                                                     (removed, "removed")) if ks)
+                raise ValueError(f"{self._fn}: {what}: a persistent allreduce reduces the arrays it was created "
+                                 f"with; {_REMEDY}")
+            changed = [k for k, b in zip(keys, bound, strict=True) if objs[k] is not b]
+        if changed:
+            entries = "the entry" if len(changed) == 1 else "the entries"
+            names = ", ".join(map(repr, changed[:8])) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+            raise ValueError(f"{self._fn}: {entries} {names} {'was' if len(changed) == 1 else 'were'} rebound to "
+                             f"another array since creation, and a persistent allreduce reads the arrays bound at "
+                             f"creation; {_REMEDY}")
+
     def _begin(self) -> list[MPI.Request]:
         """Every array's current contents copied into its bucket, then every bucket's persistent Allreduce."""
         plan, rt = self._plan, self._rt
+        self._check_bound()
         if self._alone:
             self._check_alone()
         ordered: list[Any] = [None] * plan.n

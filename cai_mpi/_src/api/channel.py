@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..arrays.array import Array, host_memory
-from ..arrays.operands import DeviceSource, RecvTarget, recv_target, send_source
+from ..arrays.operands import DeviceSource, RecvTarget, proc_null_array, recv_target, send_source
 from ..arrays.sync import sync_enabled, sync_unnamed
 from ..config import config
 from ..progress.deadlines import Awaited, deadline
@@ -24,7 +24,7 @@ from ..progress.requests import Request, RequestWait, settled, wait_until
 from ..progress.waits import Waitable
 from ..runtime import get_runtime
 from ..transport import plan_send
-from ..transport.bound import BoundRecv, BoundSend
+from ..transport.bound import BoundRecv, BoundSend, NullRecv, NullSend
 from .channel_ends import ChannelEnd, open_channel_count
 from .validation import (
     ANY_SOURCE,
@@ -60,8 +60,6 @@ class SendChannel(ChannelEnd):
         fn = "send_channel"
         pc = check_comm(fn, comm)
         self.dest = check_rank(fn, "dest", dest, pc, wildcard=False)
-        if self.dest == PROC_NULL:
-            raise ValueError(f"{fn}: a channel needs a real destination rank, not PROC_NULL")
         self.tag = check_tag(fn, tag, pc, wildcard=False)
         meta_bytes = outgoing_meta(fn, obj, meta)
         rt = get_runtime()
@@ -77,8 +75,9 @@ class SendChannel(ChannelEnd):
                 "Use send_array, which packs, stages and splits"
             )
         # The header and the payload as persistent sends: the first message starts both, every later one the
-        # payload's alone (the header's is freed once it has gone).
-        self._wire = BoundSend(plan, pc, self.dest, self.tag)
+        # payload's alone (the header's is freed once it has gone). To PROC_NULL, none: each message completes at
+        # once (the plan is still made, so that an array a channel cannot take is refused at a wall too).
+        self._wire = NullSend() if self.dest == PROC_NULL else BoundSend(plan, pc, self.dest, self.tag)
         self._rt, self._obj = rt, obj
         self._ptr = _address(src)
         self.shape: tuple[int, ...] = src.desc.shape if isinstance(src, DeviceSource) else src.shape
@@ -163,8 +162,6 @@ class RecvChannel(ChannelEnd):
         fn = "recv_channel"
         pc = check_comm(fn, comm)
         self.source = check_rank(fn, "source", source, pc, wildcard=True)
-        if self.source == PROC_NULL:
-            raise ValueError(f"{fn}: a channel needs a real source rank (or ANY_SOURCE), not PROC_NULL")
         self.tag = check_tag(fn, tag, pc, wildcard=True)
         rt = get_runtime()
         self._target = recv_target(fn, out, rt) if out is not None else None
@@ -182,6 +179,10 @@ class RecvChannel(ChannelEnd):
         self.shape: tuple[int, ...] | None = None
         self.dtype: np.dtype[Any] | None = None
         self.meta: dict[str, Any] | None = None
+        if self.source == PROC_NULL:  # nothing will come: bound now to what a receive from PROC_NULL gives
+            self._wire = NullRecv()
+            self._bind(proc_null_array(self._target))
+            self._sync_target = False  # (nothing is ever written into it)
 
     def _bind(self, array: Array) -> None:
         """The first message's payload receive is posted (and started): keep what the header said."""
@@ -285,7 +286,8 @@ def send_channel(
     Args:
         obj: host memory of any layout MPI can describe (up to CAI_MPI_MAX_MESSAGE_BYTES), or contiguous
             device memory when MPI is CUDA-aware (``send_array`` covers the rest).
-        dest: the receiving rank in ``comm`` (not ``PROC_NULL``).
+        dest: the receiving rank in ``comm``; ``PROC_NULL`` (a wall of a non-periodic grid): every send completes
+            at once and sends nothing, as MPI's persistent sends to it.
         tag: 0..MPI.TAG_UB; the ``recv_channel`` may match it or use ANY_TAG.
         comm: None for COMM_WORLD; the first use of any other communicator is collective over it.
         sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer synchronization that
@@ -323,7 +325,10 @@ def recv_channel(
     is matched by the first ``recv()``.
 
     Args:
-        source: the sending rank, or ANY_SOURCE (the channel is then bound to the sender found).
+        source: the sending rank, or ANY_SOURCE (the channel is then bound to the sender found); ``PROC_NULL``
+            (a wall of a non-periodic grid): every receive completes at once with no data, returning what
+            ``recv_array`` from PROC_NULL returns (an Array over ``out=``, its contents untouched, or an empty
+            uint8 host Array; ``source`` PROC_NULL, ``tag`` ANY_TAG, ``meta`` None).
         tag: the tag to match, or ANY_TAG.
         comm: None for COMM_WORLD; the first use of another communicator is collective.
         out: a writable CAI object or host array to receive every message into (a host one contiguous in the

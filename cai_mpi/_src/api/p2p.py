@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..arrays.array import Array
-from ..arrays.operands import RecvTarget, Target, recv_target, send_source
+from ..arrays.operands import Target, proc_null_array, recv_target, replaces, send_source
 from ..config import Config, config
 from ..progress.deadlines import deadline
 from ..progress.driving import PENDING
@@ -19,7 +19,7 @@ from ..progress.posted import PostedRequest
 from ..progress.requests import Request, wait_until
 from ..runtime import get_runtime
 from ..runtime.base import Runtime
-from ..transport import BLOCKING, SendPlan, ireceive, isend_plan, plan_send, post_send, receive
+from ..transport import BLOCKING, SendPlan, ireceive, isend_plan, plan_send, post_send, receive, staged_source
 from ..transport.privcomm import PrivateComms
 from .validation import (
     ANY_SOURCE,
@@ -42,10 +42,11 @@ __all__ = [
 # -- sending --------------------------------------------------------------------------------------------------
 
 
-def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta: Any, cfg: Config) -> tuple[
-    PrivateComms, int, int, SendPlan | None, Any
-]:
-    """Validate a send's arguments and plan its message (None for PROC_NULL)."""
+def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta: Any, cfg: Config,
+              out: Target | None = None, receives: bool = False) -> tuple[PrivateComms, int, int, SendPlan | None, Any]:
+    """Validate a send's arguments and plan its message (None for PROC_NULL). ``out``: the receive buffer of the same
+    call, which may be the array sent (a copy is then sent when the call ``receives``) and may share no other byte
+    with it."""
     pc = check_comm(fn, comm)
     if type(dest) is not int or not 0 <= dest < pc.size:
         dest = check_rank(fn, "dest", dest, pc, wildcard=False)
@@ -57,6 +58,8 @@ def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta
     # (host memory needs no runtime: a numpy array is planned without one)
     rt = None if type(obj) is np.ndarray else get_runtime()
     src = obj if rt is None else send_source(fn, obj, sync, rt)
+    if out is not None and replaces(fn, src, out) and receives and dest != PROC_NULL:
+        src = staged_source(src, rt)
     if dest == PROC_NULL:
         return pc, dest, tag, None, src
     return pc, dest, tag, plan_send(src, pc, meta_bytes, cfg, rt, dest), src
@@ -177,22 +180,6 @@ def _receive_args(fn: str, source: Any, tag: Any, comm: Any, out: Any, device: A
     return pc, source, tag, None, rt.current_device() if device is None else receive_device(fn, device, rt), rt
 
 
-def _from_proc_null(target: Target | None) -> Array:
-    """A receive from PROC_NULL completes at once with no data (MPI semantics): an Array over ``out=`` as it is
-    (a plain numpy array is its own target), or an empty host Array without ``out=``; its source and tag are
-    what MPI's status reports, PROC_NULL and ANY_TAG."""
-    if target is None:
-        return Array.over_host(np.empty(0, np.uint8), PROC_NULL, ANY_TAG, None)
-    if type(target) is np.ndarray:
-        return Array.over_host(target, PROC_NULL, ANY_TAG, None)
-    assert isinstance(target, RecvTarget)
-    if target.host is not None:
-        return Array.over_host(target.host, PROC_NULL, ANY_TAG, None, target.owner)
-    assert target.desc is not None and target.ordinal is not None
-    return Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=PROC_NULL,
-                 tag=ANY_TAG)
-
-
 def recv_array(
     source: int = ANY_SOURCE,
     tag: int = ANY_TAG,
@@ -231,7 +218,7 @@ def recv_array(
     due = None if timeout is None and cfg.timeout is None else deadline("recv_array", timeout)
     pc, source, tag, target, ordinal, rt = _receive_args("recv_array", source, tag, comm, out, device)
     if source == PROC_NULL:
-        return _from_proc_null(target)
+        return proc_null_array(target)
     return receive("recv_array", pc, source, tag, target, ordinal, rt, out, due, cfg)
 
 
@@ -263,7 +250,7 @@ def irecv_array(
     """
     pc, source, tag, target, ordinal, rt = _receive_args("irecv_array", source, tag, comm, out, device)
     if source == PROC_NULL:
-        return PostedRequest([], _from_proc_null(target))
+        return PostedRequest([], proc_null_array(target))
     return ireceive("irecv_array", pc, source, tag, target, ordinal, rt, out)
 
 
@@ -295,7 +282,9 @@ def sendrecv_array(
         recvtag: the tag to match, or ANY_TAG.
         comm: None for COMM_WORLD; the first use of another communicator is collective.
         out: a writable CAI object or host array to receive into, checked against the message first (a
-            mismatch discards the payload and raises RecvMismatchError).
+            mismatch discards the payload and raises RecvMismatchError). ``obj`` itself (the same memory in the
+            same layout) receives in place of what it sends, as MPI's ``Sendrecv_replace``: a copy of it is sent.
+            Any other sharing of memory with ``obj`` is a ValueError.
         device: without ``out=``: None (a GPU when this rank has one, else host), "host", or a GPU ordinal.
         sync: for the array sent: None follows ``CAI_MPI_SYNC`` (default on); False skips the producer
             synchronization.
@@ -313,20 +302,23 @@ def sendrecv_array(
 
     Raises:
         TypeError, ValueError, CAIError, StreamError, RecvMismatchError, ProtocolError, TimeoutError: as in
-            ``send_array`` and ``recv_array``.
+            ``send_array`` and ``recv_array``; ValueError also when ``out=`` shares memory with ``obj`` other
+            than as ``obj`` itself.
 
     Example:
         >>> left, right = cart.Shift(0, 1)  # doctest: +SKIP
         >>> ghost = sendrecv_array(field[-2], right, 0, left, 0, cart, out=field_ghost)  # doctest: +SKIP
+        >>> sendrecv_array(x, right, 0, left, 0, cart, out=x)  # x replaced by left's x  # doctest: +SKIP
     """
     fn = "sendrecv_array"
     due = deadline(fn, timeout)
     pc, source, recvtag, target, ordinal, rt = _receive_args(fn, source, recvtag, comm, out, device)
-    pc, dest, sendtag, plan, src = _outbound(fn, obj, dest, sendtag, comm, sync, meta, config())
+    pc, dest, sendtag, plan, src = _outbound(fn, obj, dest, sendtag, comm, sync, meta, config(), target,
+                                             source != PROC_NULL)
     sent = None if plan is None else isend_plan(fn, plan, pc, dest, sendtag, (obj, src))
     try:
         if source == PROC_NULL:
-            return _from_proc_null(target)
+            return proc_null_array(target)
         return receive(fn, pc, source, recvtag, target, ordinal, rt, out, due, config())
     finally:
         if sent is not None:

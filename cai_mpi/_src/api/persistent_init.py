@@ -27,7 +27,9 @@ def allreduce_init(
 
     Args:
         obj: this rank's array (anything ``send_array`` takes; same shape and dtype on every rank), or a list or
-            a dict of arrays: the bucketed form, one persistent Allreduce per dtype (see ``allreduce_arrays``).
+            a dict of arrays: the bucketed form, one persistent Allreduce per dtype (see ``allreduce_arrays``),
+            which reads at each use the arrays the container held at creation (write new values into them in
+            place: ``grads[k][...] = new``).
         op: "sum", "prod", "min", "max", "mean" (alias "avg": the sum divided by the communicator size, in
             the input's dtype; floating and complex arrays only), or an mpi4py ``MPI.Op``. Bool arrays reduce with
             ``MPI.LAND``, ``MPI.LOR``, ``MPI.LXOR``, and "min"/"max" (logical and/or).
@@ -46,7 +48,9 @@ def allreduce_init(
         CollectiveMismatchError: on every rank, when shapes, dtypes or ops differ (naming every rank's), or a
             rank could not take part (that rank raises its own error).
         TimeoutError: some rank did not join within ``CAI_MPI_TIMEOUT``.
-        ValueError: at a use, when the input was reshaped or reallocated since creation, or after ``close()``.
+        ValueError: at a use, when the input was reshaped or reallocated since creation (for a list or dict: an
+            entry rebound to another array, ``grads[k] = new``, or a key added or removed; the error names them),
+            or after ``close()``. Nothing is started on the rank that raises.
     """
     if is_container(obj):
         if out is not None:

@@ -13,15 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from ..core.descriptor import CAIDescriptor, descriptor_from_dict, may_self_overlap
+from ..core.descriptor import CAIDescriptor, byte_extent, descriptor_from_dict, may_self_overlap
 from ..errors import CAIError
 from ..runtime.base import HOST, LEGACY_STREAM, PER_THREAD_STREAM, Location, MemoryKind, Runtime
-from .array import Array, host_memory
+from .array import NO_SOURCE, NO_TAG, Array, host_memory
 from .sync import sync_enabled, sync_producer, sync_unnamed
 
 __all__ = [
-    "DeviceSource", "RecvTarget", "Target", "as_host_array", "describe_target", "host_view", "mismatch", "recv_target",
-    "send_source",
+    "DeviceSource", "RecvTarget", "Target", "as_host_array", "describe_target", "host_view", "mismatch",
+    "proc_null_array", "recv_target", "replaces", "send_source",
 ]
 
 _NO_CAI = object()
@@ -211,6 +211,22 @@ def recv_target(fn: str, out: Any, runtime: Runtime) -> Target:
     return target
 
 
+def proc_null_array(target: Target | None) -> Array:
+    """What a receive from PROC_NULL gives (one-shot or channel): it completes at once with no data (MPI semantics),
+    an Array over ``out=`` as it is (a plain numpy array is its own target), or an empty host Array without ``out=``;
+    its source and tag are what MPI's status reports, PROC_NULL and ANY_TAG (``NO_SOURCE``, ``NO_TAG``)."""
+    if target is None:
+        return Array.over_host(np.empty(0, np.uint8), NO_SOURCE, NO_TAG, None)
+    if type(target) is np.ndarray:
+        return Array.over_host(target, NO_SOURCE, NO_TAG, None)
+    assert isinstance(target, RecvTarget)
+    if target.host is not None:
+        return Array.over_host(target.host, NO_SOURCE, NO_TAG, None, target.owner)
+    assert target.desc is not None and target.ordinal is not None
+    return Array(target.desc.replace(stream=None), device=target.ordinal, owner=target.owner, source=NO_SOURCE,
+                 tag=NO_TAG)
+
+
 def _describe_out(fn: str, out: Any, runtime: Runtime) -> RecvTarget:
     """What ``out=`` is, other than a plain numpy array (``recv_target``'s own case)."""
     if isinstance(out, np.ndarray):
@@ -244,4 +260,52 @@ def _describe_out(fn: str, out: Any, runtime: Runtime) -> RecvTarget:
     return RecvTarget(
         shape=desc.shape, dtype=desc.dtype, readonly=desc.readonly, self_overlapping=desc.may_self_overlap,
         host=None, desc=desc, ordinal=location.ordinal, owner=out, producer=producer, location=location,
+    )
+
+
+def _layout(x: np.ndarray[Any, Any] | DeviceSource | Target) -> tuple[int | None, int, tuple[int, ...],
+                                                                    tuple[int, ...], int]:
+    """Where ``x``'s bytes are: (None for host memory, else the GPU), address of element 0, shape, byte strides,
+    itemsize."""
+    if isinstance(x, np.ndarray):
+        return None, x.__array_interface__["data"][0], x.shape, x.strides, x.itemsize
+    if isinstance(x, RecvTarget) and x.host is not None:
+        return _layout(x.host)
+    desc = x.desc
+    assert desc is not None and x.ordinal is not None
+    return x.ordinal, desc.ptr, desc.shape, desc.byte_strides, desc.itemsize
+
+
+class _Extent:
+    """A layout as numpy sees one, for ``np.shares_memory``: it reads addresses and strides, never the bytes (so a
+    device address is as good as a host one)."""
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> None:
+        self.__array_interface__ = {"data": (ptr, True), "shape": shape, "strides": strides,
+                                    "typestr": f"|V{itemsize}", "version": 3}
+
+
+def replaces(fn: str, src: np.ndarray[Any, Any] | DeviceSource, target: Target) -> bool:
+    """Whether a call that sends ``src`` and receives into ``target`` receives in place of what it sends (the same
+    memory in the same layout: MPI's ``Sendrecv_replace``). Any other shared byte is a ValueError: what arrives
+    would overwrite what is still being sent."""
+    s_where, s_ptr, s_shape, s_strides, s_item = _layout(src)
+    t_where, t_ptr, t_shape, t_strides, t_item = _layout(target)
+    if s_where != t_where or 0 in s_shape or 0 in t_shape:
+        return False
+    if (s_ptr, s_shape, s_strides, s_item) == (t_ptr, t_shape, t_strides, t_item):
+        return True
+    s_low, s_high = byte_extent(s_shape, s_strides, s_item)
+    t_low, t_high = byte_extent(t_shape, t_strides, t_item)
+    if s_ptr + s_high <= t_ptr + t_low or t_ptr + t_high <= s_ptr + s_low:
+        return False  # (the common case, decided without numpy's exact test)
+    if not np.shares_memory(np.asarray(_Extent(s_ptr, s_shape, s_strides, s_item)),
+                            np.asarray(_Extent(t_ptr, t_shape, t_strides, t_item))):
+        return False  # interleaved, sharing no byte (the even and the odd elements of one buffer)
+    how = "in another layout" if s_ptr + s_low == t_ptr + t_low and s_high - s_low == t_high - t_low else "partly"
+    raise ValueError(
+        f"{fn}: out= shares memory with the array sent, {how} (sent: shape={s_shape} strides={s_strides}, out=: "
+        f"shape={t_shape} strides={t_strides}, element 0 {t_ptr - s_ptr:+d} bytes from the sent one's): what "
+        "arrives would overwrite what is still being sent. To receive in place of the array sent, pass the same "
+        "array as out=; else receive into memory apart from it"
     )

@@ -16,6 +16,7 @@ from .typestr import descr_from_hashable, dtype_cached, dtype_from_typestr, dtyp
 
 __all__ = [
     "CAIDescriptor",
+    "byte_extent",
     "describe",
     "descriptor_from_dict",
     "descriptor_from_numpy",
@@ -62,6 +63,19 @@ def may_self_overlap(shape: tuple[int, ...], strides: tuple[int, ...], itemsize:
             return True
         span = stride * (n - 1) + span
     return False
+
+
+def byte_extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
+    """``(low, high)``: the byte offsets from element 0 that a layout touches, [low, high)."""
+    if math.prod(shape) == 0:
+        return (0, 0)
+    low = high = 0
+    for n, s in zip(shape, strides):
+        if s < 0:
+            low += s * (n - 1)
+        else:
+            high += s * (n - 1)
+    return (low, high + itemsize)
 
 
 def _is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], expect: tuple[int, ...]) -> bool:
@@ -169,15 +183,7 @@ class CAIDescriptor:
     @functools.cached_property
     def byte_extent(self) -> tuple[int, int]:
         """``(low, high)`` byte offsets from ``ptr`` that the array touches: [low, high)."""
-        if self.size == 0:
-            return (0, 0)
-        low = high = 0
-        for n, s in zip(self.shape, self.byte_strides):
-            if s < 0:
-                low += s * (n - 1)
-            else:
-                high += s * (n - 1)
-        return (low, high + self.itemsize)
+        return byte_extent(self.shape, self.byte_strides, self.itemsize)
 
     @property
     def may_self_overlap(self) -> bool:

@@ -7,6 +7,9 @@ memory, with no header to build or parse. ``BoundSend`` and ``BoundRecv`` own th
 start them, make the Request a started message is, and free them. Where ``stream.py`` receives into a ring of its
 own buffers (the receiver keeps each item), a bound stream lands every message in one buffer the user reads
 between messages, so it needs no credits: a message is received only when the user asks for it.
+
+A channel end at ``PROC_NULL`` (a wall of a non-periodic grid) has a wire with no requests (``NullSend``,
+``NullRecv``): as MPI's persistent requests to and from ``PROC_NULL``, every message completes at once.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from .plans import RecvPlan, SendPlan
 from .post import PERSISTENT, post_send, receive_steps
 from .privcomm import PrivateComms
 
-__all__ = ["BoundRecv", "BoundSend", "free_request"]
+__all__ = ["BoundRecv", "BoundSend", "NullRecv", "NullSend", "free_request"]
 
 
 def free_request(req: MPI.Request | None, mpi: Any = MPI) -> None:  # (``mpi``: this module's MPI, even during teardown)
@@ -139,3 +142,43 @@ class BoundRecv:
 
     def free(self) -> None:
         self._free(self.payload)
+
+
+class NullSend(BoundSend):
+    """The sending end to ``PROC_NULL``: nothing is posted, and every message completes at once."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:  # (no plan, no request: the base's __init__ would post them)
+        self._header, self.opened = None, True
+
+    def send_now(self) -> None:
+        pass
+
+    def start(self, keep: Any, about: Awaited) -> Request[None]:
+        return PostedRequest([], None, keep=keep, about=about)
+
+    def message_steps(self) -> Generator[Waitable, None, None]:
+        yield from ()
+
+    def free(self) -> None:
+        pass
+
+
+class NullRecv(BoundRecv):
+    """The receiving end from ``PROC_NULL``: bound from the start (there is no description to wait for), and every
+    message completes at once with the channel's Array as it is (``operands.proc_null_array``)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        self.payload, self.bound = None, True
+
+    def receive_now(self) -> None:
+        pass
+
+    def start(self, result: Array, keep: Any, about: Awaited) -> Request[Array]:
+        return PostedRequest([], result, keep=keep, about=about)
+
+    def message_steps(self) -> Generator[Waitable, None, None]:
+        yield from ()

@@ -19,7 +19,7 @@ from .pieces import Steps, byte_chunks, chunks, give_back, in_context_scope, int
 from .plans import NO_MESSAGES, SendPlan
 from .privcomm import PrivateComms
 
-__all__ = ["pack_on_device", "plan_send"]
+__all__ = ["pack_on_device", "plan_send", "staged_source"]
 
 
 # -- sending --------------------------------------------------------------------------------------------------
@@ -97,6 +97,19 @@ def _plan_device(
                         None, True)
     steps = in_context_scope(rt, _device_send_steps(src, contiguous, pc, rt, dest, ptag, chunk))
     return SendPlan(header, ptag, NO_MESSAGES, steps, False)
+
+
+def staged_source(src: np.ndarray[Any, Any] | DeviceSource, rt: Runtime | None) -> np.ndarray[Any, Any] | DeviceSource:
+    """A copy of ``src`` to send from, complete when this returns: the memory itself may then be received into at
+    once (``sendrecv_array``'s ``out=`` the array sent), whatever route either message takes."""
+    if type(src) is np.ndarray:
+        return np.array(src, order="A")  # (F order stays F order; any other layout becomes C order)
+    assert isinstance(src, DeviceSource) and rt is not None
+    with rt.context_scope():
+        packed, event = pack_on_device(src.desc, src.ordinal, rt)
+        event.synchronize()  # a CUDA-aware receive writes the memory as soon as it is posted
+    desc = CAIDescriptor.for_new_buffer(packed.ptr, src.desc.shape, src.desc.dtype)
+    return DeviceSource(desc, src.ordinal, packed)
 
 
 def pack_on_device(desc: CAIDescriptor, ordinal: int, rt: Runtime) -> tuple[DeviceBuffer, Event]:
