@@ -24,7 +24,7 @@ from ..arrays.array import NO_SOURCE, NO_TAG, Array
 from ..arrays.operands import DeviceSource, send_source
 from ..core.memo import Memo
 from ..runtime.base import Runtime
-from ..transport.agreement import SPECULATE_BYTES, Ballot, disagree, fingerprint, reason, vote
+from ..transport.agreement import SPECULATE_BYTES, Ballot, Steps, disagree, fingerprint, reason, vote
 from ..transport.bigcount import INT_MAX, reduce
 from ..transport.pool import host_receive_pool
 from .agreed import agree
@@ -126,10 +126,11 @@ def allreduce_arrays(
             return _results(plan, buffers, [], comm_.Get_size(), rt)
     else:
         vote(fn, pc, ballot, due)
+    steps = Steps(fn, pc, due)
     if error is not None:
-        disagree(fn, comm_, reason(error), error, "")  # (raises this rank's own error, after every rank heard of it)
+        disagree(fn, steps, reason(error), error, "")  # (raises this rank's own error, after every rank heard of it)
     if not ballot.agreed:
-        disagree(fn, comm_, plan.text, None, "every rank must reduce the same keys, shapes, dtypes and op")
+        disagree(fn, steps, plan.text, None, "every rank must reduce the same keys, shapes, dtypes and op")
     if ballot.device and plan.direct:  # (every rank alike: which arrays go alone must not depend on where they lie)
         plan = Plan(fn, objs, op, sync, rt)
         sources = plan.sources
@@ -140,18 +141,19 @@ def allreduce_arrays(
     else:
         pc.agreed.pop(fn, None)
     alone = [pool.take_array(d.shape, d.dtype, d.dtype.itemsize * prod(d.shape)) for d in plan.direct]
-    for d, result in zip(plan.direct, alone, strict=True):
-        _direct(comm_, d, sources[d.position], result, cfg.max_message_bytes)
     reduced: list[np.ndarray[Any, Any]] = []
+    steps.keep = (alone, reduced)
+    for d, result in zip(plan.direct, alone, strict=True):
+        _direct(steps, d, sources[d.position], result, cfg.max_message_bytes)
     for bucket in plan.buckets:
         buf = pool.take_array((bucket.count,), bucket.dtype, bucket.count * bucket.dtype.itemsize)
+        reduced.append(buf)
         plan.fill(bucket, buf, sources, rt)
         if bucket.count * bucket.dtype.itemsize <= cfg.max_message_bytes and bucket.count <= INT_MAX:
-            comm_.Allreduce(MPI.IN_PLACE, [buf, bucket.datatype], bucket.op)  # the common case, one call
+            steps("Allreduce", MPI.IN_PLACE, [buf, bucket.datatype], bucket.op)  # the common case, one call
         else:
             address = buf.ctypes.data
-            reduce(comm_, address, address, bucket.count, bucket.datatype, bucket.op, None, cfg.max_message_bytes)
-        reduced.append(buf)
+            reduce(steps, address, address, bucket.count, bucket.datatype, bucket.op, None, cfg.max_message_bytes)
     return _results(plan, reduced, alone, comm_.Get_size(), rt)
 
 
@@ -180,7 +182,7 @@ def _results(plan: Plan, buffers: list[np.ndarray[Any, Any]], alone: list[np.nda
     return plan.container(out)
 
 
-def _direct(comm: MPI.Intracomm, d: Direct, src: np.ndarray[Any, Any], result: np.ndarray[Any, Any],
+def _direct(steps: Steps, d: Direct, src: np.ndarray[Any, Any], result: np.ndarray[Any, Any],
             max_message_bytes: int) -> None:
     """Array ``d`` reduced into ``result`` (C-ordered, its shape and native dtype) from its own buffer (a copy
     only when not C-contiguous in native byte order), with a blocking Allreduce: docs/benchmarks.md has why not
@@ -189,9 +191,10 @@ def _direct(comm: MPI.Intracomm, d: Direct, src: np.ndarray[Any, Any], result: n
         src = np.ascontiguousarray(src, d.dtype)
     count = result.size
     if count * d.dtype.itemsize <= max_message_bytes and count <= INT_MAX:
-        comm.Allreduce([src, count, d.datatype], [result, count, d.datatype], d.op)
+        steps("Allreduce", [src, count, d.datatype], [result, count, d.datatype], d.op)
     else:
-        reduce(comm, src.ctypes.data, result.ctypes.data, count, d.datatype, d.op, None, max_message_bytes)
+        steps.keep = (steps.keep, src)  # (a copy of its own: kept alive past a timeout too)
+        reduce(steps, src.ctypes.data, result.ctypes.data, count, d.datatype, d.op, None, max_message_bytes)
 
 
 class BucketedAllreduce(PersistentLifecycle):

@@ -23,7 +23,7 @@ from ..arrays.operands import DeviceSource, RecvTarget, Target, describe_target,
 from ..core.header import MessageInfo
 from ..core.memo import Memo
 from ..runtime.base import Runtime
-from ..transport.agreement import SPECULATE_BYTES, Ballot, disagree, fingerprint, reason, vote
+from ..transport.agreement import SPECULATE_BYTES, Ballot, Steps, disagree, fingerprint, posted, reason, vote
 from ..transport.bigcount import INT_MAX, reduce
 from ..transport.contiguous import Landing, Outgoing, outgoing
 from ..transport.pool import host_receive_pool
@@ -189,14 +189,14 @@ def _address(buf: Any) -> int:
     return int(buf.ctypes.data) if isinstance(buf, np.ndarray) else int(buf.address)
 
 
-def _post(comm: MPI.Comm, send: Any, recv: Any, in_place: bool, agreed: _Agreed, blocking: bool = False) -> Any:
-    """The reduction of the ``agreed`` signature (``recv`` None off the root), nonblocking unless ``blocking``."""
+def _call(send: Any, recv: Any, in_place: bool, agreed: _Agreed) -> tuple[str, tuple[Any, ...]]:
+    """MPI's reduction of the ``agreed`` signature (``recv`` None off the root): its name and its arguments."""
     n, dt = agreed.count, agreed.datatype
     src: Any = MPI.IN_PLACE if in_place else [send, n, dt]
     out = None if recv is None else [recv, n, dt]
     if agreed.root is None:
-        return (comm.Allreduce if blocking else comm.Iallreduce)(src, out, agreed.mpi)
-    return (comm.Reduce if blocking else comm.Ireduce)(src, out, agreed.mpi, agreed.root)
+        return "Allreduce", (src, out, agreed.mpi)
+    return "Reduce", (src, out, agreed.mpi, agreed.root)
 
 
 def _speculate(fn: str, pc: PrivateComms, ballot: Ballot, due: Any, agreed: _Agreed,
@@ -210,10 +210,11 @@ def _speculate(fn: str, pc: PrivateComms, ballot: Ballot, due: Any, agreed: _Agr
     bufs = mine() if mine is not None else None
     if bufs is None:
         scratch = np.empty((2, agreed.nbytes), np.uint8)
-        req = _post(comm, scratch[0], scratch[1] if gets_result else None, False, agreed)
+        name, args = _call(scratch[0], scratch[1] if gets_result else None, False, agreed)
     else:
         scratch = None
-        req = _post(comm, bufs.send, bufs.recv, bufs.in_place, agreed)
+        name, args = _call(bufs.send, bufs.recv, bufs.in_place, agreed)
+    req = posted(comm, name, *args)
     vote(fn, pc, ballot, due, [req], keep=(bufs, scratch))
     if bufs is not None and ballot.matches(agreed.common):
         return bufs
@@ -254,11 +255,12 @@ def _reduce(
             return result
     else:
         vote(fn, pc, ballot, due)
+    steps = Steps(fn, pc, due)
     if error is not None:
-        disagree(fn, comm_, reason(error), error, "")  # (raises this rank's own error, after every rank heard of it)
+        disagree(fn, steps, reason(error), error, "")  # (raises this rank's own error, after every rank heard of it)
     if not ballot.agreed:
         text = plan.text if root is None else f"{plan.text} root={root}"
-        disagree(fn, comm_, text, None, "the ranks must reduce arrays of one shape and dtype with one op"
+        disagree(fn, steps, text, None, "the ranks must reduce arrays of one shape and dtype with one op"
                  + ("" if root is None else " and root"))
     info = plan.info
     count = info.payload_nbytes // max(plan.datatype.Get_size(), 1)
@@ -266,14 +268,15 @@ def _reduce(
         pc.agreed[fn] = _Agreed(common, count, plan.datatype, plan.op.mpi, info.payload_nbytes, root)
     else:
         pc.agreed.pop(fn, None)
-    bufs = _buffers(src, plan, target, gets_result, trouble, pc, rt)
+    bufs = steps.keep = _buffers(src, plan, target, gets_result, trouble, pc, rt)
     if info.payload_nbytes <= cfg.max_message_bytes and count <= INT_MAX:
         if count:
-            _post(comm_, bufs.send, bufs.recv, bufs.in_place, _Agreed(common, count, plan.datatype, plan.op.mpi,
-                  info.payload_nbytes, root), blocking=True)
+            name, args = _call(bufs.send, bufs.recv, bufs.in_place, _Agreed(common, count, plan.datatype,
+                               plan.op.mpi, info.payload_nbytes, root))
+            steps(name, *args)
     else:
         send = _address(bufs.send)
-        reduce(comm_, send, send if bufs.in_place else _address(bufs.recv) if bufs.recv is not None else send,
+        reduce(steps, send, send if bufs.in_place else _address(bufs.recv) if bufs.recv is not None else send,
                count, plan.datatype, plan.op.mpi, root, cfg.max_message_bytes)
     result = bufs.finish(plan, size)
     if trouble is not None:
