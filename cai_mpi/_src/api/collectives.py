@@ -64,9 +64,10 @@ def _receiver(fn: str, out: Any, device: Any, rt: Runtime) -> tuple[Target | Non
 
 def _land(
     fn: str, info: MessageInfo, target: Target | None, ordinal: int | None, trouble: Exception | None, source: int,
-    pc: PrivateComms, rt: Runtime,
+    pc: PrivateComms, rt: Runtime, held: bool,
 ) -> tuple[Landing, Exception | None]:
-    """Where this rank's piece lands; on a bad ``out=`` a scratch buffer, and the error to raise afterwards."""
+    """Where this rank's piece lands; on a bad ``out=`` a scratch buffer, and the error to raise afterwards.
+    ``held``: MPI's write may be discarded or complete after a timeout, so it does not land in ``out=`` itself."""
     if trouble is None and target is not None:
         why = mismatch(target, info.shape, info.dtype)
         if why is not None:
@@ -77,7 +78,7 @@ def _land(
     if trouble is not None:
         scratch = np.empty(max(info.payload_nbytes, 1), np.uint8)
         return Landing(scratch.ctypes.data, info.payload_nbytes, lambda: Array.from_host(scratch)), trouble
-    return Landing.plan(info, target, ordinal, source, NO_TAG, rt, direct=pc.aware.aware), None
+    return Landing.plan(info, target, ordinal, source, NO_TAG, rt, direct=pc.aware.aware, held=held), None
 
 
 def _own_array(src: np.ndarray[Any, Any] | DeviceSource, owner: Any, rank: int, meta: dict[str, Any] | None) -> Array:
@@ -165,7 +166,7 @@ def bcast_array(
                     piece = outgoing(src, rt, direct=pc.aware.aware)
                     buf = bytes_at(piece.address, piece.nbytes)
         elif expected:
-            landing, spec_trouble = _land(fn, agreed.fresh_info(), target, ordinal, trouble, root, pc, rt)
+            landing, spec_trouble = _land(fn, agreed.fresh_info(), target, ordinal, trouble, root, pc, rt, True)
             buf = bytes_at(landing.address, landing.nbytes)
         if buf is None:
             buf = np.empty(agreed.nbytes, np.uint8)
@@ -182,7 +183,7 @@ def bcast_array(
                 raise spec_trouble
             return result
         if landing is not None:
-            landing.finish()  # (discarded: the staging given back)
+            landing.discard()
     else:
         vote(fn, pc, ballot, due)
     steps = Steps(fn, pc, due)
@@ -211,7 +212,7 @@ def bcast_array(
     if fused and target is None and ordinal is None and trouble is None:
         assert ex is not None
         return Array.over_host(_view(ex, 0, info), root, NO_TAG, info.meta)  # over the broadcast slot
-    landing, trouble = _land(fn, info, target, ordinal, trouble, root, pc, rt)
+    landing, trouble = _land(fn, info, target, ordinal, trouble, root, pc, rt, due is not None and not fused)
     if fused:
         assert ex is not None
         _put(landing, ex.payload(0), rt, ordinal if target is None else getattr(target, "ordinal", None))
@@ -289,7 +290,7 @@ def scatter_array(
         raise CollectiveMismatchError(f"{fn}: the root, rank {root}, could not send: {described}")
     info = described
     target, ordinal, trouble = _receiver(fn, out, None, rt)
-    landing, trouble = _land(fn, info, target, ordinal, trouble, root, pc, rt)
+    landing, trouble = _land(fn, info, target, ordinal, trouble, root, pc, rt, due is not None)
     pieces = [outgoing(c.source, rt, direct=pc.aware.aware) for c in parts]
     steps.keep = (landing, pieces)
     sends = [(p.address, p.nbytes) for p in pieces] if parts else [None] * size

@@ -113,22 +113,24 @@ def _out(fn: str, out: Any, plan: _Plan, rt: Runtime) -> tuple[Target | None, Ex
 
 class _Buffers:
     """Where this rank's reduction reads (``send``) and writes (``recv``: None off the root), as buffers MPI takes
-    (``in_place``: they are the same memory), and how the result is made: ``result`` (host numpy memory), or the
-    ``landing`` of staged or device memory; neither when ``out=`` was refused (``recv`` is then scratch)."""
+    (``in_place``: they are the same memory), and how the result is made: ``result`` (host numpy memory, copied from
+    ``recv`` into ``out=``, ``into``, when held apart from it), or the ``landing`` of staged or device memory; neither
+    when ``out=`` was refused (``recv`` is then scratch)."""
 
-    __slots__ = ("in_place", "landing", "piece", "recv", "result", "send")
+    __slots__ = ("in_place", "into", "landing", "piece", "recv", "result", "send")
 
     def __init__(self, send: Any, recv: Any, *, piece: Outgoing | None = None, landing: Landing | None = None,
-                 result: Array | None = None, in_place: bool = False) -> None:
+                 result: Array | None = None, in_place: bool = False, into: np.ndarray[Any, Any] | None = None
+                 ) -> None:
         self.send, self.recv, self.piece, self.landing, self.result = send, recv, piece, landing, result
-        self.in_place = in_place
+        self.in_place, self.into = in_place, into
 
     def release(self) -> None:
-        """Discard what was received (the call is made again): staging given back."""
+        """Discard what was received (the call is made again, or fails): ``out=`` untouched, staging given back."""
         if self.piece is not None:
             self.piece.release()
         if self.landing is not None:
-            self.landing.finish()
+            self.landing.discard()
 
     def finish(self, plan: _Plan, size: int) -> Array | None:
         """The result, once MPI has written it (the mean divided); the staging given back."""
@@ -143,6 +145,8 @@ class _Buffers:
                 assert self.landing is not None and not self.landing.device
                 divide(self.landing.address, plan.info.payload_nbytes // plan.info.dtype.itemsize, plan.info.dtype,
                        size)
+        if self.into is not None:
+            np.copyto(self.into, self.recv, casting="no")
         return self.result if self.landing is None else self.landing.finish()
 
 
@@ -151,7 +155,9 @@ def _raw(address: int, nbytes: int, readonly: bool = False) -> Any:
 
 
 def _buffers(src: np.ndarray[Any, Any] | DeviceSource, plan: _Plan, target: Target | None, gets_result: bool,
-             trouble: Exception | None, pc: PrivateComms, rt: Runtime) -> _Buffers:
+             trouble: Exception | None, pc: PrivateComms, rt: Runtime, held: bool) -> _Buffers:
+    """This rank's buffers; ``held``: MPI's write may be discarded or complete after a timeout, so it does not land
+    in ``out=`` itself (``Landing.plan``)."""
     info = plan.info
     if isinstance(src, np.ndarray) and src.flags.c_contiguous and (
             target is None or (type(target) is np.ndarray and target.flags.c_contiguous)):
@@ -164,8 +170,10 @@ def _buffers(src: np.ndarray[Any, Any] | DeviceSource, plan: _Plan, target: Targ
             recv = host_receive_pool().take_array(info.shape, info.dtype, info.payload_nbytes)
             return _Buffers(src, recv, result=Array.over_host(recv, NO_SOURCE, NO_TAG, None))
         assert isinstance(target, np.ndarray)
-        return _Buffers(src, target, result=Array.over_host(target, NO_SOURCE, NO_TAG, None, target),
-                        in_place=target.size > 0 and target.ctypes.data == src.ctypes.data)
+        result = Array.over_host(target, NO_SOURCE, NO_TAG, None, target)
+        if held:
+            return _Buffers(src, np.empty(info.shape, info.dtype), result=result, into=target)
+        return _Buffers(src, target, result=result, in_place=target.size > 0 and target.ctypes.data == src.ctypes.data)
     on_device = target.desc is not None if isinstance(target, RecvTarget) else (
         target is None and isinstance(src, DeviceSource))
     # MPI reduces where both buffers lie: on the device only through a CUDA-aware MPI, and only when input and
@@ -180,7 +188,7 @@ def _buffers(src: np.ndarray[Any, Any] | DeviceSource, plan: _Plan, target: Targ
     if trouble is not None:
         return _Buffers(send, np.empty(max(info.payload_nbytes, 1), np.uint8), piece=piece)
     ordinal = src.ordinal if target is None and isinstance(src, DeviceSource) else None
-    landing = Landing.plan(info, target, ordinal, NO_SOURCE, NO_TAG, rt, direct=direct)
+    landing = Landing.plan(info, target, ordinal, NO_SOURCE, NO_TAG, rt, direct=direct, held=held)
     return _Buffers(send, _raw(landing.address, landing.nbytes), piece=piece, landing=landing,
                     in_place=landing.nbytes > 0 and landing.address == piece.address)
 
@@ -246,7 +254,7 @@ def _reduce(
     if agreed is not None and 0 < agreed.nbytes <= SPECULATE_BYTES:
         mine = None
         if error is None and common == agreed.common:
-            mine = lambda: _buffers(src, plan, target, gets_result, trouble, pc, rt)  # noqa: E731
+            mine = lambda: _buffers(src, plan, target, gets_result, trouble, pc, rt, True)  # noqa: E731
         bufs = _speculate(fn, pc, ballot, due, agreed, mine)
         if bufs is not None:
             result = bufs.finish(plan, size)
@@ -268,7 +276,7 @@ def _reduce(
         pc.agreed[fn] = _Agreed(common, count, plan.datatype, plan.op.mpi, info.payload_nbytes, root)
     else:
         pc.agreed.pop(fn, None)
-    bufs = steps.keep = _buffers(src, plan, target, gets_result, trouble, pc, rt)
+    bufs = steps.keep = _buffers(src, plan, target, gets_result, trouble, pc, rt, due is not None)
     if info.payload_nbytes <= cfg.max_message_bytes and count <= INT_MAX:
         if count:
             name, args = _call(bufs.send, bufs.recv, bufs.in_place, _Agreed(common, count, plan.datatype,
