@@ -24,7 +24,7 @@ from ..arrays.array import NO_SOURCE, NO_TAG, Array
 from ..arrays.operands import DeviceSource, send_source
 from ..core.memo import Memo
 from ..runtime.base import Runtime
-from ..transport.agreement import SPECULATE_BYTES, Ballot, Steps, disagree, fingerprint, reason, vote
+from ..transport.agreement import SPECULATE_BYTES, Ballot, Joined, disagree, fingerprint, reason, vote
 from ..transport.bigcount import INT_MAX, reduce
 from ..transport.pool import host_receive_pool
 from .agreed import agree
@@ -126,7 +126,7 @@ def allreduce_arrays(
             return _results(plan, buffers, [], comm_.Get_size(), rt)
     else:
         vote(fn, pc, ballot, due)
-    steps = Steps(fn, pc, due)
+    steps = Joined(fn, pc, due)
     if error is not None:
         disagree(fn, steps, reason(error), error, "")  # (raises this rank's own error, after every rank heard of it)
     if not ballot.agreed:
@@ -182,7 +182,7 @@ def _results(plan: Plan, buffers: list[np.ndarray[Any, Any]], alone: list[np.nda
     return plan.container(out)
 
 
-def _direct(steps: Steps, d: Direct, src: np.ndarray[Any, Any], result: np.ndarray[Any, Any],
+def _direct(steps: Joined, d: Direct, src: np.ndarray[Any, Any], result: np.ndarray[Any, Any],
             max_message_bytes: int) -> None:
     """Array ``d`` reduced into ``result`` (C-ordered, its shape and native dtype) from its own buffer (a copy
     only when not C-contiguous in native byte order), with a blocking Allreduce: docs/benchmarks.md has why not

@@ -31,7 +31,7 @@ from ..transport.agreement import (
     Ballot,
     Contribution,
     Exchange,
-    Steps,
+    Joined,
     broadcast,
     describe_source,
     disagree,
@@ -186,7 +186,7 @@ def bcast_array(
             landing.discard()
     else:
         vote(fn, pc, ballot, due)
-    steps = Steps(fn, pc, due)
+    steps = Joined(fn, pc, due)
     if not ballot.same_common:
         text = f"root={root}" if mine.error is None else reason(mine.error)
         disagree(fn, steps, text, mine.error, "every rank must name the same root")
@@ -272,7 +272,7 @@ def scatter_array(
     parts = _per_rank(fn, objs, size, sync, rt) if me == root else []
     # (the root's own failure travels in its descriptions, below)
     ballot = vote(fn, pc, Ballot(common_fingerprint(fn, root), failed=bad_root is not None), due)
-    steps = Steps(fn, pc, due)
+    steps = Joined(fn, pc, due)
     if not ballot.agreed:
         text = f"root={root}" if bad_root is None else reason(bad_root)
         disagree(fn, steps, text, bad_root, "every rank must name the same root")
@@ -331,7 +331,7 @@ def alltoall_array(
     parts = _per_rank(fn, objs, size, sync, rt)
     heads = np.array([[len(c.blob), _nbytes(c)] for c in parts], np.int64)
     theirs = np.empty((size, 2), np.int64)
-    steps = Steps(fn, pc, due)
+    steps = Joined(fn, pc, due)
     steps("Alltoall", heads, theirs)
     data, counts, displs = pack([c.blob for c in parts])
     rcounts = [int(n) for n in theirs[:, 0]]

@@ -24,7 +24,7 @@ from ..transport.agreement import (
     SPECULATE_BYTES,
     Ballot,
     Contribution,
-    Steps,
+    Joined,
     describe_source,
     disagree,
     fingerprint,
@@ -110,7 +110,7 @@ def _gathered(fn: str, pc: PrivateComms, mine: Contribution, root: int | None, d
             place.finish(rt, NO_TAG)  # (discarded: the staging given back)
     else:
         vote(fn, pc, ballot, due)
-    steps = Steps(fn, pc, due)
+    steps = Joined(fn, pc, due)
     if not ballot.agreed:
         text = f"root={root}" if mine.error is None else reason(mine.error)
         disagree(fn, steps, text, mine.error, "every rank must name the same root")

@@ -23,7 +23,7 @@ from ..arrays.operands import DeviceSource, RecvTarget, Target, describe_target,
 from ..core.header import MessageInfo
 from ..core.memo import Memo
 from ..runtime.base import Runtime
-from ..transport.agreement import SPECULATE_BYTES, Ballot, Steps, disagree, fingerprint, posted, reason, vote
+from ..transport.agreement import SPECULATE_BYTES, Ballot, Joined, disagree, fingerprint, posted, reason, vote
 from ..transport.bigcount import INT_MAX, reduce
 from ..transport.contiguous import Landing, Outgoing, outgoing
 from ..transport.pool import host_receive_pool
@@ -263,7 +263,7 @@ def _reduce(
             return result
     else:
         vote(fn, pc, ballot, due)
-    steps = Steps(fn, pc, due)
+    steps = Joined(fn, pc, due)
     if error is not None:
         disagree(fn, steps, reason(error), error, "")  # (raises this rank's own error, after every rank heard of it)
     if not ballot.agreed:

@@ -40,7 +40,7 @@ from ..progress.waits import MPIWait
 from .privcomm import PrivateComms
 
 __all__ = [
-    "NOBODY", "SLOT_BYTES", "SPECULATE_BYTES", "Ballot", "Contribution", "Exchange", "Steps", "broadcast",
+    "NOBODY", "SLOT_BYTES", "SPECULATE_BYTES", "Ballot", "Contribution", "Exchange", "Joined", "broadcast",
     "check_in_step", "describe_source", "disagree", "fingerprint", "pack", "posted", "raise_failures",
     "read", "reason", "settle", "unpack", "vote",
 ]
@@ -140,7 +140,7 @@ def posted(comm: MPI.Comm, collective: str, *args: Any) -> MPI.Request:
     return cast("MPI.Request", getattr(comm, "I" + collective[0].lower() + collective[1:])(*args))
 
 
-class Steps:
+class Joined:
     """The collective steps of one call after its vote, on ``pc.header``, where every rank must arrive: with a
     deadline each is MPI's nonblocking form, abandoned with TimeoutError if some rank has not come (``settle``), so
     every wait of the call is bounded by its ``timeout=``; without one, MPI's blocking collective. ``keep``: what
@@ -266,7 +266,7 @@ def vote(fn: str, pc: PrivateComms, ballot: Ballot, due: Deadline | None,
     return ballot
 
 
-def disagree(fn: str, steps: Steps, text: str, error: BaseException | None, what: str) -> NoReturn:
+def disagree(fn: str, steps: Joined, text: str, error: BaseException | None, what: str) -> NoReturn:
     """The error path, after a vote that did not agree (every rank is here): every rank's ``text`` (its
     description, or with ``error`` why it could not take part) to every rank, then this rank's own ``error``, or
     CollectiveMismatchError naming what each rank had (``what``: the rule they broke)."""
@@ -366,7 +366,7 @@ def _read_slots(slots: memoryview, count: int) -> tuple[
 
 
 def broadcast(
-    steps: Steps, root: int, mine: Contribution, nbytes: int, *, payload: np.ndarray[Any, Any] | None = None,
+    steps: Joined, root: int, mine: Contribution, nbytes: int, *, payload: np.ndarray[Any, Any] | None = None,
 ) -> Exchange:
     """The root's description, everywhere, once a vote has seen every rank arrive: one ``Bcast`` of the root's slot
     (with its host ``payload`` when it fits), and a second of the rest of a header longer than a slot, if it is."""

@@ -3,7 +3,7 @@
 Counts and displacements of MPI's collectives are C ints: a piece over 2**31-1 bytes cannot be described
 in bytes on an MPI without large-count calls. ``bcast`` then splits the piece, ``reduce`` splits it by
 elements, and the v-collectives become ``Alltoallw`` over datatypes that each describe one piece at its
-absolute address (``MPI.BOTTOM``), however large. Each MPI call is a step of the collective call (``Steps``): bounded
+absolute address (``MPI.BOTTOM``), however large. Each MPI call is a step of the collective call (``Joined``): bounded
 by its deadline when it has one.
 """
 
@@ -17,7 +17,7 @@ from mpi4py import MPI
 from .pieces import BYTE, chunks, raw
 
 if TYPE_CHECKING:
-    from .agreement import Steps
+    from .agreement import Joined
 
 __all__ = ["INT_MAX", "allgatherv", "alltoallw", "bcast", "gatherv", "reduce"]
 
@@ -25,7 +25,7 @@ INT_MAX = 2**31 - 1
 _GIB = 1 << 30
 
 
-def bcast(steps: Steps, address: int, nbytes: int, root: int, max_message: int) -> None:
+def bcast(steps: Joined, address: int, nbytes: int, root: int, max_message: int) -> None:
     """Broadcast ``nbytes`` at ``address`` (the root's bytes, everyone else's landing) in messages of at most
     ``max_message`` bytes."""
     for off, n in chunks(nbytes, max_message):
@@ -34,7 +34,7 @@ def bcast(steps: Steps, address: int, nbytes: int, root: int, max_message: int) 
 
 
 def reduce(
-    steps: Steps, send: int, recv: int, count: int, datatype: MPI.Datatype, op: MPI.Op, root: int | None,
+    steps: Joined, send: int, recv: int, count: int, datatype: MPI.Datatype, op: MPI.Op, root: int | None,
     max_message: int,
 ) -> None:
     """Reduce ``count`` elements at ``send`` into ``recv`` (at ``root``; everywhere when ``root`` is None), in
@@ -70,7 +70,7 @@ def _segment(address: int, nbytes: int) -> MPI.Datatype:
 
 
 def alltoallw(
-    steps: Steps, sends: Sequence[tuple[int, int] | None], recvs: Sequence[tuple[int, int] | None]
+    steps: Joined, sends: Sequence[tuple[int, int] | None], recvs: Sequence[tuple[int, int] | None]
 ) -> None:
     """Every rank sends piece ``sends[p]`` (``(address, nbytes)``, or None) to rank p and receives ``recvs[p]``
     from it: one ``Alltoallw`` over pieces at their absolute addresses."""
@@ -102,7 +102,7 @@ def _each(address: int, nbytes: int, size: int) -> list[Any]:
 
 
 def gatherv(
-    steps: Steps, send: tuple[int, int], recv: tuple[int, Sequence[int], Sequence[int]] | None, root: int,
+    steps: Joined, send: tuple[int, int], recv: tuple[int, Sequence[int], Sequence[int]] | None, root: int,
     *, small: bool, regular: bool = False,
 ) -> None:
     """Gather every rank's ``send`` piece at ``root`` into ``recv``: ``(address, counts, displacements)``.
@@ -127,7 +127,7 @@ def gatherv(
 
 
 def allgatherv(
-    steps: Steps, send: tuple[int, int], recv: tuple[int, Sequence[int], Sequence[int]], *, small: bool,
+    steps: Joined, send: tuple[int, int], recv: tuple[int, Sequence[int], Sequence[int]], *, small: bool,
     regular: bool = False,
 ) -> None:
     """Every rank's ``send`` piece, everywhere, into ``recv``: ``(address, counts, displacements)``; ``small`` and
