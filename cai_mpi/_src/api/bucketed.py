@@ -26,6 +26,7 @@ from ..core.memo import Memo
 from ..runtime.base import Runtime
 from ..transport.agreement import SPECULATE_BYTES, Ballot, Joined, disagree, fingerprint, reason, vote
 from ..transport.bigcount import INT_MAX, reduce
+from ..transport.pieces import counted
 from ..transport.pool import host_receive_pool
 from .agreed import agree
 from .bucket_plan import DIRECT_BYTES, Direct, Plan, is_container
@@ -119,7 +120,7 @@ def allreduce_arrays(
         if mine:
             for bucket, buf in zip(plan.buckets, buffers, strict=True):
                 plan.fill(bucket, buf, sources, rt)
-        posted = [comm_.Iallreduce(MPI.IN_PLACE, [buf, n, dt], mpi_op)
+        posted = [comm_.Iallreduce(MPI.IN_PLACE, counted(buf, n, dt), mpi_op)
                   for buf, (n, dt, mpi_op) in zip(buffers, agreed.buckets, strict=True)]
         vote(fn, pc, ballot, due, posted, keep=buffers)
         if mine and ballot.matches(agreed.fp) and not ballot.device:

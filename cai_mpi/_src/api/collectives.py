@@ -45,6 +45,7 @@ from ..transport.agreement import (
 )
 from ..transport.bigcount import alltoallw, bcast
 from ..transport.contiguous import Landing, outgoing
+from ..transport.pieces import counted
 from ..transport.privcomm import PrivateComms
 from .collective_call import NO_TAG, AgreedSignature, bytes_at, checked_root, common_fingerprint, setup
 from .validation import check_meta, check_sync, receive_device
@@ -170,7 +171,7 @@ def bcast_array(
             buf = bytes_at(landing.address, landing.nbytes)
         if buf is None:
             buf = np.empty(agreed.nbytes, np.uint8)
-        posted = [comm_.Ibcast([buf, agreed.nbytes, MPI.BYTE], agreed.root)] if agreed.nbytes else []
+        posted = [comm_.Ibcast(counted(buf, agreed.nbytes, MPI.BYTE), agreed.root)] if agreed.nbytes else []
         vote(fn, pc, ballot, due, posted, keep=(piece, landing, buf))
         if piece is not None:
             piece.release()

@@ -35,6 +35,7 @@ from ..transport.agreement import (
 )
 from ..transport.bigcount import INT_MAX, allgatherv, gatherv
 from ..transport.contiguous import ALIGN, Gathered, Outgoing, outgoing
+from ..transport.pieces import counted
 from ..transport.privcomm import PrivateComms
 from .collective_call import NO_TAG, AgreedSignature, bytes_at, checked_root, common_fingerprint, setup
 from .validation import check_sync
@@ -58,13 +59,13 @@ def _regular(sizes: Sequence[int]) -> bool:
     return sizes[0] > 0 and sizes[0] % ALIGN == 0 and all(n == sizes[0] for n in sizes)
 
 
-def _gather_call(send: Any, recv: Any, n: int, root: int | None) -> tuple[str, tuple[Any, ...]]:
+def _gather_call(comm: MPI.Comm, send: Any, recv: Any, n: int, root: int | None) -> tuple[str, tuple[Any, ...]]:
     """MPI's Gather (at ``root``) or Allgather (``root`` None) of ``n`` bytes per rank into ``recv`` (pieces back to
     back; None off the root): its name and its arguments."""
-    out = None if recv is None else [recv, n, MPI.BYTE]
+    out = None if recv is None else counted(recv, n, MPI.BYTE, comm.Get_size())
     if root is None:
-        return "Allgather", ([send, n, MPI.BYTE], out)
-    return "Gather", ([send, n, MPI.BYTE], out, root)
+        return "Allgather", (counted(send, n, MPI.BYTE), out)
+    return "Gather", (counted(send, n, MPI.BYTE), out, root)
 
 
 def _sending(src: Any, rt: Runtime, pc: PrivateComms) -> tuple[Any, Outgoing | None]:
@@ -99,7 +100,7 @@ def _gathered(fn: str, pc: PrivateComms, mine: Contribution, root: int | None, d
         send, piece = _sending(mine.source, rt, pc) if expected else (np.empty(n, np.uint8), None)
         recv = None if not spec_gets else bytes_at(place.address, n * size) if place is not None \
             else np.empty(n * size, np.uint8)
-        name, args = _gather_call(send, recv, n, spec_root)
+        name, args = _gather_call(comm, send, recv, n, spec_root)
         reqs = [posted(comm, name, *args)] if n else []
         vote(fn, pc, ballot, due, reqs, keep=(piece, place, send, recv))
         if piece is not None:
@@ -128,7 +129,7 @@ def _gathered(fn: str, pc: PrivateComms, mine: Contribution, root: int | None, d
     send, piece = _sending(mine.source, rt, pc)
     steps.keep = (place, piece)
     if packed:
-        name, args = _gather_call(send, None if place is None else bytes_at(place.address, sizes[0] * size),
+        name, args = _gather_call(comm, send, None if place is None else bytes_at(place.address, sizes[0] * size),
                                   sizes[0], root)
         steps(name, *args)
     elif any(sizes):

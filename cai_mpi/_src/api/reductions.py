@@ -26,6 +26,7 @@ from ..runtime.base import Runtime
 from ..transport.agreement import SPECULATE_BYTES, Ballot, Joined, disagree, fingerprint, posted, reason, vote
 from ..transport.bigcount import INT_MAX, reduce
 from ..transport.contiguous import Landing, Outgoing, outgoing
+from ..transport.pieces import counted
 from ..transport.pool import host_receive_pool
 from ..transport.privcomm import PrivateComms
 from .collective_call import checked_root, setup
@@ -200,8 +201,8 @@ def _address(buf: Any) -> int:
 def _call(send: Any, recv: Any, in_place: bool, agreed: _Agreed) -> tuple[str, tuple[Any, ...]]:
     """MPI's reduction of the ``agreed`` signature (``recv`` None off the root): its name and its arguments."""
     n, dt = agreed.count, agreed.datatype
-    src: Any = MPI.IN_PLACE if in_place else [send, n, dt]
-    out = None if recv is None else [recv, n, dt]
+    src: Any = MPI.IN_PLACE if in_place else counted(send, n, dt)
+    out = None if recv is None else counted(recv, n, dt)
     if agreed.root is None:
         return "Allreduce", (src, out, agreed.mpi)
     return "Reduce", (src, out, agreed.mpi, agreed.root)
