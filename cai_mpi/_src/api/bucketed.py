@@ -186,8 +186,8 @@ def _results(plan: Plan, buffers: list[np.ndarray[Any, Any]], alone: list[np.nda
 def _direct(steps: Joined, d: Direct, src: np.ndarray[Any, Any], result: np.ndarray[Any, Any],
             max_message_bytes: int) -> None:
     """Array ``d`` reduced into ``result`` (C-ordered, its shape and native dtype) from its own buffer (a copy
-    only when not C-contiguous in native byte order), with a blocking Allreduce: docs/benchmarks.md has why not
-    Iallreduce for all of them and one Waitall."""
+    only when not C-contiguous in native byte order), with a blocking Allreduce (a step of the call, bounded by its
+    ``timeout=`` if it has one): docs/benchmarks.md has why not Iallreduce for all of them and one Waitall."""
     if src.dtype != d.dtype or not src.flags.c_contiguous:
         src = np.ascontiguousarray(src, d.dtype)
     count = result.size
