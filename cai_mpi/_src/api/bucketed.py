@@ -24,8 +24,9 @@ from ..arrays.array import NO_SOURCE, NO_TAG, Array
 from ..arrays.operands import DeviceSource, send_source
 from ..core.memo import Memo
 from ..runtime.base import Runtime
-from ..transport.agreement import SPECULATE_BYTES, Ballot, disagree, fingerprint, reason, vote
+from ..transport.agreement import SPECULATE_BYTES, Ballot, Joined, disagree, fingerprint, reason, vote
 from ..transport.bigcount import INT_MAX, reduce
+from ..transport.pieces import counted
 from ..transport.pool import host_receive_pool
 from .agreed import agree
 from .bucket_plan import DIRECT_BYTES, Direct, Plan, is_container
@@ -119,17 +120,18 @@ def allreduce_arrays(
         if mine:
             for bucket, buf in zip(plan.buckets, buffers, strict=True):
                 plan.fill(bucket, buf, sources, rt)
-        posted = [comm_.Iallreduce(MPI.IN_PLACE, [buf, n, dt], mpi_op)
+        posted = [comm_.Iallreduce(MPI.IN_PLACE, counted(buf, n, dt), mpi_op)
                   for buf, (n, dt, mpi_op) in zip(buffers, agreed.buckets, strict=True)]
         vote(fn, pc, ballot, due, posted, keep=buffers)
         if mine and ballot.matches(agreed.fp) and not ballot.device:
             return _results(plan, buffers, [], comm_.Get_size(), rt)
     else:
         vote(fn, pc, ballot, due)
+    steps = Joined(fn, pc, due)
     if error is not None:
-        disagree(fn, comm_, reason(error), error, "")  # (raises this rank's own error, after every rank heard of it)
+        disagree(fn, steps, reason(error), error, "")  # (raises this rank's own error, after every rank heard of it)
     if not ballot.agreed:
-        disagree(fn, comm_, plan.text, None, "every rank must reduce the same keys, shapes, dtypes and op")
+        disagree(fn, steps, plan.text, None, "every rank must reduce the same keys, shapes, dtypes and op")
     if ballot.device and plan.direct:  # (every rank alike: which arrays go alone must not depend on where they lie)
         plan = Plan(fn, objs, op, sync, rt)
         sources = plan.sources
@@ -140,18 +142,19 @@ def allreduce_arrays(
     else:
         pc.agreed.pop(fn, None)
     alone = [pool.take_array(d.shape, d.dtype, d.dtype.itemsize * prod(d.shape)) for d in plan.direct]
-    for d, result in zip(plan.direct, alone, strict=True):
-        _direct(comm_, d, sources[d.position], result, cfg.max_message_bytes)
     reduced: list[np.ndarray[Any, Any]] = []
+    steps.keep = (alone, reduced)
+    for d, result in zip(plan.direct, alone, strict=True):
+        _direct(steps, d, sources[d.position], result, cfg.max_message_bytes)
     for bucket in plan.buckets:
         buf = pool.take_array((bucket.count,), bucket.dtype, bucket.count * bucket.dtype.itemsize)
+        reduced.append(buf)
         plan.fill(bucket, buf, sources, rt)
         if bucket.count * bucket.dtype.itemsize <= cfg.max_message_bytes and bucket.count <= INT_MAX:
-            comm_.Allreduce(MPI.IN_PLACE, [buf, bucket.datatype], bucket.op)  # the common case, one call
+            steps("Allreduce", MPI.IN_PLACE, [buf, bucket.datatype], bucket.op)  # the common case, one call
         else:
             address = buf.ctypes.data
-            reduce(comm_, address, address, bucket.count, bucket.datatype, bucket.op, None, cfg.max_message_bytes)
-        reduced.append(buf)
+            reduce(steps, address, address, bucket.count, bucket.datatype, bucket.op, None, cfg.max_message_bytes)
     return _results(plan, reduced, alone, comm_.Get_size(), rt)
 
 
@@ -180,18 +183,19 @@ def _results(plan: Plan, buffers: list[np.ndarray[Any, Any]], alone: list[np.nda
     return plan.container(out)
 
 
-def _direct(comm: MPI.Intracomm, d: Direct, src: np.ndarray[Any, Any], result: np.ndarray[Any, Any],
+def _direct(steps: Joined, d: Direct, src: np.ndarray[Any, Any], result: np.ndarray[Any, Any],
             max_message_bytes: int) -> None:
     """Array ``d`` reduced into ``result`` (C-ordered, its shape and native dtype) from its own buffer (a copy
-    only when not C-contiguous in native byte order), with a blocking Allreduce: docs/benchmarks.md has why not
-    Iallreduce for all of them and one Waitall."""
+    only when not C-contiguous in native byte order), with a blocking Allreduce (a step of the call, bounded by its
+    ``timeout=`` if it has one): docs/benchmarks.md has why not Iallreduce for all of them and one Waitall."""
     if src.dtype != d.dtype or not src.flags.c_contiguous:
         src = np.ascontiguousarray(src, d.dtype)
     count = result.size
     if count * d.dtype.itemsize <= max_message_bytes and count <= INT_MAX:
-        comm.Allreduce([src, count, d.datatype], [result, count, d.datatype], d.op)
+        steps("Allreduce", [src, count, d.datatype], [result, count, d.datatype], d.op)
     else:
-        reduce(comm, src.ctypes.data, result.ctypes.data, count, d.datatype, d.op, None, max_message_bytes)
+        steps.keep = (steps.keep, src)  # (a copy of its own: kept alive past a timeout too)
+        reduce(steps, src.ctypes.data, result.ctypes.data, count, d.datatype, d.op, None, max_message_bytes)
 
 
 _REMEDY = ("write each step's values into the arrays bound at creation, in place (container[key][...] = new), "

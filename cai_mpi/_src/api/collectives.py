@@ -31,11 +31,11 @@ from ..transport.agreement import (
     Ballot,
     Contribution,
     Exchange,
+    Joined,
     broadcast,
     describe_source,
     disagree,
     fingerprint,
-    joined,
     pack,
     raise_failures,
     read,
@@ -45,6 +45,7 @@ from ..transport.agreement import (
 )
 from ..transport.bigcount import alltoallw, bcast
 from ..transport.contiguous import Landing, outgoing
+from ..transport.pieces import counted
 from ..transport.privcomm import PrivateComms
 from .collective_call import NO_TAG, AgreedSignature, bytes_at, checked_root, common_fingerprint, setup
 from .validation import check_meta, check_sync, receive_device
@@ -64,9 +65,10 @@ def _receiver(fn: str, out: Any, device: Any, rt: Runtime) -> tuple[Target | Non
 
 def _land(
     fn: str, info: MessageInfo, target: Target | None, ordinal: int | None, trouble: Exception | None, source: int,
-    pc: PrivateComms, rt: Runtime,
+    pc: PrivateComms, rt: Runtime, held: bool,
 ) -> tuple[Landing, Exception | None]:
-    """Where this rank's piece lands; on a bad ``out=`` a scratch buffer, and the error to raise afterwards."""
+    """Where this rank's piece lands; on a bad ``out=`` a scratch buffer, and the error to raise afterwards.
+    ``held``: MPI's write may be discarded or complete after a timeout, so it does not land in ``out=`` itself."""
     if trouble is None and target is not None:
         why = mismatch(target, info.shape, info.dtype)
         if why is not None:
@@ -77,7 +79,7 @@ def _land(
     if trouble is not None:
         scratch = np.empty(max(info.payload_nbytes, 1), np.uint8)
         return Landing(scratch.ctypes.data, info.payload_nbytes, lambda: Array.from_host(scratch)), trouble
-    return Landing.plan(info, target, ordinal, source, NO_TAG, rt, direct=pc.aware.aware), None
+    return Landing.plan(info, target, ordinal, source, NO_TAG, rt, direct=pc.aware.aware, held=held), None
 
 
 def _own_array(src: np.ndarray[Any, Any] | DeviceSource, owner: Any, rank: int, meta: dict[str, Any] | None) -> Array:
@@ -165,11 +167,11 @@ def bcast_array(
                     piece = outgoing(src, rt, direct=pc.aware.aware)
                     buf = bytes_at(piece.address, piece.nbytes)
         elif expected:
-            landing, spec_trouble = _land(fn, agreed.fresh_info(), target, ordinal, trouble, root, pc, rt)
+            landing, spec_trouble = _land(fn, agreed.fresh_info(), target, ordinal, trouble, root, pc, rt, True)
             buf = bytes_at(landing.address, landing.nbytes)
         if buf is None:
             buf = np.empty(agreed.nbytes, np.uint8)
-        posted = [comm_.Ibcast([buf, agreed.nbytes, MPI.BYTE], agreed.root)] if agreed.nbytes else []
+        posted = [comm_.Ibcast(counted(buf, agreed.nbytes, MPI.BYTE), agreed.root)] if agreed.nbytes else []
         vote(fn, pc, ballot, due, posted, keep=(piece, landing, buf))
         if piece is not None:
             piece.release()
@@ -182,18 +184,19 @@ def bcast_array(
                 raise spec_trouble
             return result
         if landing is not None:
-            landing.finish()  # (discarded: the staging given back)
+            landing.discard()
     else:
         vote(fn, pc, ballot, due)
+    steps = Joined(fn, pc, due)
     if not ballot.same_common:
         text = f"root={root}" if mine.error is None else reason(mine.error)
-        disagree(fn, comm_, text, mine.error, "every rank must name the same root")
+        disagree(fn, steps, text, mine.error, "every rank must name the same root")
     if agreed is not None and ballot.matches(agreed.common, agreed.own):  # (large: the vote went first)
         info = agreed.fresh_info()
         fused = False
         ex = None
     else:
-        ex = broadcast(comm_, root, mine, _nbytes(mine), payload=src if isinstance(src, np.ndarray) else None)
+        ex = broadcast(steps, root, mine, _nbytes(mine), payload=src if isinstance(src, np.ndarray) else None)
         described = ex.described[0]
         if isinstance(described, str):
             if mine.error is not None:
@@ -203,19 +206,20 @@ def bcast_array(
         pc.agreed[fn] = AgreedSignature(common, ballot.own, info._replace(meta=copy.deepcopy(info.meta)), root)
     if me == root:
         if not fused:
-            piece = outgoing(src, rt, direct=pc.aware.aware)
-            bcast(comm_, piece.address, piece.nbytes, root, cfg.max_message_bytes)
+            piece = steps.keep = outgoing(src, rt, direct=pc.aware.aware)
+            bcast(steps, piece.address, piece.nbytes, root, cfg.max_message_bytes)
             piece.release()
         return _own_array(src, obj, root, info.meta)
     if fused and target is None and ordinal is None and trouble is None:
         assert ex is not None
         return Array.over_host(_view(ex, 0, info), root, NO_TAG, info.meta)  # over the broadcast slot
-    landing, trouble = _land(fn, info, target, ordinal, trouble, root, pc, rt)
+    landing, trouble = _land(fn, info, target, ordinal, trouble, root, pc, rt, due is not None and not fused)
     if fused:
         assert ex is not None
         _put(landing, ex.payload(0), rt, ordinal if target is None else getattr(target, "ordinal", None))
     else:
-        bcast(comm_, landing.address, landing.nbytes, root, cfg.max_message_bytes)
+        steps.keep = landing
+        bcast(steps, landing.address, landing.nbytes, root, cfg.max_message_bytes)
     if trouble is not None:
         raise trouble
     return landing.finish()
@@ -269,15 +273,17 @@ def scatter_array(
     parts = _per_rank(fn, objs, size, sync, rt) if me == root else []
     # (the root's own failure travels in its descriptions, below)
     ballot = vote(fn, pc, Ballot(common_fingerprint(fn, root), failed=bad_root is not None), due)
+    steps = Joined(fn, pc, due)
     if not ballot.agreed:
         text = f"root={root}" if bad_root is None else reason(bad_root)
-        disagree(fn, comm_, text, bad_root, "every rank must name the same root")
+        disagree(fn, steps, text, bad_root, "every rank must name the same root")
     heads = np.array([[len(c.blob), _nbytes(c)] for c in parts], np.int64) if parts else None
     head = np.empty(2, np.int64)
-    comm_.Scatter(heads, head, root)
+    steps("Scatter", heads, head, root)
     blob = bytearray(max(int(head[0]), 1))
     data, counts, displs = pack([c.blob for c in parts]) if parts else (None, None, None)
-    comm_.Scatterv(None if data is None else [data, (counts, displs), MPI.BYTE], [blob, int(head[0]), MPI.BYTE], root)
+    steps("Scatterv", None if data is None else [data, (counts, displs), MPI.BYTE], [blob, int(head[0]), MPI.BYTE],
+          root)
     described = read(bytes(blob[: int(head[0])]))
     if isinstance(described, str):
         if me == root and parts[0].error is not None:
@@ -285,12 +291,13 @@ def scatter_array(
         raise CollectiveMismatchError(f"{fn}: the root, rank {root}, could not send: {described}")
     info = described
     target, ordinal, trouble = _receiver(fn, out, None, rt)
-    landing, trouble = _land(fn, info, target, ordinal, trouble, root, pc, rt)
+    landing, trouble = _land(fn, info, target, ordinal, trouble, root, pc, rt, due is not None)
     pieces = [outgoing(c.source, rt, direct=pc.aware.aware) for c in parts]
+    steps.keep = (landing, pieces)
     sends = [(p.address, p.nbytes) for p in pieces] if parts else [None] * size
     recvs: list[tuple[int, int] | None] = [None] * size
     recvs[root] = (landing.address, landing.nbytes)
-    alltoallw(comm_, sends, recvs)
+    alltoallw(steps, sends, recvs)
     for p in pieces:
         p.release()
     if trouble is not None:
@@ -325,19 +332,21 @@ def alltoall_array(
     parts = _per_rank(fn, objs, size, sync, rt)
     heads = np.array([[len(c.blob), _nbytes(c)] for c in parts], np.int64)
     theirs = np.empty((size, 2), np.int64)
-    joined(fn, pc, due, "Alltoall", heads, theirs)
+    steps = Joined(fn, pc, due)
+    steps("Alltoall", heads, theirs)
     data, counts, displs = pack([c.blob for c in parts])
     rcounts = [int(n) for n in theirs[:, 0]]
     rdispls = [sum(rcounts[:i]) for i in range(size)]
     incoming = bytearray(max(sum(rcounts), 1))
-    comm_.Alltoallv([data, (counts, displs), MPI.BYTE], [incoming, (rcounts, rdispls), MPI.BYTE])
+    steps("Alltoallv", [data, (counts, displs), MPI.BYTE], [incoming, (rcounts, rdispls), MPI.BYTE])
     described = [read(b) for b in unpack(incoming, rcounts)]
     raise_failures(fn, described, parts[me], me)
     infos = [d for d in described if isinstance(d, MessageInfo)]  # (all of them: no rank failed)
     landings = [Landing.plan(info, None, rt.current_device(), r, NO_TAG, rt, direct=pc.aware.aware)
                 for r, info in enumerate(infos)]
     pieces = [outgoing(c.source, rt, direct=pc.aware.aware) for c in parts]
-    alltoallw(comm_, [(p.address, p.nbytes) for p in pieces], [(land.address, land.nbytes) for land in landings])
+    steps.keep = (landings, pieces)
+    alltoallw(steps, [(p.address, p.nbytes) for p in pieces], [(land.address, land.nbytes) for land in landings])
     for p in pieces:
         p.release()
     return [land.finish() for land in landings]

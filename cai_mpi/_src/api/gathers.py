@@ -24,15 +24,18 @@ from ..transport.agreement import (
     SPECULATE_BYTES,
     Ballot,
     Contribution,
+    Joined,
     describe_source,
     disagree,
     fingerprint,
+    posted,
     read,
     reason,
     vote,
 )
 from ..transport.bigcount import INT_MAX, allgatherv, gatherv
 from ..transport.contiguous import ALIGN, Gathered, Outgoing, outgoing
+from ..transport.pieces import counted
 from ..transport.privcomm import PrivateComms
 from .collective_call import NO_TAG, AgreedSignature, bytes_at, checked_root, common_fingerprint, setup
 from .validation import check_sync
@@ -56,13 +59,13 @@ def _regular(sizes: Sequence[int]) -> bool:
     return sizes[0] > 0 and sizes[0] % ALIGN == 0 and all(n == sizes[0] for n in sizes)
 
 
-def _post_gather(comm: MPI.Comm, send: Any, recv: Any, n: int, root: int | None, blocking: bool = False) -> Any:
+def _gather_call(comm: MPI.Comm, send: Any, recv: Any, n: int, root: int | None) -> tuple[str, tuple[Any, ...]]:
     """MPI's Gather (at ``root``) or Allgather (``root`` None) of ``n`` bytes per rank into ``recv`` (pieces back to
-    back; None off the root), nonblocking unless ``blocking``."""
-    out = None if recv is None else [recv, n, MPI.BYTE]
+    back; None off the root): its name and its arguments."""
+    out = None if recv is None else counted(recv, n, MPI.BYTE, comm.Get_size())
     if root is None:
-        return (comm.Allgather if blocking else comm.Iallgather)([send, n, MPI.BYTE], out)
-    return (comm.Gather if blocking else comm.Igather)([send, n, MPI.BYTE], out, root)
+        return "Allgather", (counted(send, n, MPI.BYTE), out)
+    return "Gather", (counted(send, n, MPI.BYTE), out, root)
 
 
 def _sending(src: Any, rt: Runtime, pc: PrivateComms) -> tuple[Any, Outgoing | None]:
@@ -97,8 +100,9 @@ def _gathered(fn: str, pc: PrivateComms, mine: Contribution, root: int | None, d
         send, piece = _sending(mine.source, rt, pc) if expected else (np.empty(n, np.uint8), None)
         recv = None if not spec_gets else bytes_at(place.address, n * size) if place is not None \
             else np.empty(n * size, np.uint8)
-        posted = [_post_gather(comm, send, recv, n, spec_root)] if n else []
-        vote(fn, pc, ballot, due, posted, keep=(piece, place, send, recv))
+        name, args = _gather_call(comm, send, recv, n, spec_root)
+        reqs = [posted(comm, name, *args)] if n else []
+        vote(fn, pc, ballot, due, reqs, keep=(piece, place, send, recv))
         if piece is not None:
             piece.release()
         if ballot.matches(agreed.common, agreed.own):
@@ -107,32 +111,35 @@ def _gathered(fn: str, pc: PrivateComms, mine: Contribution, root: int | None, d
             place.finish(rt, NO_TAG)  # (discarded: the staging given back)
     else:
         vote(fn, pc, ballot, due)
+    steps = Joined(fn, pc, due)
     if not ballot.agreed:
         text = f"root={root}" if mine.error is None else reason(mine.error)
-        disagree(fn, comm, text, mine.error, "every rank must name the same root")
+        disagree(fn, steps, text, mine.error, "every rank must name the same root")
     if ballot.alike:  # every rank described what this one did: the pieces go back to back
         info = read(mine.blob)
         assert isinstance(info, MessageInfo)
         infos = [info] * size
         pc.agreed[fn] = AgreedSignature(common, own, info, -1 if root is None else root)
     else:  # descriptions differ: they travel (every rank needs the sizes), and nothing is remembered
-        infos = [info for info in map(read, comm.allgather(mine.blob)) if isinstance(info, MessageInfo)]
+        infos = [info for info in map(read, steps.allgather(mine.blob)) if isinstance(info, MessageInfo)]
         pc.agreed.pop(fn, None)
     sizes = [i.payload_nbytes for i in infos]
     packed = ballot.alike and 0 < sizes[0] <= INT_MAX and sizes[0] * size <= max_message
     place = Gathered(infos, ordinal, rt, direct=pc.aware.aware, packed=packed) if gets else None
     send, piece = _sending(mine.source, rt, pc)
+    steps.keep = (place, piece)
     if packed:
-        _post_gather(comm, send, None if place is None else bytes_at(place.address, sizes[0] * size), sizes[0], root,
-                     blocking=True)
+        name, args = _gather_call(comm, send, None if place is None else bytes_at(place.address, sizes[0] * size),
+                                  sizes[0], root)
+        steps(name, *args)
     elif any(sizes):
         address = piece.address if piece is not None else int(send.ctypes.data)
         recv = None if place is None else (place.address, sizes, place.displacements)
         if root is None:
             assert recv is not None
-            allgatherv(comm, (address, sizes[me]), recv, small=_small(sizes, infos), regular=_regular(sizes))
+            allgatherv(steps, (address, sizes[me]), recv, small=_small(sizes, infos), regular=_regular(sizes))
         else:
-            gatherv(comm, (address, sizes[me]), recv, root, small=_small(sizes, infos), regular=_regular(sizes))
+            gatherv(steps, (address, sizes[me]), recv, root, small=_small(sizes, infos), regular=_regular(sizes))
     if piece is not None:
         piece.release()
     return None if place is None else place.finish(rt, NO_TAG)

@@ -23,9 +23,10 @@ from ..arrays.operands import DeviceSource, RecvTarget, Target, describe_target,
 from ..core.header import MessageInfo
 from ..core.memo import Memo
 from ..runtime.base import Runtime
-from ..transport.agreement import SPECULATE_BYTES, Ballot, disagree, fingerprint, reason, vote
+from ..transport.agreement import SPECULATE_BYTES, Ballot, Joined, disagree, fingerprint, posted, reason, vote
 from ..transport.bigcount import INT_MAX, reduce
 from ..transport.contiguous import Landing, Outgoing, outgoing
+from ..transport.pieces import counted
 from ..transport.pool import host_receive_pool
 from ..transport.privcomm import PrivateComms
 from .collective_call import checked_root, setup
@@ -113,22 +114,24 @@ def _out(fn: str, out: Any, plan: _Plan, rt: Runtime) -> tuple[Target | None, Ex
 
 class _Buffers:
     """Where this rank's reduction reads (``send``) and writes (``recv``: None off the root), as buffers MPI takes
-    (``in_place``: they are the same memory), and how the result is made: ``result`` (host numpy memory), or the
-    ``landing`` of staged or device memory; neither when ``out=`` was refused (``recv`` is then scratch)."""
+    (``in_place``: they are the same memory), and how the result is made: ``result`` (host numpy memory, copied from
+    ``recv`` into ``out=``, ``into``, when held apart from it), or the ``landing`` of staged or device memory; neither
+    when ``out=`` was refused (``recv`` is then scratch)."""
 
-    __slots__ = ("in_place", "landing", "piece", "recv", "result", "send")
+    __slots__ = ("in_place", "into", "landing", "piece", "recv", "result", "send")
 
     def __init__(self, send: Any, recv: Any, *, piece: Outgoing | None = None, landing: Landing | None = None,
-                 result: Array | None = None, in_place: bool = False) -> None:
+                 result: Array | None = None, in_place: bool = False, into: np.ndarray[Any, Any] | None = None
+                 ) -> None:
         self.send, self.recv, self.piece, self.landing, self.result = send, recv, piece, landing, result
-        self.in_place = in_place
+        self.in_place, self.into = in_place, into
 
     def release(self) -> None:
-        """Discard what was received (the call is made again): staging given back."""
+        """Discard what was received (the call is made again, or fails): ``out=`` untouched, staging given back."""
         if self.piece is not None:
             self.piece.release()
         if self.landing is not None:
-            self.landing.finish()
+            self.landing.discard()
 
     def finish(self, plan: _Plan, size: int) -> Array | None:
         """The result, once MPI has written it (the mean divided); the staging given back."""
@@ -143,6 +146,8 @@ class _Buffers:
                 assert self.landing is not None and not self.landing.device
                 divide(self.landing.address, plan.info.payload_nbytes // plan.info.dtype.itemsize, plan.info.dtype,
                        size)
+        if self.into is not None:
+            np.copyto(self.into, self.recv, casting="no")
         return self.result if self.landing is None else self.landing.finish()
 
 
@@ -151,7 +156,9 @@ def _raw(address: int, nbytes: int, readonly: bool = False) -> Any:
 
 
 def _buffers(src: np.ndarray[Any, Any] | DeviceSource, plan: _Plan, target: Target | None, gets_result: bool,
-             trouble: Exception | None, pc: PrivateComms, rt: Runtime) -> _Buffers:
+             trouble: Exception | None, pc: PrivateComms, rt: Runtime, held: bool) -> _Buffers:
+    """This rank's buffers; ``held``: MPI's write may be discarded or complete after a timeout, so it does not land
+    in ``out=`` itself (``Landing.plan``)."""
     info = plan.info
     if isinstance(src, np.ndarray) and src.flags.c_contiguous and (
             target is None or (type(target) is np.ndarray and target.flags.c_contiguous)):
@@ -164,8 +171,10 @@ def _buffers(src: np.ndarray[Any, Any] | DeviceSource, plan: _Plan, target: Targ
             recv = host_receive_pool().take_array(info.shape, info.dtype, info.payload_nbytes)
             return _Buffers(src, recv, result=Array.over_host(recv, NO_SOURCE, NO_TAG, None))
         assert isinstance(target, np.ndarray)
-        return _Buffers(src, target, result=Array.over_host(target, NO_SOURCE, NO_TAG, None, target),
-                        in_place=target.size > 0 and target.ctypes.data == src.ctypes.data)
+        result = Array.over_host(target, NO_SOURCE, NO_TAG, None, target)
+        if held:
+            return _Buffers(src, np.empty(info.shape, info.dtype), result=result, into=target)
+        return _Buffers(src, target, result=result, in_place=target.size > 0 and target.ctypes.data == src.ctypes.data)
     on_device = target.desc is not None if isinstance(target, RecvTarget) else (
         target is None and isinstance(src, DeviceSource))
     # MPI reduces where both buffers lie: on the device only through a CUDA-aware MPI, and only when input and
@@ -180,7 +189,7 @@ def _buffers(src: np.ndarray[Any, Any] | DeviceSource, plan: _Plan, target: Targ
     if trouble is not None:
         return _Buffers(send, np.empty(max(info.payload_nbytes, 1), np.uint8), piece=piece)
     ordinal = src.ordinal if target is None and isinstance(src, DeviceSource) else None
-    landing = Landing.plan(info, target, ordinal, NO_SOURCE, NO_TAG, rt, direct=direct)
+    landing = Landing.plan(info, target, ordinal, NO_SOURCE, NO_TAG, rt, direct=direct, held=held)
     return _Buffers(send, _raw(landing.address, landing.nbytes), piece=piece, landing=landing,
                     in_place=landing.nbytes > 0 and landing.address == piece.address)
 
@@ -189,14 +198,14 @@ def _address(buf: Any) -> int:
     return int(buf.ctypes.data) if isinstance(buf, np.ndarray) else int(buf.address)
 
 
-def _post(comm: MPI.Comm, send: Any, recv: Any, in_place: bool, agreed: _Agreed, blocking: bool = False) -> Any:
-    """The reduction of the ``agreed`` signature (``recv`` None off the root), nonblocking unless ``blocking``."""
+def _call(send: Any, recv: Any, in_place: bool, agreed: _Agreed) -> tuple[str, tuple[Any, ...]]:
+    """MPI's reduction of the ``agreed`` signature (``recv`` None off the root): its name and its arguments."""
     n, dt = agreed.count, agreed.datatype
-    src: Any = MPI.IN_PLACE if in_place else [send, n, dt]
-    out = None if recv is None else [recv, n, dt]
+    src: Any = MPI.IN_PLACE if in_place else counted(send, n, dt)
+    out = None if recv is None else counted(recv, n, dt)
     if agreed.root is None:
-        return (comm.Allreduce if blocking else comm.Iallreduce)(src, out, agreed.mpi)
-    return (comm.Reduce if blocking else comm.Ireduce)(src, out, agreed.mpi, agreed.root)
+        return "Allreduce", (src, out, agreed.mpi)
+    return "Reduce", (src, out, agreed.mpi, agreed.root)
 
 
 def _speculate(fn: str, pc: PrivateComms, ballot: Ballot, due: Any, agreed: _Agreed,
@@ -210,10 +219,11 @@ def _speculate(fn: str, pc: PrivateComms, ballot: Ballot, due: Any, agreed: _Agr
     bufs = mine() if mine is not None else None
     if bufs is None:
         scratch = np.empty((2, agreed.nbytes), np.uint8)
-        req = _post(comm, scratch[0], scratch[1] if gets_result else None, False, agreed)
+        name, args = _call(scratch[0], scratch[1] if gets_result else None, False, agreed)
     else:
         scratch = None
-        req = _post(comm, bufs.send, bufs.recv, bufs.in_place, agreed)
+        name, args = _call(bufs.send, bufs.recv, bufs.in_place, agreed)
+    req = posted(comm, name, *args)
     vote(fn, pc, ballot, due, [req], keep=(bufs, scratch))
     if bufs is not None and ballot.matches(agreed.common):
         return bufs
@@ -245,7 +255,7 @@ def _reduce(
     if agreed is not None and 0 < agreed.nbytes <= SPECULATE_BYTES:
         mine = None
         if error is None and common == agreed.common:
-            mine = lambda: _buffers(src, plan, target, gets_result, trouble, pc, rt)  # noqa: E731
+            mine = lambda: _buffers(src, plan, target, gets_result, trouble, pc, rt, True)  # noqa: E731
         bufs = _speculate(fn, pc, ballot, due, agreed, mine)
         if bufs is not None:
             result = bufs.finish(plan, size)
@@ -254,11 +264,12 @@ def _reduce(
             return result
     else:
         vote(fn, pc, ballot, due)
+    steps = Joined(fn, pc, due)
     if error is not None:
-        disagree(fn, comm_, reason(error), error, "")  # (raises this rank's own error, after every rank heard of it)
+        disagree(fn, steps, reason(error), error, "")  # (raises this rank's own error, after every rank heard of it)
     if not ballot.agreed:
         text = plan.text if root is None else f"{plan.text} root={root}"
-        disagree(fn, comm_, text, None, "the ranks must reduce arrays of one shape and dtype with one op"
+        disagree(fn, steps, text, None, "the ranks must reduce arrays of one shape and dtype with one op"
                  + ("" if root is None else " and root"))
     info = plan.info
     count = info.payload_nbytes // max(plan.datatype.Get_size(), 1)
@@ -266,14 +277,15 @@ def _reduce(
         pc.agreed[fn] = _Agreed(common, count, plan.datatype, plan.op.mpi, info.payload_nbytes, root)
     else:
         pc.agreed.pop(fn, None)
-    bufs = _buffers(src, plan, target, gets_result, trouble, pc, rt)
+    bufs = steps.keep = _buffers(src, plan, target, gets_result, trouble, pc, rt, due is not None)
     if info.payload_nbytes <= cfg.max_message_bytes and count <= INT_MAX:
         if count:
-            _post(comm_, bufs.send, bufs.recv, bufs.in_place, _Agreed(common, count, plan.datatype, plan.op.mpi,
-                  info.payload_nbytes, root), blocking=True)
+            name, args = _call(bufs.send, bufs.recv, bufs.in_place, _Agreed(common, count, plan.datatype,
+                               plan.op.mpi, info.payload_nbytes, root))
+            steps(name, *args)
     else:
         send = _address(bufs.send)
-        reduce(comm_, send, send if bufs.in_place else _address(bufs.recv) if bufs.recv is not None else send,
+        reduce(steps, send, send if bufs.in_place else _address(bufs.recv) if bufs.recv is not None else send,
                count, plan.datatype, plan.op.mpi, root, cfg.max_message_bytes)
     result = bufs.finish(plan, size)
     if trouble is not None:

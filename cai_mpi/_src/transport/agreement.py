@@ -40,9 +40,9 @@ from ..progress.waits import MPIWait
 from .privcomm import PrivateComms
 
 __all__ = [
-    "NOBODY", "SLOT_BYTES", "SPECULATE_BYTES", "Ballot", "Contribution", "Exchange", "broadcast", "check_in_step",
-    "describe_source", "disagree", "fingerprint", "joined", "pack", "raise_failures", "read", "reason", "settle",
-    "unpack", "vote",
+    "NOBODY", "SLOT_BYTES", "SPECULATE_BYTES", "Ballot", "Contribution", "Exchange", "Joined", "broadcast",
+    "check_in_step", "describe_source", "disagree", "fingerprint", "pack", "posted", "raise_failures",
+    "read", "reason", "settle", "unpack", "vote",
 ]
 
 #: Payloads of at most this many bytes (by the remembered signature) are posted with the vote, speculatively;
@@ -135,15 +135,40 @@ def unpack(data: bytes | bytearray, counts: Sequence[int]) -> list[bytes]:
     return out
 
 
-def joined(fn: str, pc: PrivateComms, due: Deadline | None, collective: str, *args: Any) -> None:
-    """A collective step where every rank must arrive: ``pc.header.<collective>(*args)``; with a deadline its
-    nonblocking form, which is abandoned (its buffers kept alive) with TimeoutError if some rank has not come."""
-    comm = pc.header
-    if due is None:
-        getattr(comm, collective)(*args)
-        return
-    req = getattr(comm, "I" + collective[0].lower() + collective[1:])(*args)
-    settle(fn, pc, [req], due, args)
+def posted(comm: MPI.Comm, collective: str, *args: Any) -> MPI.Request:
+    """MPI's nonblocking form of ``collective`` (``"Allreduce"``: ``comm.Iallreduce(*args)``)."""
+    return cast("MPI.Request", getattr(comm, "I" + collective[0].lower() + collective[1:])(*args))
+
+
+class Joined:
+    """The collective steps of one call after its vote, on ``pc.header``, where every rank must arrive: with a
+    deadline each is MPI's nonblocking form, abandoned with TimeoutError if some rank has not come (``settle``), so
+    every wait of the call is bounded by its ``timeout=``; without one, MPI's blocking collective. ``keep``: what
+    owns the memory the steps' buffers point at (kept alive past a timeout, while MPI may still use it)."""
+
+    __slots__ = ("comm", "due", "fn", "keep", "pc")
+
+    def __init__(self, fn: str, pc: PrivateComms, due: Deadline | None, keep: Any = None) -> None:
+        self.fn, self.pc, self.due, self.keep = fn, pc, due, keep
+        self.comm = pc.header
+
+    def __call__(self, collective: str, *args: Any) -> None:
+        """``collective(*args)`` on ``pc.header`` (``"Bcast"``, ...)."""
+        if self.due is None:
+            getattr(self.comm, collective)(*args)
+            return
+        settle(self.fn, self.pc, [posted(self.comm, collective, *args)], self.due, (args, self.keep))
+
+    def allgather(self, blob: bytes) -> list[bytes]:
+        """Every rank's ``blob``, on every rank: an Allgather of the lengths, an Allgatherv of the bytes."""
+        size = self.comm.Get_size()
+        counts = np.empty(size, np.int64)
+        self("Allgather", np.array([len(blob)], np.int64), counts)
+        lengths = [int(n) for n in counts]
+        displs = [sum(lengths[:i]) for i in range(size)]
+        data = bytearray(max(sum(lengths), 1))
+        self("Allgatherv", [blob or bytearray(1), len(blob), MPI.BYTE], [data, (lengths, displs), MPI.BYTE])
+        return unpack(data, lengths)
 
 
 # -- the vote -------------------------------------------------------------------------------------------------
@@ -241,11 +266,12 @@ def vote(fn: str, pc: PrivateComms, ballot: Ballot, due: Deadline | None,
     return ballot
 
 
-def disagree(fn: str, comm: MPI.Comm, text: str, error: BaseException | None, what: str) -> NoReturn:
+def disagree(fn: str, steps: Joined, text: str, error: BaseException | None, what: str) -> NoReturn:
     """The error path, after a vote that did not agree (every rank is here): every rank's ``text`` (its
     description, or with ``error`` why it could not take part) to every rank, then this rank's own ``error``, or
     CollectiveMismatchError naming what each rank had (``what``: the rule they broke)."""
-    texts = comm.allgather((text, error is not None))  # (pickled: the error path only)
+    texts = [(t[1:].decode(errors="replace"), t[:1] == b"!")
+             for t in steps.allgather((b"!" if error is not None else b" ") + text.encode(errors="replace"))]
     if error is not None:
         raise error
     failed = "; ".join(f"rank {r}: could not take part ({t})" for r, (t, bad) in enumerate(texts) if bad)
@@ -340,21 +366,21 @@ def _read_slots(slots: memoryview, count: int) -> tuple[
 
 
 def broadcast(
-    comm: MPI.Intracomm, root: int, mine: Contribution, nbytes: int, *, payload: np.ndarray[Any, Any] | None = None,
+    steps: Joined, root: int, mine: Contribution, nbytes: int, *, payload: np.ndarray[Any, Any] | None = None,
 ) -> Exchange:
     """The root's description, everywhere, once a vote has seen every rank arrive: one ``Bcast`` of the root's slot
     (with its host ``payload`` when it fits), and a second of the rest of a header longer than a slot, if it is."""
     slot = np.empty(SLOT_BYTES, np.uint8)
-    if comm.Get_rank() == root:  # (the root knows what it sends: it reads nothing back)
+    if steps.comm.Get_rank() == root:  # (the root knows what it sends: it reads nothing back)
         fused = _fill(slot.data, 0, mine, nbytes, payload, False)
-        comm.Bcast([slot, SLOT_BYTES, MPI.BYTE], root)
+        steps("Bcast", [slot, SLOT_BYTES, MPI.BYTE], root)
         if len(mine.blob) > ROOM:
-            comm.Bcast(bytearray(mine.blob[ROOM:]), root)
+            steps("Bcast", bytearray(mine.blob[ROOM:]), root)
         return Exchange(slot, [read(mine.blob)], [nbytes], [_payload_at(len(mine.blob))], fused)
-    comm.Bcast([slot, SLOT_BYTES, MPI.BYTE], root)
+    steps("Bcast", [slot, SLOT_BYTES, MPI.BYTE], root)
     described, longer, sizes, starts, fused = _read_slots(slot.data, 1)
     if longer:
         rest = bytearray(_HEAD.unpack_from(slot.data, 0)[0] - ROOM)
-        comm.Bcast(rest, root)
+        steps("Bcast", rest, root)
         described = [read(longer[0] + bytes(rest))]
     return Exchange(slot, described, sizes, starts, fused)

@@ -82,32 +82,41 @@ def _device_outgoing(src: DeviceSource, rt: Runtime, direct: bool, c_order: bool
 
 class Landing:
     """Where one received piece goes: MPI writes ``nbytes`` at ``address`` (device memory when ``device``);
-    ``finish()`` makes the Array."""
+    ``finish()`` makes the Array, ``discard()`` drops what MPI wrote (``out=`` untouched, staging given back)."""
 
-    __slots__ = ("_finish", "address", "device", "nbytes")
+    __slots__ = ("_discard", "_finish", "address", "device", "nbytes")
 
-    def __init__(self, address: int, nbytes: int, finish: Callable[[], Array], device: bool = False) -> None:
+    def __init__(self, address: int, nbytes: int, finish: Callable[[], Array], device: bool = False,
+                 discard: Callable[[], None] | None = None) -> None:
         self.address, self.nbytes, self._finish, self.device = address, nbytes, finish, device
+        self._discard = discard
 
     def finish(self) -> Array:
         return self._finish()
 
+    def discard(self) -> None:
+        if self._discard is not None:
+            self._discard()
+
     @classmethod
     def plan(
         cls, info: MessageInfo, target: Target | None, ordinal: int | None, source: int, tag: int, rt: Runtime,
-        *, direct: bool,
+        *, direct: bool, held: bool = False,
     ) -> Landing:
         """Where a piece described by ``info`` lands: ``out=`` (``target``), host memory (``ordinal`` None) or
         new memory on GPU ``ordinal``; device memory is written directly when ``direct`` (a CUDA-aware MPI),
-        else through pinned host memory."""
+        else through pinned host memory. ``held``: MPI's write may complete after the call gave up on it (a
+        timeout) or be discarded (a vote that did not agree), so it never lands in ``out=`` itself: in memory of
+        the same kind, copied into ``out=`` by ``finish()`` (on an error ``out=`` keeps what it held)."""
         nbytes = info.payload_nbytes
         dest = destination(info, target, ordinal, source, tag, rt)  # (where point-to-point receives land too)
         result = dest.result
+        held = held and target is not None
         if dest.host is None:
             assert dest.wire is not None and dest.ordinal is not None
-            return _on_device(result, dest.wire, dest.ordinal, nbytes, rt, direct)
+            return _on_device(result, dest.wire, dest.ordinal, nbytes, rt, direct, held)
         dst = dest.host
-        if dst.flags.c_contiguous:
+        if dst.flags.c_contiguous and not held:
             return cls(dst.ctypes.data if nbytes else 0, nbytes, lambda: result)
         tmp = np.empty(dst.shape, dst.dtype)
 
@@ -115,32 +124,40 @@ class Landing:
             np.copyto(dst, tmp, casting="no")
             return result
 
-        return cls(tmp.ctypes.data, nbytes, copy_out)
+        return cls(tmp.ctypes.data if nbytes else 0, nbytes, copy_out)
 
 
-def _on_device(result: Array, wire: CAIDescriptor, ordinal: int, nbytes: int, rt: Runtime, direct: bool) -> Landing:
-    """Land ``nbytes`` in device memory described by ``wire`` (the target in wire order)."""
+def _on_device(result: Array, wire: CAIDescriptor, ordinal: int, nbytes: int, rt: Runtime, direct: bool,
+               held: bool) -> Landing:
+    """Land ``nbytes`` in device memory described by ``wire`` (the target in wire order); MPI writes straight into
+    it only when ``direct`` and not ``held`` (``Landing.plan``)."""
     if nbytes == 0:
         return Landing(0, 0, lambda: result)
-    contiguous = wire.is_c_contiguous
+    contiguous = wire.is_c_contiguous and not (direct and held)
     tmp = None if contiguous else rt.alloc_device(nbytes, ordinal, internal_stream(rt, ordinal))
     dptr = wire.ptr if tmp is None else tmp.ptr
     staging, cls = (None, 0) if direct else pinned_pool(rt).take(nbytes)
+
+    def give_back() -> None:
+        if staging is not None:
+            pinned_pool(rt).give(staging, cls)
 
     def finish() -> Array:
         with rt.context_scope():  # (its copy, unpack and wait ask which context is current once)
             stream = internal_stream(rt, ordinal)
             if staging is not None:
                 rt.copy_async(dptr, staging.ptr, nbytes, stream)
-            if tmp is not None:
+            if tmp is not None and not wire.is_c_contiguous:
                 unpack_on_device(tmp, wire, ordinal, rt).synchronize()  # (after the copy: one stream)
             else:
+                if tmp is not None:  # (held: out= is written only now)
+                    rt.copy_async(wire.ptr, tmp.ptr, nbytes, stream)
                 rt.record_event(stream).synchronize()
-        if staging is not None:
-            pinned_pool(rt).give(staging, cls)
+        give_back()
         return result
 
-    return Landing(dptr if staging is None else staging.ptr, nbytes, finish, device=staging is None)
+    return Landing(dptr if staging is None else staging.ptr, nbytes, finish, device=staging is None,
+                   discard=give_back)
 
 
 class Gathered:

@@ -15,8 +15,8 @@ from ..progress.waits import Waitable
 from ..runtime.base import Runtime, Stream
 from .pool import give_back, pinned_pool
 
-__all__ = ["BYTE", "Steps", "byte_chunks", "chunks", "give_back", "in_context_scope", "internal_stream", "pinned_pool",
-           "raw"]
+__all__ = ["BYTE", "Steps", "byte_chunks", "chunks", "counted", "give_back", "in_context_scope", "internal_stream",
+           "pinned_pool", "raw"]
 
 BYTE = MPI.BYTE
 #: What is left of a transfer once its MPI operations are posted: a generator of what it waits for.
@@ -59,6 +59,18 @@ def chunks(nbytes: int, chunk: int) -> list[tuple[int, int]]:
 def raw(ptr: int, nbytes: int, *, readonly: bool = False) -> list[Any]:
     """An MPI message spec over raw memory (device memory only ever reaches a CUDA-aware MPI this way)."""
     return [MPI.buffer.fromaddress(ptr, nbytes, readonly=readonly), nbytes, BYTE]
+
+
+def counted(buf: Any, count: int, datatype: MPI.Datatype, ranks: int = 1) -> list[Any]:
+    """The message spec ``[buf, count, datatype]`` (``ranks`` times that, back to back, for a gather's receive),
+    once ``buf`` is seen to hold it: MPI takes an explicit count on trust and would write past the end of a buffer
+    too small for it, so a scratch buffer sized wrong is an internal error here, before MPI sees it."""
+    need = count * datatype.Get_size() * ranks
+    have = buf.nbytes if isinstance(buf, np.ndarray) else memoryview(buf).nbytes
+    if have < need:
+        raise AssertionError(f"cai_mpi internal error: a buffer of {have} bytes handed to MPI for {need} bytes "
+                             f"({ranks} x {count} x {datatype.Get_size()}-byte elements)")
+    return [buf, count, datatype]
 
 
 def byte_chunks(arr: np.ndarray[Any, Any], chunk: int) -> list[Any]:
