@@ -166,3 +166,27 @@ def test_a_dlpack_consumers_stream_destroyed_before_the_array_dies_is_not_used_t
     gc.collect()
     assert handle not in used, used
     assert "cuCtxSynchronize" not in {name for name, _ctx in d.calls}, d.calls
+
+
+def test_a_dlpack_consumers_current_stream_lives_as_long_as_the_array(rt: CudaRuntime, d: CudaDriverDouble) -> None:
+    # cupy.from_dlpack(a) inside ``with s:`` names s, CuPy's current stream: the Array keeps s alive, so the event
+    # at its death is recorded on s itself, whatever the program did with s meanwhile.
+    current_is(rt, [])
+    old = bytes(range(256)) * 32
+    buf = rt.alloc_device(len(old), 0, handed_out=True)
+    d.write_device(buf.ptr, old)
+    a = Array.from_device(buf, (len(old) // 8,), np.dtype("f8"))
+    current = [UsersStream(rt, blocking=False)]
+    handle = current[0].ptr
+    current_is(rt, current)
+    with use_runtime(rt):
+        capsule = a.__dlpack__(stream=handle)
+    seen = pending_read(rt, d, handle, buf.ptr, len(old))
+    current.clear()  # the ``with s:`` block ends and the program drops s
+    del capsule, buf
+    gc.collect()
+    assert alive(rt, d, handle)  # the Array still holds it
+    del a
+    gc.collect()
+    reuse_after_death(rt, d, old)
+    assert bytes(seen) == old
