@@ -287,11 +287,16 @@ class Driver:
         known = self._foreign.get(handle)
         if known is not None and ident is not None and known[0] == ident:
             return known[1]
-        self.check("cuCtxPushCurrent", context)
+        was = getattr(self._tls, "switching", False)
+        self._tls.switching = True  # (another context is current for the next three calls, unknown to any note)
         try:
-            (device,) = self.check("cuCtxGetDevice")
+            self.check("cuCtxPushCurrent", context)
+            try:
+                (device,) = self.check("cuCtxGetDevice")
+            finally:
+                self.check("cuCtxPopCurrent")
         finally:
-            self.check("cuCtxPopCurrent")
+            self._tls.switching = was
         ordinal = self._device_ordinal(device)
         if ident is not None:
             self._foreign[handle] = (ident, ordinal)

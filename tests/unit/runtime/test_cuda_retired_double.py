@@ -171,6 +171,39 @@ def test_an_array_collected_while_a_context_is_switched_retires_in_its_own_gpus_
     rt.sync_legacy(dying)  # and GPU ``dying``'s idle events are its own
 
 
+def test_an_array_collected_while_a_pointers_context_is_asked_its_gpu_retires_in_its_own_gpus_context(
+    rt: CudaRuntime, d: CudaDriverDouble, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Placing a pointer whose context this runtime never retained pushes that context to ask its device
+    # (Driver.context_ordinal); a collection there finalizes a dead Array of GPU 0 while the scope still notes GPU 0's
+    # context as current.
+    assert d.cuInit(0)[0] == 0
+    contexts = [d.cuDevicePrimaryCtxRetain(g)[1] for g in (0, 1)]
+    assert d.cuCtxSetCurrent(contexts[1])[0] == 0
+    (ptr,) = d.cuMemAlloc(64)[1:]  # the user's memory on GPU 1, made in its primary context
+    assert d.cuCtxSetCurrent(contexts[0])[0] == 0  # and GPU 0's current where cai_mpi is called
+    gc.disable()
+    try:
+        dead_in_a_cycle(rt, 0, bytes(256), d)
+        push, armed = d.cuCtxPushCurrent, [True]
+
+        def collecting_push(ctx: Any) -> Any:
+            pushed = push(ctx)
+            if armed:
+                armed.clear()
+                gc.collect()
+            return pushed
+
+        monkeypatch.setattr(d, "cuCtxPushCurrent", collecting_push)
+        d.calls.clear()
+        with rt.context_scope():
+            assert rt.locate(int(ptr)).ordinal == 1
+        recorded = {ctx for name, ctx in d.calls if name == "cuEventRecord"}
+    finally:
+        gc.enable()
+    assert recorded == {int(contexts[0])}, (recorded, contexts)
+
+
 # -- defect 3: a sticky error on one GPU, and one retirement queue per GPU ------------------------------------------
 
 
