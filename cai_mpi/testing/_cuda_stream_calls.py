@@ -139,6 +139,12 @@ class StreamCalls:
             failure = _CUresult.CUDA_ERROR_NOT_READY
         return (failure or _CUresult.CUDA_SUCCESS,)
 
+    def cuStreamGetFlags(self, hStream: Any) -> tuple[_CUresult, int | None]:
+        failure, stream = self._on_stream("cuStreamGetFlags", hStream)
+        if failure or stream is None:
+            return failure or _CUresult.CUDA_ERROR_INVALID_HANDLE, None
+        return _CUresult.CUDA_SUCCESS, 0 if stream.blocking else int(_CUstream_flags.CU_STREAM_NON_BLOCKING)
+
     def cuStreamGetCtx(self, hStream: Any) -> tuple[_CUresult, _CUcontext | None]:
         failure, stream = self._on_stream("cuStreamGetCtx", hStream)
         if failure or stream is None:

@@ -5,6 +5,7 @@ poster: MPI's blocking calls when nothing else needs driving and no deadline is 
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,15 @@ def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta
     return pc, dest, tag, plan_send(src, pc, meta_bytes, cfg, rt, dest), src
 
 
+def _one_scope(obj: Any) -> AbstractContextManager[None]:
+    """The context scope of one call that sends ``obj`` (``Runtime.context_scope``): its producer check, its plan
+    and every device step it runs before returning ask which context is current once (a numpy array needs none)."""
+    return _HOST if type(obj) is np.ndarray else get_runtime().context_scope()
+
+
+_HOST = nullcontext()
+
+
 def isend_array(
     obj: Any,
     dest: int,
@@ -100,10 +110,11 @@ def isend_array(
         TypeError, ValueError, CAIError, StreamError, CudaError: as in ``send_array`` (a CudaError that the GPU
             reports only after the message went out is raised by ``wait()``).
     """
-    pc, dest, tag, plan, src = _outbound("isend_array", obj, dest, tag, comm, sync, meta, config())
-    if plan is None:
-        return PostedRequest([], None)
-    return isend_plan("isend_array", plan, pc, dest, tag, (obj, src))
+    with _one_scope(obj):  # (the request's later steps, run by waits, open their own)
+        pc, dest, tag, plan, src = _outbound("isend_array", obj, dest, tag, comm, sync, meta, config())
+        if plan is None:
+            return PostedRequest([], None)
+        return isend_plan("isend_array", plan, pc, dest, tag, (obj, src))
 
 
 def send_array(
@@ -154,13 +165,14 @@ def send_array(
     """
     cfg = config()
     due = None if timeout is None and cfg.timeout is None else deadline("send_array", timeout)
-    pc, dest, tag, plan, src = _outbound("send_array", obj, dest, tag, comm, sync, meta, cfg)
-    if plan is None:
-        return
-    if plan.steps is None and due is None and not PENDING:
-        post_send(plan, pc, dest, tag, BLOCKING)  # nothing to drive, nothing to time: MPI's blocking calls
-    else:
-        wait_until(isend_plan("send_array", plan, pc, dest, tag, (obj, src)), due)
+    with _one_scope(obj):  # (a blocking call: its steps and waits too, since the user cannot switch contexts inside)
+        pc, dest, tag, plan, src = _outbound("send_array", obj, dest, tag, comm, sync, meta, cfg)
+        if plan is None:
+            return
+        if plan.steps is None and due is None and not PENDING:
+            post_send(plan, pc, dest, tag, BLOCKING)  # nothing to drive, nothing to time: MPI's blocking calls
+        else:
+            wait_until(isend_plan("send_array", plan, pc, dest, tag, (obj, src)), due)
 
 
 # -- receiving ------------------------------------------------------------------------------------------------
@@ -216,10 +228,11 @@ def recv_array(
     """
     cfg = config()
     due = None if timeout is None and cfg.timeout is None else deadline("recv_array", timeout)
-    pc, source, tag, target, ordinal, rt = _receive_args("recv_array", source, tag, comm, out, device)
-    if source == PROC_NULL:
-        return proc_null_array(target)
-    return receive("recv_array", pc, source, tag, target, ordinal, rt, out, due, cfg)
+    with get_runtime().context_scope():  # (the device it lands on, asked in _receive_args, and the whole receive)
+        pc, source, tag, target, ordinal, rt = _receive_args("recv_array", source, tag, comm, out, device)
+        if source == PROC_NULL:
+            return proc_null_array(target)
+        return receive("recv_array", pc, source, tag, target, ordinal, rt, out, due, cfg)
 
 
 def irecv_array(
@@ -248,10 +261,11 @@ def irecv_array(
         TypeError, ValueError: a bad argument, as in ``recv_array``. Errors about the message itself
             (RecvMismatchError, ProtocolError, TimeoutError) are raised by ``wait()``.
     """
-    pc, source, tag, target, ordinal, rt = _receive_args("irecv_array", source, tag, comm, out, device)
-    if source == PROC_NULL:
-        return PostedRequest([], proc_null_array(target))
-    return ireceive("irecv_array", pc, source, tag, target, ordinal, rt, out)
+    with get_runtime().context_scope():  # (the device it lands on and what the receive does before returning)
+        pc, source, tag, target, ordinal, rt = _receive_args("irecv_array", source, tag, comm, out, device)
+        if source == PROC_NULL:
+            return PostedRequest([], proc_null_array(target))
+        return ireceive("irecv_array", pc, source, tag, target, ordinal, rt, out)
 
 
 def sendrecv_array(
@@ -312,14 +326,15 @@ def sendrecv_array(
     """
     fn = "sendrecv_array"
     due = deadline(fn, timeout)
-    pc, source, recvtag, target, ordinal, rt = _receive_args(fn, source, recvtag, comm, out, device)
-    pc, dest, sendtag, plan, src = _outbound(fn, obj, dest, sendtag, comm, sync, meta, config(), target,
-                                             source != PROC_NULL)
-    sent = None if plan is None else isend_plan(fn, plan, pc, dest, sendtag, (obj, src))
-    try:
-        if source == PROC_NULL:
-            return proc_null_array(target)
-        return receive(fn, pc, source, recvtag, target, ordinal, rt, out, due, config())
-    finally:
-        if sent is not None:
-            wait_until(sent, deadline(fn, timeout))
+    with get_runtime().context_scope():  # (a blocking call, as send_array's and recv_array's)
+        pc, source, recvtag, target, ordinal, rt = _receive_args(fn, source, recvtag, comm, out, device)
+        pc, dest, sendtag, plan, src = _outbound(fn, obj, dest, sendtag, comm, sync, meta, config(), target,
+                                                 source != PROC_NULL)
+        sent = None if plan is None else isend_plan(fn, plan, pc, dest, sendtag, (obj, src))
+        try:
+            if source == PROC_NULL:
+                return proc_null_array(target)
+            return receive(fn, pc, source, recvtag, target, ordinal, rt, out, due, config())
+        finally:
+            if sent is not None:
+                wait_until(sent, deadline(fn, timeout))

@@ -14,7 +14,6 @@ stream wait, no host synchronization).
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import Any
 
 import numpy as np
@@ -77,18 +76,17 @@ DLManagedTensorVersioned._fields_ = [
 ]
 
 # Exported tensors not yet deleted, by the address of their DLManagedTensor[Versioned]: each entry holds the
-# structs (the consumer reads them in place) and the Array whose memory they describe.
+# structs (the consumer reads them in place) and the Array whose memory they describe. No lock: the consumer may
+# call the deleter from any thread, and the collector from any allocation (a lock held there would be waited for by
+# the very thread holding it); one dict store or pop with an int key is atomic.
 _alive: dict[int, tuple[Any, ...]] = {}
-_alive_lock = threading.Lock()  # the consumer may call the deleter from any thread
 
 
 def _forget(address: int | None) -> None:
-    """The tensor's ``deleter``: forget the structs and release the Array (its memory may then be freed).
-
-    The entry is dropped outside the lock: releasing the Array may release another export (an Array received into
-    a tensor adopted from one), whose deleter comes back here on the same thread."""
-    with _alive_lock:
-        entry = _alive.pop(address or 0, None)
+    """The tensor's ``deleter``: forget the structs and release the Array (its memory may then be freed; releasing
+    it may release another export, an Array received into a tensor adopted from one, whose deleter comes back here
+    on the same thread)."""
+    entry = _alive.pop(address or 0, None)
     del entry
 
 
@@ -162,8 +160,7 @@ def device_capsule(
         managed.version = DLPackVersion(*DLPACK_VERSION)
         managed.flags = FLAG_READ_ONLY if desc.readonly else 0
     address = ctypes.addressof(managed)
-    with _alive_lock:
-        _alive[address] = (managed, shape, strides, owner)
+    _alive[address] = (managed, shape, strides, owner)
     try:
         return _capsule_new(address, _VERSIONED_NAME if versioned else _LEGACY_NAME, _capsule_gone)
     except BaseException:

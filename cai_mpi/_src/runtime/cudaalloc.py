@@ -15,7 +15,16 @@ from ..errors import CudaError
 from .base import LEGACY_STREAM, PER_THREAD_STREAM, DeviceBuffer, Event, PinnedBuffer, Stream
 from .cudadriver import OUT_OF_MEMORY
 from .cudahandles import CudaStream
-from .cudamemory import CudaDeviceBuffer, CudaPinnedBuffer, HostAllocation, Keep, OrderedFree, RetiredBlocks
+from .cudamemory import (
+    UNTIL_IDLE,
+    CudaDeviceBuffer,
+    CudaPinnedBuffer,
+    HostAllocation,
+    Keep,
+    OrderedFree,
+    RetiredBlocks,
+    UntilIdle,
+)
 from .cudastreams import CudaStreams, own_stream
 
 __all__ = ["CudaAllocation"]
@@ -28,9 +37,31 @@ class CudaAllocation(CudaStreams):
     _handed: weakref.WeakValueDictionary[int, CudaDeviceBuffer]
 
     def read_on(self, ptr: int, ordinal: int, stream: int) -> None:
+        """A DLPack consumer's ``stream``, alive now (the consumer just named it), must be known at the Array's death
+        without being recorded on then unless something keeps it alive till then: its owner among the caller's
+        current streams (CuPy's, PyTorch's: the streams their ``from_dlpack`` names) is kept with the block; a
+        blocking stream needs nothing (the legacy default stream's event at the death follows its work); any other
+        one makes the block wait for the whole device, which only an allocation that needs the memory does."""
         buf = self._handed.get(ptr)
-        if buf is not None and buf.ordinal == ordinal and all(stream != h for h, _ in buf.consumers):
-            buf.consumers.append((stream, None))  # (the consumer keeps its stream alive while it uses it)
+        if buf is None or buf.ordinal != ordinal or stream in (LEGACY_STREAM, PER_THREAD_STREAM):
+            return
+        if any(stream == h for h, _ in buf.consumers):
+            return
+        owner = next((o for h, o in self._current_streams(ordinal) if h == stream), None)
+        if owner is None:
+            if self._blocking(stream, ordinal):
+                return
+            owner = UNTIL_IDLE
+        buf.consumers.append((stream, owner))
+
+    def _blocking(self, handle: int, ordinal: int) -> bool:
+        """Whether the live stream ``handle`` is a blocking one (False if the driver cannot say)."""
+        try:
+            with self.on_gpu(ordinal):
+                (flags,) = self.driver.check("cuStreamGetFlags", handle)
+        except CudaError:
+            return False
+        return not int(flags) & int(self.driver.drv.CUstream_flags.CU_STREAM_NON_BLOCKING)
 
     def alloc_device(
         self, nbytes: int, ordinal: int, stream: Stream | None = None, *, handed_out: bool = False
@@ -95,24 +126,28 @@ class CudaAllocation(CudaStreams):
         return ptr, OrderedFree(self.driver, ordinal, ptr, handle, stream)
 
     def _retire(self, ordinal: int, consumers: list[tuple[int, Any]], give_back: Callable[[], None]) -> None:
-        """A handed-out block's Array died: retire the block (its events, the reap, the blocks going back) in one
-        context scope. If even entering it fails (the driver gone at exit), ``hold`` finds out and never reuses it."""
-        with contextlib.ExitStack() as scope:
+        """A handed-out block's Array died (a finalizer: ``Driver.isolated``): retire the block (its events, the reap,
+        the blocks going back) in one context. If even entering it fails (the driver gone at exit), ``hold`` finds
+        out and never reuses it."""
+        with self.driver.isolated(), contextlib.ExitStack() as scope:
             with contextlib.suppress(Exception):
                 scope.enter_context(self.on_gpu(ordinal))
             self._retired.hold(ordinal, consumers, give_back)
 
     def _release_events(self, ordinal: int, consumers: list[tuple[int, Any]]) -> list[Event]:
-        """Events recorded now on the streams user work on a handed-out block runs on (see ``alloc_device``):
-        the legacy default stream and each of ``consumers`` (their objects still alive here)."""
+        """Events recorded now on the streams user work on a handed-out block runs on (see ``alloc_device``): the
+        legacy default stream and each of ``consumers`` whose object keeps it alive here; a consumer's stream that
+        nothing kept alive (``read_on``) is recorded on by no one: the block waits for the device (``UntilIdle``).
+        A failure is the block's loss (``RetiredBlocks.hold``), never a wait here: this runs in a finalizer."""
         events: list[Event] = [self.record_event_on(LEGACY_STREAM, ordinal)]
-        for handle in {handle for handle, _owner in consumers}:
-            if handle in (LEGACY_STREAM, PER_THREAD_STREAM):  # the per-thread default stream is a blocking one
-                continue
-            try:
+        idle = False
+        for handle, owner in {handle: owner for handle, owner in consumers}.items():
+            if owner is UNTIL_IDLE:
+                idle = True
+            elif handle not in (LEGACY_STREAM, PER_THREAD_STREAM):  # the per-thread default stream is blocking
                 events.append(self.record_event_on(handle, ordinal))
-            except CudaError:  # the user's stream is gone: what ran on it is ordered by nothing we can see
-                self.sync_device(ordinal)
+        if idle:
+            events.append(UntilIdle(lambda: self.sync_device(ordinal)))
         return events
 
     def alloc_pinned(self, nbytes: int) -> PinnedBuffer:

@@ -21,7 +21,7 @@ from .cudadriver import (
     signed_ordinal,
 )
 
-__all__ = ["ContextScope", "Driver"]
+__all__ = ["ContextScope", "Driver", "Isolated"]
 
 
 class ContextScope:
@@ -42,6 +42,32 @@ class ContextScope:
     def __exit__(self, *exc: object) -> None:
         if not self._outer:  # (an exception inside leaves nothing behind for a later call to trust)
             self._tls.known = None
+
+
+class Isolated:
+    """``Driver.isolated``'s block: the thread's ``within`` and ``known`` set aside, fresh ones inside, and put back
+    at its end, with the switch it interrupted still under way."""
+
+    __slots__ = ("_saved", "_tls")
+
+    def __init__(self, tls: threading.local) -> None:
+        self._tls = tls
+        self._saved: tuple[Any, Any] = (None, None)
+
+    def __enter__(self) -> None:
+        tls = self._tls
+        self._saved = (getattr(tls, "within", None), getattr(tls, "known", None))
+        tls.within = []
+        tls.known = None
+        tls.switching = False
+
+    def __exit__(self, *exc: object) -> None:
+        tls = self._tls
+        tls.switching = True  # (only a switch is interrupted by an Isolated block; set first, so none trusts it)
+        tls.within, tls.known = self._saved
+
+
+_SETTLED = contextlib.nullcontext()
 
 
 class Driver:
@@ -121,25 +147,39 @@ class Driver:
     def on(self, ordinal: int) -> Iterator[None]:
         """Make ``ordinal``'s primary context current for the block, restoring the caller's afterwards. Inside such
         a block for the same GPU (in this thread) nothing is asked or switched again: cai_mpi's own code between
-        them changes no context."""
+        them changes no context.
+
+        Between a push or pop and the notes of it (``within``, a scope's ``known``) the thread is ``switching``:
+        a finalizer run there by the collector trusts none of them (``isolated``)."""
         within = self._within()
         if within and within[-1] == ordinal:
             yield
             return
         target = self.primary(ordinal)
         current = self.current()
-        within.append(ordinal)
-        try:
-            if int(current) == int(target):
-                yield
-                return
-            self.check("cuCtxPushCurrent", target)  # the caller's stack is left exactly as it was
-            known: list[Any] | None = getattr(self._tls, "known", None)
-            if known is not None:
-                known.append(target)
+        if int(current) == int(target):
+            within.append(ordinal)
             try:
                 yield
             finally:
+                within.pop()
+            return
+        tls = self._tls
+        known: list[Any] | None = getattr(tls, "known", None)
+        tls.switching = True
+        try:
+            self.check("cuCtxPushCurrent", target)  # the caller's stack is left exactly as it was
+            if known is not None:
+                known.append(target)
+            within.append(ordinal)  # (entered only once its context is current)
+        finally:
+            tls.switching = False
+        try:
+            yield
+        finally:
+            tls.switching = True
+            try:
+                within.pop()
                 popped = False
                 try:
                     self.check("cuCtxPopCurrent")
@@ -149,8 +189,15 @@ class Driver:
                         known.pop()
                     elif known is not None:  # the pop failed: which context is current, the driver says next
                         known.clear()
-        finally:
-            within.pop()
+            finally:
+                tls.switching = False
+
+    def isolated(self) -> contextlib.AbstractContextManager[None]:
+        """Where a finalizer makes driver calls: it may run at any allocation of the code it interrupts in this
+        thread. Most of the time what this thread knows of its contexts is what the driver would say, and the
+        finalizer's calls use it; inside ``on``'s switch, between a push or pop and its note, it is set aside and the
+        driver is asked (``Isolated``)."""
+        return Isolated(self._tls) if getattr(self._tls, "switching", False) else _SETTLED
 
     def _within(self) -> list[int]:
         """The GPUs whose ``on`` blocks this thread is in, innermost last."""
@@ -172,10 +219,8 @@ class Driver:
     def release(self, ordinal: int, call: str, *args: Any) -> None:
         """Free a resource from a finalizer: in its own context, from any thread, never raising."""
         # At interpreter exit the driver may be gone already: leaking then is harmless.
-        with contextlib.suppress(Exception), self.on(ordinal):
+        with contextlib.suppress(Exception), self.isolated(), self.on(ordinal):
             self.check(call, *args)
-
-
 
     # -- which GPU holds a pointer --------------------------------------------------------------
 
@@ -242,11 +287,16 @@ class Driver:
         known = self._foreign.get(handle)
         if known is not None and ident is not None and known[0] == ident:
             return known[1]
-        self.check("cuCtxPushCurrent", context)
+        was = getattr(self._tls, "switching", False)
+        self._tls.switching = True  # (another context is current for the next three calls, unknown to any note)
         try:
-            (device,) = self.check("cuCtxGetDevice")
+            self.check("cuCtxPushCurrent", context)
+            try:
+                (device,) = self.check("cuCtxGetDevice")
+            finally:
+                self.check("cuCtxPopCurrent")
         finally:
-            self.check("cuCtxPopCurrent")
+            self._tls.switching = was
         ordinal = self._device_ordinal(device)
         if ident is not None:
             self._foreign[handle] = (ident, ordinal)

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from typing import Protocol
 
 from ..errors import CudaError
 from .base import Event, Stream
 from .cudacontexts import Driver
 from .cudadriver import NOT_READY, SUCCESS, error_text, raw_call
 
-if TYPE_CHECKING:
-    from .cudastreams import CudaStreams
+__all__ = ["CudaEvent", "CudaStream", "CudaStreamRef", "HandleOwner", "Idle"]
 
-__all__ = ["CudaEvent", "CudaStream", "CudaStreamRef", "Idle"]
+
+class HandleOwner(Protocol):
+    """What a stream or event of cai_mpi's needs of the runtime that made it (``CudaStreams`` is one)."""
+
+    driver: Driver
+    idle_streams: Idle
+    idle_events: Idle
+
+    def on_gpu(self, ordinal: int | None) -> contextlib.AbstractContextManager[None]: ...
 
 
 class Idle:
@@ -45,7 +53,7 @@ class Idle:
 class CudaStream(Stream):
     """A stream owned by cai_mpi; its handle goes back to the runtime's idle streams when the object dies."""
 
-    def __init__(self, runtime: CudaStreams, handle: int, ordinal: int) -> None:
+    def __init__(self, runtime: HandleOwner, handle: int, ordinal: int) -> None:
         self.handle = handle
         self.ordinal = ordinal
         self._runtime = runtime
@@ -69,7 +77,7 @@ class CudaEvent(Event):
     """An event created with DISABLE_TIMING and recorded on a stream; its handle goes back to the runtime's idle
     events when the object dies (``Idle``), to be recorded again."""
 
-    def __init__(self, runtime: CudaStreams, handle: int, ordinal: int) -> None:
+    def __init__(self, runtime: HandleOwner, handle: int, ordinal: int) -> None:
         self.handle = handle
         self.ordinal = ordinal
         self._runtime = runtime

@@ -14,7 +14,10 @@ import numpy as np
 from .base import DeviceBuffer, Event, PinnedBuffer, Stream
 from .cudacontexts import Driver
 
-__all__ = ["CudaDeviceBuffer", "CudaPinnedBuffer", "HostAllocation", "Keep", "OrderedFree", "RetiredBlocks"]
+__all__ = [
+    "UNTIL_IDLE", "CudaDeviceBuffer", "CudaPinnedBuffer", "HostAllocation", "Keep", "OrderedFree", "RetiredBlocks",
+    "UntilIdle",
+]
 
 
 class CudaDeviceBuffer(DeviceBuffer):
@@ -93,61 +96,99 @@ class OrderedFree:
         self._stream = None
 
 
+#: A retired block's consumer whose stream nothing keeps alive (``CudaAllocation.read_on``).
+UNTIL_IDLE = object()
+
+
+class UntilIdle(Event):
+    """What a block read on a stream nobody keeps alive waits for: the whole device idle. Never found passed by a
+    query (so ``reap`` passes over it), it is waited for by ``drain`` only, in an allocation, never in a finalizer."""
+
+    def __init__(self, sync_device: Callable[[], None]) -> None:
+        self._sync_device = sync_device
+
+    def synchronize(self) -> None:
+        self._sync_device()
+
+    def query(self) -> bool:
+        return False
+
+
 class RetiredBlocks:
     """Handed-out device blocks whose Array has died, each kept from its pool until the events recorded at its
     release (the user work that may still read it) have passed. One queue per GPU, so a GPU with work pending (or a
-    sticky error) holds back none of another's blocks. Finalizers add to it from any thread."""
+    sticky error) holds back none of another's blocks.
+
+    Finalizers add to it from any thread, and may run at any allocation of the code they interrupt, this class's
+    own included: so a finalizer takes no lock it could wait for. ``hold`` records its events with no lock held,
+    appends to ``_arrived`` (a deque: its appends and pops need no lock) and reaps only if the lock is free at once;
+    the queues are sorted out under the lock by whoever reaps next."""
 
     def __init__(self, release_events: Callable[[int, list[tuple[int, Any]]], list[Event]]) -> None:
         """``release_events(ordinal, consumers)``: events recorded now on the streams user work may still run on
         (``consumers``: a buffer's, each a CAI handle and the object keeping it alive)."""
         self._release_events = release_events
         self._held: dict[int, collections.deque[tuple[list[Event], Callable[[], None]]]] = {}
-        self._lost: list[Callable[[], None]] = []
+        self._arrived: collections.deque[tuple[int, list[Event], Callable[[], None]]] = collections.deque()
+        self._lost: list[Callable[[], None]] = []  # (appended to only: never reused, so never taken back)
         self._lock = threading.Lock()
 
     def hold(self, ordinal: int, consumers: list[tuple[int, Any]], give_back: Callable[[], None]) -> None:
+        """Retire a block (a finalizer's call: no lock waited for)."""
         try:
             events = self._release_events(ordinal, consumers)
         except Exception:  # the driver is gone (interpreter exit) or the context is dead: never reuse the block
-            with self._lock:
-                self._lost.append(give_back)
+            self._lost.append(give_back)
             return
-        with self._lock:
+        self._arrived.append((ordinal, events, give_back))
+        self.reap(ordinal, wait=False)  # an Array's death is news: blocks retired before it may be free by now
+
+    def _sort_arrived(self) -> None:
+        """Move the blocks finalizers retired into their GPU's queue (under the lock)."""
+        while self._arrived:
+            try:
+                ordinal, events, give_back = self._arrived.popleft()
+            except IndexError:  # (another thread took the last one)
+                return
             self._held.setdefault(ordinal, collections.deque()).append((events, give_back))
-        self.reap(ordinal)  # an Array's death is news: blocks retired before it may be free by now
 
     def drain(self, ordinal: int) -> bool:
         """Wait for the user work on every block GPU ``ordinal`` holds back, give them back, and say whether any went
         back: what an allocation that does not fit tries before it fails."""
         with self._lock:
-            queue = self._held.pop(ordinal, collections.deque())
+            self._sort_arrived()
+            queue = self._held.pop(ordinal, None) or ()
         given: list[Callable[[], None]] = []
         for events, give_back in queue:
             try:
                 for event in events:
                     event.synchronize()
             except Exception:  # a sticky error: never reuse it
-                with self._lock:
-                    self._lost.append(give_back)
+                self._lost.append(give_back)
                 continue
             given.append(give_back)
         for give_back in given:
             give_back()
         return bool(given)
 
-    def reap(self, ordinal: int) -> None:
+    def reap(self, ordinal: int, *, wait: bool = True) -> None:
         """Give back, oldest first, GPU ``ordinal``'s blocks whose user work has passed (queries only: it never
-        blocks). A block whose query fails (a sticky error in its context) is never reused, as a pool's idle check
-        would treat it.
+        blocks on the GPU). A block whose query fails (a sticky error in its context) is never reused, as a pool's
+        idle check would treat it. ``wait=False`` (a finalizer's): if the lock is taken, leave it to the next reap.
 
-        The lock guards the queue only: the queries run Python that allocates, so the collector may finalize a dead
-        Array right there and retire its block (``hold``) on this very thread; the blocks go back outside it too."""
-        with self._lock:
+        The lock guards the queues only: the queries and the blocks going back run outside it."""
+        if not self._lock.acquire(wait):
+            return
+        try:
+            self._sort_arrived()
             held = list(self._held.get(ordinal, ()))
+        finally:
+            self._lock.release()
         passed: list[tuple[list[Event], Callable[[], None]]] = []
         failed: list[tuple[list[Event], Callable[[], None]]] = []
         for entry in held:
+            if isinstance(entry[0][-1], UntilIdle):
+                continue  # (only an allocation that waits for the device gives it back: ``drain``)
             try:
                 if not all(e.query() for e in entry[0]):
                     break
@@ -155,17 +196,23 @@ class RetiredBlocks:
                 failed.append(entry)
                 continue
             passed.append(entry)
+        if not passed and not failed:
+            return
         given: list[Callable[[], None]] = []
-        with self._lock:
-            queue = self._held.get(ordinal, collections.deque())
+        if not self._lock.acquire(wait):
+            return  # (they are still queued: a later reap finds them passed)
+        try:
+            queue = self._held.get(ordinal) or collections.deque()
             for entry in passed + failed:
                 try:
                     queue.remove(entry)  # (unless another thread reaped it meanwhile)
                 except ValueError:
                     continue
                 (given if any(entry is p for p in passed) else self._lost).append(entry[1])
+        finally:
+            self._lock.release()
         for give_back in given:
             give_back()
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self._held.values())
+        return sum(len(q) for q in self._held.values()) + len(self._arrived)

@@ -129,3 +129,64 @@ def test_a_block_read_on_pytorchs_current_stream_is_not_reused_under_it(
     gc.collect()
     reuse_after_death(rt, d, old)
     assert bytes(seen) == old
+
+
+# -- issue 44: a DLPack consumer's stream destroyed before the Array dies --------------------------------------------
+
+
+@pytest.mark.parametrize("handle_reused", [False, True])
+def test_a_dlpack_consumers_stream_destroyed_before_the_array_dies_is_not_used_then(
+    rt: CudaRuntime, d: CudaDriverDouble, monkeypatch: pytest.MonkeyPatch, handle_reused: bool
+) -> None:
+    # cupy.from_dlpack(a) inside ``with s:`` on a stream the program drops (and CUDA destroys) before a dies. Using
+    # its handle then is undefined in CUDA: it may name nothing, or a stream made since. Nor may a finalizer wait
+    # for the whole device.
+    side = UsersStream(rt, blocking=False)
+    handle = side.ptr
+    buf = rt.alloc_device(256, 0, handed_out=True)
+    a = Array.from_device(buf, (32,), np.dtype("f8"))
+    with use_runtime(rt):
+        capsule = a.__dlpack__(stream=handle)
+    del capsule, buf
+    pending_read(rt, d, handle, a.descriptor.ptr, 256)
+    del side
+    gc.collect()  # the stream is destroyed (the double runs its pending work at once, as CUDA lets it finish)
+    later = UsersStream(rt) if handle_reused else None
+    assert later is None or later.ptr == handle  # (the double hands the handle out again, as CUDA may)
+    used: list[int] = []
+    record = d.cuEventRecord
+
+    def recording(event: Any, stream: Any) -> Any:
+        used.append(int(stream))
+        return record(event, stream)
+
+    monkeypatch.setattr(d, "cuEventRecord", recording)
+    d.calls.clear()
+    del a
+    gc.collect()
+    assert handle not in used, used
+    assert "cuCtxSynchronize" not in {name for name, _ctx in d.calls}, d.calls
+
+
+def test_a_dlpack_consumers_current_stream_lives_as_long_as_the_array(rt: CudaRuntime, d: CudaDriverDouble) -> None:
+    # cupy.from_dlpack(a) inside ``with s:`` names s, CuPy's current stream: the Array keeps s alive, so the event
+    # at its death is recorded on s itself, whatever the program did with s meanwhile.
+    current_is(rt, [])
+    old = bytes(range(256)) * 32
+    buf = rt.alloc_device(len(old), 0, handed_out=True)
+    d.write_device(buf.ptr, old)
+    a = Array.from_device(buf, (len(old) // 8,), np.dtype("f8"))
+    current = [UsersStream(rt, blocking=False)]
+    handle = current[0].ptr
+    current_is(rt, current)
+    with use_runtime(rt):
+        capsule = a.__dlpack__(stream=handle)
+    seen = pending_read(rt, d, handle, buf.ptr, len(old))
+    current.clear()  # the ``with s:`` block ends and the program drops s
+    del capsule, buf
+    gc.collect()
+    assert alive(rt, d, handle)  # the Array still holds it
+    del a
+    gc.collect()
+    reuse_after_death(rt, d, old)
+    assert bytes(seen) == old

@@ -1,20 +1,24 @@
 """Releasing device Arrays exported through DLPack: the deleter never hangs when releasing one export releases
-another, and a consumer's stream is waited for before the Array's block is used again."""
+another, or when the collector runs it in the middle of another export, and a consumer's stream is waited for
+before the Array's block is used again."""
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 
 from cai_mpi._src.arrays import dlpack
 from cai_mpi._src.core.descriptor import CAIDescriptor
 from cai_mpi._src.runtime.host import HostRuntime
 
 HANG = 30.0  # seconds after which a call that should return at once is declared hung (only a failure waits this)
+FEW = 5.0  # the same for a call that makes no device call
 
 _get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _get_pointer.restype, _get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
@@ -23,11 +27,11 @@ _set_name.restype, _set_name.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.
 _USED = b"used_dltensor"  # (a module constant: the capsule keeps the name's address)
 
 
-def finishes(fn: Callable[[], Any]) -> bool:
-    """Whether ``fn()`` returns within ``HANG`` seconds; run in a thread, so a deadlock fails instead of hanging."""
+def finishes(fn: Callable[[], Any], within: float = HANG) -> bool:
+    """Whether ``fn()`` returns within ``within`` seconds; run in a thread, so a deadlock fails instead of hanging."""
     worker = threading.Thread(target=fn, daemon=True)
     worker.start()
-    worker.join(HANG)
+    worker.join(within)
     return not worker.is_alive()
 
 
@@ -65,4 +69,32 @@ def test_releasing_an_export_that_holds_another_export_does_not_hang() -> None:
         del exported  # never consumed: its destructor runs the deleter
 
     assert finishes(chain)
+    assert not dlpack._alive
+
+
+class CollectingDict(dict):  # type: ignore[type-arg]
+    """``dlpack._alive`` that runs the collector as an entry is stored: the moment an export records its tensor."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        gc.collect()
+        super().__setitem__(key, value)
+
+
+def test_an_export_collected_while_another_export_is_recorded_does_not_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A dead export in a reference cycle (an unconsumed capsule the collector frees) runs the deleter at whatever
+    # allocation the collector interrupts: here, the next export storing its entry.
+    monkeypatch.setattr(dlpack, "_alive", CollectingDict(dlpack._alive))
+    gc.disable()
+    try:
+        dead = [capsule_of(object())]
+        dead.append(dead)  # type: ignore[arg-type]  # only the collector frees it
+        del dead
+        made: list[Any] = []
+        done = finishes(lambda: made.append(capsule_of(object())), FEW)
+        if not done:  # (the old lock: let the hung thread go, so that the assertion is the test's only outcome)
+            dlpack._alive_lock.release()  # type: ignore[attr-defined]
+        assert done
+        made.clear()
+    finally:
+        gc.enable()
     assert not dlpack._alive

@@ -29,18 +29,19 @@ N = 512  # float64: 4 KiB
 #: when a change saves calls; raising one needs the reason in the commit and in docs/benchmarks.md.
 BUDGET: dict[tuple[str, str], dict[str, int]] = {
     ("direct", "contiguous"): {"pair": 5, "release": 4},
-    ("staged", "contiguous"): {"pair": 12, "release": 4},
-    ("direct", "strided"): {"pair": 15, "release": 4},
-    ("staged", "strided"): {"pair": 19, "release": 4},
+    ("staged", "contiguous"): {"pair": 11, "release": 4},
+    ("direct", "strided"): {"pair": 14, "release": 4},
+    ("staged", "strided"): {"pair": 18, "release": 4},
     ("direct", "collective"): {"call": 8, "release": 4},
     ("staged", "collective"): {"call": 13, "release": 4},
 }
-#: Issue 33's budget: the staged contiguous pair and its release together.
-STAGED_PAIR_AND_RELEASE = 16
-#: ``cuCtxGetCurrent`` per point-to-point pair: one per direction (the send's steps run in one more scope, since
-#: the send's producer check and its first staging copy are made by separate calls of the API layer).
-CONTEXT_QUERIES = {("direct", "contiguous"): 2, ("staged", "contiguous"): 3, ("direct", "strided"): 4,
-                   ("staged", "strided"): 3}
+#: Issue 33's budget (16), lowered by issue 44: the staged contiguous pair and its release together. The pair
+#: between two ranks, as a user writes it, is counted by tests/mpi/test_driver_budget_mpi.py.
+STAGED_PAIR_AND_RELEASE = 15
+#: ``cuCtxGetCurrent`` per point-to-point pair: one per direction (a call of the API layer is one scope: its
+#: producer check, its plan and the steps it runs before returning), one more where a wait runs a later step.
+CONTEXT_QUERIES = {("direct", "contiguous"): 2, ("staged", "contiguous"): 2, ("direct", "strided"): 3,
+                   ("staged", "strided"): 2}
 
 
 @contextlib.contextmanager
