@@ -125,14 +125,9 @@ def post_recv(plan: RecvPlan, pc: PrivateComms, poster: Poster) -> Sequence[Any]
 
 
 def receive(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None, ordinal: int | None, rt: Runtime,
-         keep: Any, due: Deadline | None, cfg: Config) -> Array:
-    """Receive a message and return its Array (``due``: give up then, withdrawing an unmatched receive)."""
-    with rt.context_scope():  # one context query for the landing's device calls and the waits this call drives
-        return _receive(fn, pc, source, tag, target, ordinal, rt, keep, due, cfg)
-
-
-def _receive(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None, ordinal: int | None, rt: Runtime,
-             keep: Any, due: Deadline | None, cfg: Config) -> Array:
+            keep: Any, due: Deadline | None, cfg: Config) -> Array:
+    """Receive a message and return its Array (``due``: give up then, withdrawing an unmatched receive). The caller
+    holds the call's context scope (``Runtime.context_scope``), which its landing and the waits it drives share."""
     if due is not None or PENDING:
         return wait_until(ireceive(fn, pc, source, tag, target, ordinal, rt, keep), due)
     try:
