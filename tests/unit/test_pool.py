@@ -227,3 +227,53 @@ def test_a_lowered_budget_trims_what_is_idle_as_blocks_come_back() -> None:
     big, big_cls = pool.take(1 << 20)
     pool.give(big, big_cls)
     assert pool.idle_bytes == 0 and big in blocks.released
+
+
+# -- staging blocks a transfer may still use: quarantined until MPI and the GPU are done with them ---------------
+
+
+class StepEvent:
+    """A device event that has completed once it has been asked ``busy_for`` times; the query that finds it done
+    runs ``on_done`` first, as an allocation inside a query may run the garbage collector, and with it the finalizer
+    of a dead transfer that gives its own staging block back."""
+
+    def __init__(self, busy_for: int, on_done: Any = None) -> None:
+        self.left, self.on_done = busy_for, on_done
+
+    def query(self) -> bool:
+        self.left -= 1
+        if self.left > 0:
+            return False
+        if self.on_done is not None:
+            on_done, self.on_done = self.on_done, None
+            on_done()
+        return True
+
+
+def test_a_block_given_back_while_quarantined_blocks_are_released_does_not_hang() -> None:
+    """Issue 44: no finalizer may take a lock that code holding it reaches through an allocation. Releasing the
+    quarantined blocks queries their events; a collection there may finalize a transfer that gives its block back."""
+    from cai_mpi._src.runtime import get_runtime
+    from cai_mpi._src.transport.pool import give_back, pinned_pool
+
+    rt = get_runtime()
+    pool: Any
+    pool, _ = pool_of(1 << 20)  # (blocks of a stand-in allocator: the quarantine is the same for any pool)
+    first, cls = pool.take(4096)
+    second, _ = pool.take(4096)
+    # the second block comes back from inside the release of the first, and is still busy itself
+    give_back(pool, first, cls, [], [StepEvent(2, lambda: give_back(pool, second, cls, [], [StepEvent(2)]))])
+    before = pool.idle_bytes
+    done = threading.Event()
+
+    def release() -> None:
+        pinned_pool(rt)  # (releases the quarantined blocks whose transfers have finished)
+        done.set()
+
+    worker = threading.Thread(target=release, daemon=True)
+    worker.start()
+    assert done.wait(5), "releasing quarantined blocks hung when a block came back meanwhile"
+    assert pool.idle_bytes == before + cls  # the first is back; the second is still in use
+    pinned_pool(rt)
+    assert pool.idle_bytes == before + 2 * cls  # and then the second
+    gc.collect()

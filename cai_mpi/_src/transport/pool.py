@@ -230,7 +230,7 @@ class _Quarantined:
 
 
 _quarantine: list[_Quarantined] = []
-_quarantine_lock = threading.Lock()
+_releasing = threading.Lock()  # taken by _release_finished alone, never by give_back (a finalizer's way in)
 
 
 def _finished(reqs: list[MPI.Request], events: list[Event]) -> bool:
@@ -252,14 +252,21 @@ def give_back(pool: BlockPool[PinnedBuffer], block: PinnedBuffer, cls: int, reqs
     if _finished(pending_reqs, pending_events):
         pool.give(block, cls)
         return
-    with _quarantine_lock:
-        _quarantine.append(_Quarantined(pool, block, cls, pending_reqs, pending_events))
+    # No lock: a transfer's finalizer gives its block back, and the collector may run one inside _release_finished
+    # (its queries allocate), on the thread that holds _releasing. A list's append is atomic.
+    _quarantine.append(_Quarantined(pool, block, cls, pending_reqs, pending_events))
 
 
 def _release_finished() -> None:
-    with _quarantine_lock:
-        done = [q for q in _quarantine if q.finished()]
+    """Give back the quarantined blocks whose transfers have finished: one thread at a time (others go on; a block
+    quarantined meanwhile waits for the next call)."""
+    if not _releasing.acquire(blocking=False):
+        return
+    try:
+        done = [q for q in list(_quarantine) if q.finished()]
         for q in done:
             _quarantine.remove(q)
+    finally:
+        _releasing.release()
     for q in done:
         q.pool.give(q.block, q.cls)
