@@ -1,5 +1,6 @@
-"""scripts/test-gpu.sh and scripts/gpu-wheels.sh where there is no GPU: they parse, pass shellcheck, and
-test-gpu.sh stops with a message that says why when nvidia-smi is missing or fails (a FAKE nvidia-smi here)."""
+"""scripts/test-gpu.sh, scripts/gpu-wheels.sh and scripts/test-real-bindings.sh where there is no GPU: they parse, pass
+shellcheck, and test-gpu.sh stops with a message that says why when nvidia-smi is missing or fails (a FAKE nvidia-smi
+here)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = [ROOT / "scripts" / "test-gpu.sh", ROOT / "scripts" / "gpu-wheels.sh"]
+SCRIPTS = [ROOT / "scripts" / name for name in ("test-gpu.sh", "gpu-wheels.sh", "test-real-bindings.sh")]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
