@@ -3,7 +3,7 @@
 # they can travel with the working tree (the device tool's `carry`) and be installed there offline:
 #
 #   bash scripts/gpu-wheels.sh [DIR]                   # default DIR: .whl (ignored by git)
-#   GPU_ENV=system GPU_WHEELS=DIR bash scripts/test-gpu.sh     # there
+#   GPU_WHEELS=DIR GPU_RESULTS=$OUT bash scripts/test-gpu.sh   # there: GPU_WHEELS given, the offline mode
 #
 # What the lent machine's image lacks (its KINDS.md lists Python 3.12 with PyTorch, CuPy, numba-cuda,
 # cuda-bindings, mpi4py, pytest, pytest-timeout and hypothesis): an MPI library for mpi4py and pytest-mpi.

@@ -36,6 +36,8 @@ PACKAGES = ("cupy-cuda13x", "cupy-cuda12x", "cupy", "torch", "numba-cuda", "numb
 #: Worst first: a test's line across ranks shows the worst outcome it had on any rank.
 SEVERITY = ("failed", "error", "not run", "passed", "skipped", "xfailed")
 MODES = {"venv": "installed by the script into .venv-gpu", "system": "the node's own"}
+#: What test-gpu.sh sets for the runs besides cai_mpi's own settings: its time limits, and JAX's memory policy.
+HARNESS = ("GPU_TEST_TIMEOUT", "GPU_RUN_TIMEOUT", "XLA_PYTHON_CLIENT_PREALLOCATE")
 
 HOW_TO_MAKE_THIS_PAGE = """\
 ## Making this page
@@ -43,6 +45,8 @@ HOW_TO_MAKE_THIS_PAGE = """\
 On a GPU node, from the repository root:
 
 ```bash
+GPU_WHEELS=.whl bash scripts/test-gpu.sh                  # no network (a lent machine): the node's own packages,
+                                                          # and the wheels of scripts/gpu-wheels.sh, offline
 bash scripts/test-gpu.sh                                  # installs cai_mpi[cuda12|13], PyTorch, numba-cuda
 GPU_ENV=system bash scripts/test-gpu.sh                   # the node's own packages: installs nothing
 GPU_PUBLISH=1 bash scripts/test-gpu.sh                    # also writes this page (docs/gpu-results.md)
@@ -52,8 +56,12 @@ GPU_BENCH=1 bash scripts/test-gpu.sh                      # and bench latency/bw
 The script runs the GPU tests (`pytest -m gpu tests/gpu`) at 1 rank and at 2 ranks under mpiexec (both ranks on
 the same GPU when the node has one), writes each rank's JUnit report and `summary.json` into `gpu-results/`
 (`GPU_RESULTS=DIR` to choose), and `python scripts/gpu_results.py render gpu-results -o docs/gpu-results.md`
-turns them into this page. The header of `scripts/test-gpu.sh` says how to run it on a machine without
-registry access, with wheels made by `scripts/gpu-wheels.sh`.
+turns them into this page. On a machine without registry access (the GPU machine a session may be lent), the
+missing wheels (an MPI library, pytest-mpi) come from `bash scripts/gpu-wheels.sh .whl`, made where pip works and
+carried there; with `GPU_WHEELS` given the script installs them offline and uses the node's own packages
+(`GPU_ENV=system`). Its time limits (`GPU_TEST_TIMEOUT=90` s per test, `GPU_RUN_TIMEOUT=240` s per run) let the
+whole script finish inside one 10-minute command, and it sets `XLA_PYTHON_CLIENT_PREALLOCATE=false`, so that two
+ranks on one GPU can both start JAX.
 """
 
 
@@ -127,6 +135,7 @@ def collect(mode: str, runs: list[tuple[str, int, int]], *, revision: str | None
         **gpus(nvidia_smi),
         "versions": versions(),
         "settings": {name: value for name, value in sorted(os.environ.items()) if name.startswith("CAI_MPI_")},
+        "harness": {name: os.environ[name] for name in HARNESS if name in os.environ},
         "runs": [{"label": label, "ranks": ranks, "exit": code} for label, ranks, code in runs],
     }
 
@@ -243,6 +252,9 @@ def render(summary: dict[str, Any], runs: list[Run], bench: str = "") -> str:
     lines += [f"| {_cell(name)} | {_cell(version)} |" for name, version in summary["versions"].items()]
     settings = " ".join(f"{name}={value}" for name, value in summary.get("settings", {}).items())
     lines.append(f"| cai_mpi settings | {_cell(settings) or 'none (the defaults)'} |")
+    harness = " ".join(f"{name}={value}" for name, value in summary.get("harness", {}).items())
+    if harness:
+        lines.append(f"| test-gpu.sh settings | {_cell(harness)} |")
 
     lines += ["", "## Runs", "", "| run | passed | failed | errors | skipped | not run | exit status |",
               "| --- | --- | --- | --- | --- | --- | --- |"]

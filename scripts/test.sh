@@ -51,4 +51,6 @@ CAI_MPI_TEST_WORLD_SIZES=1,2,3 CAI_MPI_TEST_SKIP_ONE_WHEEL=1 \
 echo "== the GPU tests that need no CuPy, on the CUDA driver double (the rest say why they skip)"
 CAI_MPI_TEST_CUDA_DRIVER=cai_mpi.testing.cuda_driver:CudaDriverDouble \
   .venv-test-openmpi/bin/python -m pytest -m gpu tests/gpu -q "$@" || status=1
+echo "== the same GPU tests through the real cuda-bindings (from cai_mpi[test]), over a libcuda stub built with gcc"
+PYTHON=.venv-test-openmpi/bin/python bash scripts/test-real-bindings.sh "$@" || status=1
 exit $status

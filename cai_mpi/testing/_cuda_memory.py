@@ -31,6 +31,7 @@ class Memory:
 
     host_accessible: bool
     ordinal_bug: bool
+    reuse_internal_dependencies: bool
     _lock: threading.RLock
     _blocks: dict[int, Block]
     _starts: list[int]
@@ -184,8 +185,11 @@ class Memory:
     def cuMemAllocAsync(self, bytesize: int, hStream: Any) -> tuple[CUresult, CUdeviceptr | None]:
         """Stream-ordered allocation from the device's default pool, which caches freed blocks as CUDA's (and
         CuPy's) pools do: a block freed on ``hStream`` is handed to the next allocation on ``hStream`` at once (the
-        stream order makes that safe for work on that stream alone); a block freed on another stream only once its
-        free has run (CUDA's opportunistic reuse)."""
+        stream order makes that safe for work on that stream alone); a block freed on another stream once its free
+        has run (CUDA's opportunistic reuse), or, while ``reuse_internal_dependencies`` (CUDA's default
+        ``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES``), at once, with ``hStream`` made to wait for that free:
+        work on ``hStream`` is ordered after the block's previous user's, but a write from the host (a CUDA-aware
+        MPI's) is not, and the previous user's pending work lands after it. Preferred in that order."""
         failure = self._enter("cuMemAllocAsync", needs_context=True)
         stream = None if failure else self._stream(hStream)
         if failure or stream is None:
@@ -193,12 +197,15 @@ class Memory:
         nbytes = int(bytesize)
         ctx = self._current()
         with self._lock:
-            fitting = [(i, freed_on is stream) for i, (block, freed_on, freed) in enumerate(self._pool)
+            fitting = [(i, 2 if freed_on is stream else int(freed.is_set()))
+                       for i, (block, freed_on, freed) in enumerate(self._pool)
                        if block.context == ctx and _capacity(block) == _capacity_for(nbytes)
-                       and (freed_on is stream or freed.is_set())]
+                       and (freed_on is stream or freed.is_set() or self.reuse_internal_dependencies)]
             if fitting:  # this stream's own blocks first, as CuPy's per-stream free lists
-                i = max(fitting, key=lambda f: f[1])[0]
-                block = self._pool.pop(i)[0]  # (same pages: the memory counted for it stays ``reserved``)
+                i, rank = max(fitting, key=lambda f: f[1])
+                block, _freed_on, freed = self._pool.pop(i)  # (same pages: the memory counted stays ``reserved``)
+                if rank == 0:  # the dependency the driver inserts into the allocating stream
+                    stream.enqueue(lambda: None, [freed, *self._implicit(stream)])
                 block.nbytes = nbytes
                 self._register(block)
                 return CUresult.CUDA_SUCCESS, CUdeviceptr(block.address)

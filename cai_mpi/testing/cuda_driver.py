@@ -20,6 +20,9 @@ real ``cai_mpi._src.runtime.cuda`` and everything above it run on a machine with
   which the double maps whole;
 - 2-D copies as strict as CUDA documents them (``_cuda_copy2d``): a struct with the real unsigned fields, each pitch
   at least its row, at most ``max_pitch`` (CU_DEVICE_ATTRIBUTE_MAX_PITCH), no device-to-device 2-D copy;
+- a stream-ordered pool (``cuMemAllocAsync``) that reuses freed blocks as CUDA's default pool does: at once on the
+  stream that freed them, and on another stream once the free has run or, before, with an inserted dependency
+  (``reuse_internal_dependencies``);
 - pinned host memory, counted (``pinned_bytes_outstanding``, ``pinned_bytes_peak``, ``pinned_allocations``);
 - pointer attributes as UVA answers them from any context (type, CONTEXT, DEVICE_ORDINAL; CONTEXT is NULL for
   stream-ordered memory), context-relative ones refused where CUDA refuses them, and every query refused with no
@@ -107,6 +110,10 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
         self._next_handle = 0x5EED_0000
         self._fail: dict[str, _CUresult] = {}
         self._pool: list[tuple[_Block, Stream, Fence]] = []  # the stream-ordered allocator's freed blocks
+        # CUDA's default pool may hand a block whose free is pending on another stream to an allocation, making the
+        # allocating stream wait for it (cudaMemPoolReuseAllowInternalDependencies, on by default); a test may
+        # turn it off
+        self.reuse_internal_dependencies = True
         self._graveyard: list[_Block] = []  # freed blocks still mapped until no stream has work queued
         self.copy_delay = 0.0
         self.max_pitch = MAX_PITCH  # CU_DEVICE_ATTRIBUTE_MAX_PITCH; a test may lower it

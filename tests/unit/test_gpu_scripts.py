@@ -1,5 +1,6 @@
-"""scripts/test-gpu.sh and scripts/gpu-wheels.sh where there is no GPU: they parse, pass shellcheck, and
-test-gpu.sh stops with a message that says why when nvidia-smi is missing or fails (a FAKE nvidia-smi here)."""
+"""scripts/test-gpu.sh, scripts/gpu-wheels.sh and scripts/test-real-bindings.sh where there is no GPU: they parse, pass
+shellcheck, and test-gpu.sh stops with a message that says why when nvidia-smi is missing or fails (a FAKE nvidia-smi
+here)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = [ROOT / "scripts" / "test-gpu.sh", ROOT / "scripts" / "gpu-wheels.sh"]
+SCRIPTS = [ROOT / "scripts" / name for name in ("test-gpu.sh", "gpu-wheels.sh", "test-real-bindings.sh")]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -29,16 +30,17 @@ def test_the_scripts_pass_shellcheck() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def run_test_gpu(tmp_path: Path, nvidia_smi: str | None, *args: str) -> subprocess.CompletedProcess[str]:
-    """test-gpu.sh with PATH holding only a fake nvidia-smi (if any) and the basic tools."""
+def run_test_gpu(tmp_path: Path, nvidia_smi: str | None, *args: str,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """test-gpu.sh with PATH holding only a fake nvidia-smi (if any) and the basic tools (and ``env`` added)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     if nvidia_smi is not None:
         (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + nvidia_smi)
         (bin_dir / "nvidia-smi").chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_MAJOR", "GPU_ENV")}
-    env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
-    return subprocess.run(["bash", str(SCRIPTS[0]), *args], capture_output=True, text=True, timeout=60, env=env,
+    environ = {k: v for k, v in os.environ.items() if k not in ("CUDA_MAJOR", "GPU_ENV", "GPU_WHEELS")}
+    environ.update(env or {}, PATH=f"{bin_dir}:/usr/bin:/bin")
+    return subprocess.run(["bash", str(SCRIPTS[0]), *args], capture_output=True, text=True, timeout=60, env=environ,
                           cwd=tmp_path)
 
 
@@ -59,3 +61,14 @@ def test_an_unknown_mode_is_refused(tmp_path: Path) -> None:
     done = subprocess.run(["bash", str(SCRIPTS[0])], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "GPU_ENV": "conda"}, cwd=tmp_path)
     assert done.returncode == 2 and "GPU_ENV=conda: use GPU_ENV=venv" in done.stderr
+
+
+def test_carried_wheels_choose_the_offline_mode(tmp_path: Path) -> None:
+    # A lent machine: no network, wheels carried in GPU_WHEELS. The venv mode would reach for the network; with
+    # GPU_WHEELS given the script takes the machine's own Python (here one that is missing, to stop it there).
+    (tmp_path / "wheels").mkdir()
+    smi = 'case "$1" in --query-gpu=*) echo "Fixture GPU, 000.00";; *) echo "CUDA Version: 13.0";; esac\n'
+    env = {"GPU_WHEELS": str(tmp_path / "wheels"), "PYTHON": str(tmp_path / "no-python")}
+    done = run_test_gpu(tmp_path, smi, env=env)
+    assert done.returncode == 2 and f"GPU_ENV=system: no '{tmp_path / 'no-python'}' on PATH" in done.stderr, (
+        done.stdout + done.stderr)

@@ -21,7 +21,7 @@ from ..arrays.operands import DeviceSource, RecvTarget, describe_target, mismatc
 from ..config import config
 from ..core.header import MessageInfo
 from ..progress.driving import idle
-from ..transport import Landing, internal_stream, outgoing
+from ..transport import Landing, device_landing, outgoing
 from .agreed import agree
 from .collective_call import setup
 from .lifecycle import PersistentLifecycle
@@ -206,7 +206,7 @@ class PersistentCollective(PersistentLifecycle):
             whole: Array = Array.from_host(np.empty(whole_shape, dtype), source=self._source)
         else:
             nbytes = int(np.prod(whole_shape, dtype=np.int64)) * dtype.itemsize
-            buffer = rt.alloc_device(nbytes, ordinal, internal_stream(rt, ordinal), handed_out=True)
+            buffer = device_landing(rt, nbytes, ordinal, direct=self._direct_recv, handed_out=True)
             whole = Array.from_device(buffer, whole_shape, dtype, source=self._source, tag=NO_TAG)
         self._target = whole
         if self._kind == "allgather":

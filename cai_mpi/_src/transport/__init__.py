@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from .contiguous import Gathered, Landing, Outgoing, outgoing
 from .failure import PREPARED
-from .pieces import internal_stream
+from .pieces import device_landing, internal_stream
 from .plans import RecvPlan, SendPlan
 from .post import (
     BLOCKING,
@@ -40,6 +40,7 @@ from .send import plan_send, staged_source
 
 __all__ = [
     "BLOCKING", "NONBLOCKING", "PERSISTENT", "PREPARED", "Gathered", "Inbox", "Landing", "Outgoing", "Poster",
-    "RecvPlan", "SendPlan", "give_back_inbox", "header_failure", "internal_stream", "ireceive", "isend_plan",
-    "outgoing", "plan_recv", "plan_send", "post_send", "receive", "receive_steps", "staged_source", "take_inbox",
+    "RecvPlan", "SendPlan", "device_landing", "give_back_inbox", "header_failure", "internal_stream", "ireceive",
+    "isend_plan", "outgoing", "plan_recv", "plan_send", "post_send", "receive", "receive_steps", "staged_source",
+    "take_inbox",
 ]

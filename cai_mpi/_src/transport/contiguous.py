@@ -19,7 +19,7 @@ from ..arrays.operands import DeviceSource, Target
 from ..core.descriptor import CAIDescriptor
 from ..core.header import MessageInfo
 from ..runtime.base import Runtime
-from .pieces import internal_stream, pinned_pool
+from .pieces import device_landing, internal_stream, pinned_pool
 from .pool import host_receive_pool
 from .receive import destination, unpack_on_device
 from .send import pack_on_device
@@ -109,7 +109,7 @@ class Landing:
         timeout) or be discarded (a vote that did not agree), so it never lands in ``out=`` itself: in memory of
         the same kind, copied into ``out=`` by ``finish()`` (on an error ``out=`` keeps what it held)."""
         nbytes = info.payload_nbytes
-        dest = destination(info, target, ordinal, source, tag, rt)  # (where point-to-point receives land too)
+        dest = destination(info, target, ordinal, source, tag, rt, direct=direct)  # (where point-to-point lands too)
         result = dest.result
         held = held and target is not None
         if dest.host is None:
@@ -134,7 +134,7 @@ def _on_device(result: Array, wire: CAIDescriptor, ordinal: int, nbytes: int, rt
     if nbytes == 0:
         return Landing(0, 0, lambda: result)
     contiguous = wire.is_c_contiguous and not (direct and held)
-    tmp = None if contiguous else rt.alloc_device(nbytes, ordinal, internal_stream(rt, ordinal))
+    tmp = None if contiguous else device_landing(rt, nbytes, ordinal, direct=direct)
     dptr = wire.ptr if tmp is None else tmp.ptr
     staging, cls = (None, 0) if direct else pinned_pool(rt).take(nbytes)
 
@@ -189,7 +189,7 @@ class Gathered:
             self._host = host_receive_pool().take_array((n,), _BYTES, n)
             self.address = self._host.__array_interface__["data"][0]
         elif direct:
-            self._device = rt.alloc_device(offset, ordinal, internal_stream(rt, ordinal), handed_out=True)
+            self._device = device_landing(rt, offset, ordinal, direct=True, handed_out=True)
             self.address = self._device.ptr
         else:
             self._staging = pinned_pool(rt).take(max(offset, 1))

@@ -12,11 +12,11 @@ import numpy as np
 from mpi4py import MPI
 
 from ..progress.waits import Waitable
-from ..runtime.base import Runtime, Stream
+from ..runtime.base import DeviceBuffer, Runtime, Stream
 from .pool import give_back, pinned_pool
 
-__all__ = ["BYTE", "Steps", "byte_chunks", "chunks", "counted", "give_back", "in_context_scope", "internal_stream",
-           "pinned_pool", "raw"]
+__all__ = ["BYTE", "Steps", "byte_chunks", "chunks", "counted", "device_landing", "give_back", "in_context_scope",
+           "internal_stream", "pinned_pool", "raw"]
 
 BYTE = MPI.BYTE
 #: What is left of a transfer once its MPI operations are posted: a generator of what it waits for.
@@ -100,3 +100,20 @@ def internal_stream(runtime: Runtime, ordinal: int) -> Stream:
     if s is None:
         s = streams[ordinal] = runtime.create_stream(ordinal)
     return s
+
+
+def device_landing(rt: Runtime, nbytes: int, ordinal: int, *, direct: bool, handed_out: bool = False) -> DeviceBuffer:
+    """New device memory on cai_mpi's stream for a payload to land in (``handed_out``: as a received Array).
+
+    ``direct``: a CUDA-aware MPI writes it from the host, ordered after no device work, so the stream is synchronized
+    first. The pool may hand out a block whose previous user's work is still pending: on this stream (a block freed
+    on it goes to its next allocation at once), or on another stream that CUDA's default pool made this one wait for
+    (cudaMemPoolReuseAllowInternalDependencies); that work would land after MPI's data. Staged, the copies into the
+    block run on this stream, after the same work: nothing to wait for.
+    """
+    stream = internal_stream(rt, ordinal)
+    with rt.context_scope():  # (one context query for both calls)
+        buffer = rt.alloc_device(nbytes, ordinal, stream, handed_out=handed_out)
+        if direct and nbytes:
+            stream.synchronize()
+    return buffer

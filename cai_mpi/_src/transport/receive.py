@@ -19,7 +19,7 @@ from ..runtime.base import DeviceBuffer, Event, Runtime
 from .bigcount import INT_MAX
 from .datatypes import describable, host_datatype_bytes, strided_type
 from .failure import failed, receive_checked, receive_reason
-from .pieces import BYTE, Steps, byte_chunks, chunks, give_back, internal_stream, pinned_pool, raw
+from .pieces import BYTE, Steps, byte_chunks, chunks, device_landing, give_back, internal_stream, pinned_pool, raw
 from .plans import NO_MESSAGES, RecvPlan
 from .pool import host_receive_pool
 from .privcomm import PrivateComms
@@ -112,7 +112,7 @@ def plan_recv(
         return RecvPlan(Array.over_host(arr.T if info.fortran else arr, source, tag, info.meta), source, 0,
                         NO_MESSAGES, None)
     else:
-        dest = destination(info, target, ordinal, source, tag, rt)
+        dest = destination(info, target, ordinal, source, tag, rt, direct=pc.aware.aware)
         if dest.host is not None:
             landing = _into_host(dest.result, dest.host, info, source, ptag, inbox, cfg)
         else:
@@ -167,15 +167,16 @@ class Destination:
 
 
 def destination(info: MessageInfo, target: Target | None, ordinal: int | None, source: int, tag: int,
-                rt: Runtime) -> Destination:
+                rt: Runtime, *, direct: bool) -> Destination:
     """Where a payload described by ``info`` lands (point-to-point and collectives alike): ``out=`` (``target``,
-    already checked against ``info``), new host memory (``ordinal`` None) or new memory on GPU ``ordinal``."""
+    already checked against ``info``), new host memory (``ordinal`` None) or new memory on GPU ``ordinal`` (which a
+    CUDA-aware MPI writes when ``direct``)."""
     if target is None:
         if ordinal is None:
             arr = host_receive_pool().take_array(info.shape, info.dtype, info.payload_nbytes, info.fortran)
             return Destination(Array.over_host(arr, source, tag, info.meta), arr.T if info.fortran else arr, None,
                                None)
-        buffer = rt.alloc_device(info.payload_nbytes, ordinal, internal_stream(rt, ordinal), handed_out=True)
+        buffer = device_landing(rt, info.payload_nbytes, ordinal, direct=direct, handed_out=True)
         result = Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=source, tag=tag,
                                    meta=info.meta)
         desc = result.descriptor
@@ -274,7 +275,7 @@ def _into_device(
         steps = _staged_recv(rt, pc.payload, source, ptag, wire.ptr, nbytes, info.chunk_bytes or nbytes, ordinal)
         return RecvPlan(result, source, ptag, NO_MESSAGES, steps)
     # A strided device out=: into a contiguous temporary, then scattered on the device.
-    tmp = rt.alloc_device(nbytes, ordinal, internal_stream(rt, ordinal))
+    tmp = device_landing(rt, nbytes, ordinal, direct=pc.aware.aware)
     landing = _into_device(result, wire.replace(ptr=tmp.ptr, strides=None), ordinal, info, source, ptag, inbox, pc, rt)
     landing.steps = _unpack_steps(landing.steps, rt, tmp, wire, ordinal)
     return landing

@@ -218,7 +218,9 @@ def test_freeing_pinned_memory_waits_for_the_work_that_uses_it(d: CudaDriverDoub
 
 def test_the_stream_ordered_pool_reuses_a_block_on_its_stream_at_once(d: CudaDriverDouble) -> None:
     # As CUDA's default memory pool and CuPy's pool: a block freed on stream S goes to the next allocation on S
-    # at once (stream order makes that safe on S only); another stream gets it only once the free has run.
+    # at once (stream order makes that safe on S only); without internal dependencies, another stream gets it
+    # only once the free has run.
+    d.reuse_internal_dependencies = False
     on(d, 0)
     s = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
     other = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
@@ -230,6 +232,27 @@ def test_the_stream_ordered_pool_reuses_a_block_on_its_stream_at_once(d: CudaDri
     assert int(d.cuMemAllocAsync(4096, s)[1]) == first
     assert d.cuMemFreeAsync(elsewhere, other) == (OK,) and d.cuStreamSynchronize(other) == (OK,)
     assert int(d.cuMemAllocAsync(4096, s)[1]) == elsewhere  # freed and done: any stream may take it
+
+
+def test_the_pool_hands_a_block_still_in_use_to_another_stream_which_waits_for_it(d: CudaDriverDouble) -> None:
+    # CUDA's default (cudaMemPoolReuseAllowInternalDependencies): a block whose free is pending on S goes to an
+    # allocation on another stream at once, and that stream's later work waits for the free. A host write to the
+    # block is ordered by nothing: the previous user's pending kernel lands after it.
+    on(d, 0)
+    s = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
+    other = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
+    first = int(d.cuMemAllocAsync(4096, s)[1])
+    gate = threading.Event()
+    d.launch(s, lambda: gate.wait(10))
+    d.kernel_write(s, first, b"old user")
+    assert d.cuMemFreeAsync(first, s) == (OK,)
+    again = int(d.cuMemAllocAsync(4096, other)[1])
+    assert again == first
+    assert d.cuStreamQuery(other) == (CUresult.CUDA_ERROR_NOT_READY,)  # it waits for the free on s
+    d.write_device(again, b"host wrt")  # (a CUDA-aware MPI receiving into it now)
+    gate.set()
+    assert d.cuStreamSynchronize(other) == (OK,)
+    assert d.read_device(again, 8) == b"old user"  # the earlier kernel ran after the write
 
 
 def test_a_lazy_double_runs_work_only_when_something_waits_for_it() -> None:
