@@ -499,6 +499,26 @@ def test_one_recipe_builds_mpi4py_against_the_cluster_s_mpi() -> None:
         assert "installation.md#building-mpi4py-against-the-clusters-mpi" in page.read_text(), page
 
 
+@pytest.mark.one_wheel
+def test_install_commands_install_from_the_clone_with_extras_that_exist() -> None:
+    """cai_mpi is on no package index yet (issue 46): the pages install it from the clone, `pip install -e
+    ".[extra]"` with extras pyproject.toml defines, and give the index form only as the one for when it is
+    published."""
+    tomllib = pytest.importorskip("tomllib")
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    pages = [ROOT / "README.md", ROOT / "slurm" / "README.md", *sorted(DOCS.glob("*.md"))]
+    problems, commands = [], 0
+    for page in pages:
+        for number, line in enumerate(page.read_text().split("\n"), 1):
+            where = f"{page.relative_to(ROOT)}:{number}"
+            if re.search(r"pip install (?:-\S+ )*[\"']?cai_mpi\b", line) and "published" not in line:
+                problems.append(f"{where}: installs from a package index cai_mpi is not on: {line.strip()}")
+            for named in re.findall(r"pip install -e [\"']?\.\[([\w,]+)\]", line):
+                commands += 1
+                problems += [f"{where}: no extra {e!r} in pyproject.toml" for e in named.split(",") if e not in extras]
+    assert commands >= 5 and not problems, "\n".join(problems)
+
+
 if __name__ == "__main__":  # python tests/test_docs.py: link the public names of the pages (see link_api_names)
     for page in PAGES_THAT_LINK_API_NAMES:  # and write docs/api.md's plain reference (see plain_reference)
         path = DOCS / page
