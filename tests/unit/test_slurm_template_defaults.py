@@ -68,8 +68,8 @@ def test_from_the_readme_s_clone_nothing_needs_setting(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     want = "srun-pmix" if OPEN_MPI else "srun-pmi2"
     library = " ".join(MPI.Get_library_version().replace("\0", "").split(",")[0].split())  # as the template says
-    assert f"launcher={want} (detected: {library})" in done.stdout
-    assert f"gpu-bind=per-task nodes=n1 tasks=1 venv={venv}" in done.stdout
+    assert f"launcher={want} gpu-bind=per-task nodes=n1 tasks=1 venv={venv}\n" in done.stdout
+    assert f"== launcher {want}: detected: {library}\n" in done.stdout
     assert f"FAKE srun --mpi={want[5:]} --gpus-per-task=1 python -m cai_mpi run" in done.stdout
     assert "PROGRAM RAN" in done.stdout
 
@@ -79,7 +79,7 @@ def test_without_the_mpi_s_pmi_plugin_the_mpi_s_mpirun_starts_the_ranks(tmp_path
     _venv(tmp_path / ".venv")
     done = _submit(tmp_path, "pmi1")  # (the preflight steps run too)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "launcher=mpirun (detected: " in done.stdout and "gpu-bind=all " in done.stdout  # mpirun needs all
+    assert "launcher=mpirun gpu-bind=all " in done.stdout and "== launcher mpirun: detected: " in done.stdout
     assert "FAKE mpirun -n 1 python -m cai_mpi run" in done.stdout and "PROGRAM RAN" in done.stdout
     assert "world size 1 == SLURM_NTASKS: ok" in done.stdout
 
@@ -91,7 +91,8 @@ def test_set_variables_win_over_the_defaults(tmp_path: Path) -> None:
     done = _submit(tmp_path, "pmi2 pmix", gpus="0", CAI_MPI_VENV=str(other), CAI_MPI_LAUNCHER="srun-pmi2",
                    CAI_MPI_PREFLIGHT="0")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "launcher=srun-pmi2 (set in CAI_MPI_LAUNCHER) gpu-bind=none " in done.stdout
+    assert "launcher=srun-pmi2 gpu-bind=none " in done.stdout
+    assert "== launcher srun-pmi2: set in CAI_MPI_LAUNCHER\n" in done.stdout
     assert f"venv={other}" in done.stdout and "FAKE srun --mpi=pmi2 python -m cai_mpi run" in done.stdout
 
 
