@@ -210,6 +210,8 @@ CASES: tuple[BadInput, ...] = (
     BadInput(HOST, "a list: `[1, 2, 3]`", TypeError, "send", _send([1, 2, 3])),
     BadInput(HOST, "a numpy masked array (its data alone would lose the mask)", TypeError, "send",
              _send(np.ma.masked_array(_X, mask=_X > 2))),
+    BadInput(HOST, "a numpy array of dtype `object` (references to Python objects)", TypeError, "send",
+             _send(np.array([1, "x", None], dtype=object))),
     # -- where the message goes, and the other arguments
     BadInput(PEERS, "`dest` outside the communicator: `99`", ValueError, "send", _send(_X, dest=99)),
     BadInput(PEERS, "`dest` negative: `-7`", ValueError, "send", _send(_X, dest=-7)),

@@ -92,11 +92,13 @@ def test_latency_json_and_osu_text(tmp_path: Path) -> None:
     block = proc.stdout.split("# mode raw:")[1].split("\n\n")[0].splitlines()[2:]
     assert [int(line.split()[0]) for line in block] == SMALL
     assert all(float(line.split()[1]) > 0 for line in block)
-    # --check-targets prints a verdict per target; the bw, collective and pipeline ones cannot be judged here.
-    # (+ 8: the persistent and bucketed targets of issue 26; + 2: its 2-stage Pipeline targets; + 6: issue 38's
-    # one-shot collectives against mpi4py's pickled calls; + 2: issue 37's halo exchange)
-    assert proc.stdout.count("n/a") == 3 + 7 + 8 + 2 + 6 + 2
-    assert sum(proc.stdout.count(w) for w in ("PASS ", "FAIL ")) == 4
+    # --check-targets prints only what this run can speak for: the four 8 B ratios, each machine-dependent (info,
+    # not PASS/FAIL), and one line for the targets that need other runs (bw, the collectives, the Pipeline...).
+    targets = proc.stdout.split("# targets")[1].splitlines()
+    assert "n/a" not in proc.stdout and sum(line.startswith(("PASS ", "FAIL ")) for line in targets) == 0
+    assert sum(line.startswith("info ") for line in targets) == 4
+    assert [line for line in targets if "not judged" in line] == [
+        next(line for line in targets if line.startswith("# 28 of 32 targets not judged"))]
     assert [t["key"] for t in doc["targets"]][:4] == ["lat8-cai-raw", "lat8-cai-pickle", "lat8-out-raw",
                                                       "lat8-channel-raw"]
     assert proc.stderr.count("\r") == 0  # no progress bar on a pipe without --progress
@@ -356,15 +358,63 @@ def test_targets_from_figures() -> None:
     bw = doc("bw", {"raw": {1 << 20: 100.0, 16 << 20: 1000.0}, "cai-out": {1 << 20: 102.0, 16 << 20: 1000.0},
                     "cai": {1 << 20: 120.0, 16 << 20: 1050.0}, "pickle": {16 << 20: 7000.0}})
     verdicts = {v.key: v for v in check_targets([lat, bw])}
-    assert verdicts["lat8-cai-raw"].status == "PASS" and verdicts["lat8-cai-raw"].value == 2.5
-    assert verdicts["lat8-cai-pickle"].status == "PASS"
-    assert verdicts["lat8-out-raw"].status == "FAIL"
+    assert verdicts["lat8-cai-raw"].status == "info" and verdicts["lat8-cai-raw"].value == 2.5
+    assert verdicts["lat8-cai-pickle"].status == "info"
+    assert verdicts["lat8-out-raw"].status == "info" and verdicts["lat8-out-raw"].value == 3.5  # over 3x: not a FAIL
     assert verdicts["bw1m-out-raw"].status == "PASS"  # worst 100/102 = 0.98
     assert verdicts["bw1m-cai-raw"].status == "FAIL"  # 100/120 = 0.83
-    assert verdicts["16m-cai-pickle"].status == "PASS"
+    assert verdicts["16m-cai-pickle"].status == "info"
     assert verdicts["16m-cai-pickle"].value == pytest.approx(7000 / 1050)
     assert all(v.status == "n/a" for v in check_targets([]))
     assert "PASS" in render_targets(list(verdicts.values()))
+
+
+@pytest.mark.one_wheel
+def test_machine_dependent_ratios_are_reported_not_judged() -> None:
+    """Issue 46: a small-message time (Python and a second latency against the MPI's latency) or a ratio to pickle
+    (a copy against memory bandwidth) depends on the machine and the MPI; only throughput at >= 1 MiB against the
+    same MPI operation is judged PASS/FAIL. A ratio far past its goal is still reported, as info."""
+    def doc(test: str, rows: dict[str, dict[int, float]], ranks: int = 2) -> dict[str, Any]:
+        return {"benchmark": {"test": test, "buffer": "host", "ranks": ranks},
+                "results": {m: {str(s): {"median_us": t} for s, t in r.items()} for m, r in rows.items()}}
+
+    docs = [doc("latency", {"raw": {8: 1.0}, "cai": {8: 4.5}, "cai-out": {8: 4.5}, "channel": {8: 2.0},
+                            "pickle": {8: 5.0}}),
+            doc("allreduce", {"raw": {8: 2.0, 1 << 20: 100.0}, "cai": {8: 30.0, 1 << 20: 200.0},
+                              "pickle": {8: 6.0, 1 << 20: 300.0}, "raw-init": {8: 2.0, 1 << 20: 100.0},
+                              "cai-init": {8: 9.0, 1 << 20: 100.0}}),
+            doc("halo", {"raw": {8192: 10.0, 1 << 20: 100.0}, "cai-out-irecv": {8192: 90.0, 1 << 20: 100.0}}),
+            doc("pipeline", {"raw": {8: 1.0, 1 << 20: 100.0}, "cai-pipeline": {8: 100.0, 1 << 20: 100.0}})]
+    verdicts = check_targets(docs)
+    status = {v.key: v.status for v in verdicts}
+    informational = ["lat8-cai-raw", "lat8-cai-pickle", "lat8-out-raw", "lat8-channel-raw", "allreduce8-cai-raw",
+                     "allreduce8-cai-pickle", "allreduce1m-cai-pickle", "allreduce8-init-raw", "halo8k-out-raw",
+                     "pipe8-2-raw"]
+    assert {key: status[key] for key in informational} == dict.fromkeys(informational, "info")
+    judged = {"allreduce1m-cai-raw": "FAIL", "allreduce1m-init-raw": "PASS", "halo1m-out-raw": "PASS",
+              "pipe1m-2-raw": "PASS"}
+    assert {key: status[key] for key in judged} == judged
+    assert {v.key for v in verdicts if v.machine_dependent} >= set(informational)
+    assert not {v.key for v in verdicts if v.machine_dependent} & set(judged)
+    text = render_targets(verdicts).splitlines()
+    lat = next(line for line in text if "recv_array without out= vs raw" in line)
+    assert lat.startswith("info ") and "machine-dependent" in lat and "4.500x" in lat
+
+
+@pytest.mark.one_wheel
+def test_check_targets_prints_what_the_run_can_judge_and_one_line_for_the_rest() -> None:
+    def doc(rows: dict[str, dict[int, float]]) -> dict[str, Any]:
+        return {"benchmark": {"test": "bw", "buffer": "host", "ranks": 2},
+                "results": {m: {str(s): {"median_us": t} for s, t in r.items()} for m, r in rows.items()}}
+
+    verdicts = check_targets([doc({"raw": {1 << 20: 100.0}, "cai-out": {1 << 20: 101.0}})])
+    lines = render_targets(verdicts).splitlines()
+    assert [line.split()[0] for line in lines if not line.startswith("#")] == ["PASS"]
+    assert not any("n/a" in line for line in lines)
+    (summary,) = [line for line in lines if "not judged" in line]
+    assert summary.startswith(f"# {len(verdicts) - 1} of {len(verdicts)} targets not judged")
+    assert "latency" in summary and "allreduce-arrays" in summary and "halo" in summary  # the runs they read
+    assert render_targets([]).count("not judged") == 0
 
 
 def test_halo_exchange_along_a_chain_of_three(tmp_path: Path) -> None:
@@ -385,7 +435,7 @@ def test_halo_targets_from_figures() -> None:
         doc({"raw": {8192: 10.0, 1 << 20: 100.0}, "cai-out-irecv": {8192: 19.0, 1 << 20: 120.0}}),
         doc({"raw": {8192: 10.0}, "cai-out-irecv": {8192: 90.0}}, ranks=4),  # judged at 2 ranks only
     ])}
-    assert verdicts["halo8k-out-raw"].status == "PASS" and verdicts["halo8k-out-raw"].value == pytest.approx(1.9)
+    assert verdicts["halo8k-out-raw"].status == "info" and verdicts["halo8k-out-raw"].value == pytest.approx(1.9)
     assert verdicts["halo1m-out-raw"].status == "FAIL" and verdicts["halo1m-out-raw"].value == pytest.approx(100 / 120)
 
 
@@ -404,18 +454,17 @@ def test_collective_and_pipeline_targets_from_figures() -> None:
             doc("pipeline", {"raw": {1 << 20: 100.0}, "cai-pipeline": {1 << 20: 300.0}}, ranks=3),
             doc("pipeline", {"raw": {8: 2.0, 1 << 20: 100.0}, "cai-pipeline": {8: 5.0, 1 << 20: 125.0}}, ranks=2)]
     verdicts = {v.key: v for v in check_targets(docs)}
-    assert verdicts["allreduce8-cai-raw"].status == "PASS" and verdicts["allreduce8-cai-raw"].value == 2.5
-    assert verdicts["bcast8-cai-raw"].status == "FAIL" and verdicts["bcast8-cai-raw"].value == 4.5
+    assert verdicts["allreduce8-cai-raw"].status == "info" and verdicts["allreduce8-cai-raw"].value == 2.5
+    assert verdicts["bcast8-cai-raw"].status == "info" and verdicts["bcast8-cai-raw"].value == 4.5
     assert verdicts["allreduce1m-cai-raw"].status == "FAIL"  # worst: 400 / 500 = 0.8 at 4 MiB
     assert verdicts["allreduce1m-cai-raw"].value == pytest.approx(0.8)
     assert verdicts["allgather8-cai-raw"].status == "n/a"
-    assert verdicts["allreduce8-cai-pickle"].status == "PASS" and verdicts["allreduce8-cai-pickle"].value == 5 / 6
-    assert verdicts["bcast8-cai-pickle"].status == "FAIL"  # 9 / 8: slower than pickle
-    assert verdicts["allreduce1m-cai-pickle"].status == "FAIL"  # worst: 450 / 500 = 0.9 at 4 MiB
-    assert verdicts["allreduce1m-cai-pickle"].value == pytest.approx(0.9)
+    assert verdicts["allreduce8-cai-pickle"].status == "info" and verdicts["allreduce8-cai-pickle"].value == 5 / 6
+    assert verdicts["bcast8-cai-pickle"].value == 9 / 8  # slower than pickle
+    assert verdicts["allreduce1m-cai-pickle"].value == pytest.approx(0.9)  # worst: 450 / 500 at 4 MiB
     assert verdicts["pipe1m-raw"].status == "PASS"  # the 4-stage run only: 100 / 108
     assert verdicts["pipe1m-raw"].value == pytest.approx(100 / 108)
-    assert verdicts["pipe8-2-raw"].status == "PASS" and verdicts["pipe8-2-raw"].value == pytest.approx(0.4)
+    assert verdicts["pipe8-2-raw"].status == "info" and verdicts["pipe8-2-raw"].value == pytest.approx(0.4)
     assert verdicts["pipe1m-2-raw"].status == "FAIL" and verdicts["pipe1m-2-raw"].value == pytest.approx(0.8)
 
 
@@ -444,12 +493,11 @@ def test_targets_take_the_median_of_repeated_runs() -> None:
         return {"benchmark": {"test": "latency", "buffer": "host"},
                 "results": {m: {str(s): {"median_us": t} for s, t in r.items()} for m, r in rows.items()}}
 
-    # cai / raw per run: 4.0, 2.0, 2.5 -> median 2.5 (PASS at <= 3x although one run alone fails);
-    # pickle / cai at 16 MiB per run: 2.5, 5.0, 8.0 -> median 5.0 (FAIL at >= 6x although one run passes).
+    # cai / raw per run: 4.0, 2.0, 2.5 -> median 2.5; pickle / cai at 16 MiB per run: 2.5, 5.0, 8.0 -> median 5.0.
     verdicts = {v.key: v for v in check_targets([lat(1.0, 4.0, 10.0), lat(1.0, 2.0, 10.0), lat(1.0, 2.5, 20.0)])}
-    assert verdicts["lat8-cai-raw"].status == "PASS" and verdicts["lat8-cai-raw"].value == pytest.approx(2.5)
+    assert verdicts["lat8-cai-raw"].value == pytest.approx(2.5)
     assert "cai 2.50 us / raw 1.00 us" in verdicts["lat8-cai-raw"].detail  # the run at the median
-    assert verdicts["16m-cai-pickle"].status == "FAIL" and verdicts["16m-cai-pickle"].value == pytest.approx(5.0)
+    assert verdicts["16m-cai-pickle"].value == pytest.approx(5.0)
 
 
 def test_modes_side_by_side_move_the_same_memory(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,5 @@
-"""Regenerate the per-test result tables of docs/benchmarks.md from a suite run's JSON.
+"""Regenerate the suite's per-test result tables (docs/benchmarks-history.md, "The suite's per-size tables") from a
+suite run's JSON.
 
     python scripts/bench/update_tables.py RESULTS     # RESULTS holds openmpi/ and mpich/ from run_suite.sh
 
@@ -15,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DOC = Path("docs/benchmarks.md")
+DOC = Path("docs/benchmarks-history.md")  # (docs/benchmarks.md keeps the verdicts, edited by hand)
 LATENCY_ROWS = "1,8,64,512,4K,8K,16K,32K,64K,256K,1M,4M,16M,64M"
 BW_ROWS = "8,512,4K,64K,256K,1M,2M,4M,8M,16M,32M,64M"
 SHORT_ROWS = "8,4K,64K,1M,4M,16M"

@@ -259,6 +259,23 @@ def test_mismatched_creation_on_one_rank_is_an_error_on_every_rank() -> None:
     same(cai_mpi.allreduce_array(np.ones(2)), np.full(2, float(size)))  # still in step
 
 
+
+@pytest.mark.parametrize("make", ["bcast_init", "allgather_init"])
+def test_an_object_array_is_refused_at_creation_on_every_rank(make: str) -> None:
+    """Issue 46: bcast_init of an object array was created and broadcast the root's pointers (a segfault where a
+    receiver read them); now every rank refuses it, naming the host array and its dtype, and the ranks stay in step.
+    Only the root holding one is refused there and named by the others."""
+    objects = np.array([1, "x", None], dtype=object)
+    create = getattr(cai_mpi, make)
+    with pytest.raises(TypeError, match=f"^{make}: a host array of dtype object cannot be sent"):
+        create(objects)
+    bad: Any = objects if rank == 0 else np.zeros(3)
+    with pytest.raises((TypeError, cai_mpi.CollectiveMismatchError)) as info:
+        create(bad)
+    assert isinstance(info.value, TypeError if rank == 0 else cai_mpi.CollectiveMismatchError)
+    assert "host array of dtype object" in str(info.value)
+    same(cai_mpi.allreduce_array(np.ones(2)), np.full(2, float(size)))  # still in step
+
 def test_close_and_drop_without_leaks() -> None:
     """Objects dropped without close() are collected and free their MPI requests (seen from MPI's side)."""
     x = values("f4", rank)

@@ -4,7 +4,8 @@ The cluster (tests/slurm/conftest.py) has two emulated nodes with two fake GPUs 
 4 ranks on 2 nodes (two run 2 ranks on one node, with `sbatch --nodes=1`). Only documented variables
 change between submissions: CAI_MPI_VENV (the venvs the test runner made: CAI_MPI_VENV_OPENMPI,
 CAI_MPI_VENV_MPICH; else this interpreter's prefix if its mpi4py uses that MPI), CAI_MPI_LAUNCHER,
-CAI_MPI_GPU_BIND, CAI_MPI_SRUN_MPI, and the program (slurm/job_check.py). All jobs are submitted at
+CAI_MPI_GPU_BIND, CAI_MPI_SRUN_MPI, and the program (slurm/job_check.py); the `readme` cases set none of them and
+submit from a directory whose .venv is the venv, as the README's set-up leaves it. All jobs are submitted at
 once, Slurm runs them one after another, and each test then reads its job's log.
 """
 
@@ -53,6 +54,9 @@ class Case:
     nodes: int = 2  # 1: submitted with `sbatch --nodes=1` (command-line options override #SBATCH)
     cpu: bool = False  # submitted with `sbatch --gpus-per-node=0`: CPU nodes, CAI_MPI_GPU_BIND left to its default
     preflight: str = ""  # CAI_MPI_PREFLIGHT, when set
+    # True: submitted as a README user does, from a directory whose .venv is the venv, with no CAI_MPI_* variable
+    # set (the template finds the venv, detects `launcher` and defaults `bind`)
+    readme: bool = False
 
     @property
     def ranks(self) -> int:
@@ -63,6 +67,8 @@ class Case:
         return (() if self.nodes == 2 else (f"--nodes={self.nodes}",)) + (("--gpus-per-node=0",) if self.cpu else ())
 
     def env(self, venv: str) -> dict[str, str]:
+        if self.readme:
+            return dict(ROOT_ENV)
         env = {
             "CAI_MPI_VENV": venv,
             "CAI_MPI_LAUNCHER": self.launcher,
@@ -109,6 +115,9 @@ CASES = [
     Case("cpu-nodes/per-task", "mpich", "srun-pmi2", "per-task", expect="refused", cpu=True),
     # A production job skips the two preflight steps.
     Case("no-preflight/srun-pmi2", "mpich", "srun-pmi2", "per-task", preflight="0"),
+    # Nothing set, submitted from the README's clone (issue 46): the template finds .venv and picks the launcher.
+    Case("readme/mpich", "mpich", "srun-pmi2", "per-task", mpi_env={"MPIR_CVAR_ENABLE_GPU": "1"}, readme=True),
+    Case("readme/openmpi", "openmpi", "srun-pmix", "per-task", readme=True),
     # One node: the same template with `sbatch --nodes=1`.
     Case("one-node/srun-pmix/per-task", "openmpi", "srun-pmix", "per-task", nodes=1),
     Case("one-node/srun-pmi2/all", "mpich", "srun-pmi2", "all", nodes=1),
@@ -181,6 +190,10 @@ def jobs(slurm_cluster: Any, venvs: dict[str, str]) -> Iterator[dict[str, Submit
             submitted[case.name] = Submitted(case, skip=f"{venv}/bin/mpirun missing (the MPI wheel ships it)")
             continue
         cwd = slurm_cluster.root / "jobs" / case.name.replace("/", "-")
+        if case.readme:
+            cwd.mkdir(parents=True, exist_ok=True)
+            (cwd / ".venv").unlink(missing_ok=True)
+            (cwd / ".venv").symlink_to(venv, target_is_directory=True)
         job_id = slurm_cluster.submit(TEMPLATE, case.program, env=case.env(venv), cwd=cwd, options=case.options)
         submitted[case.name] = Submitted(case, job_id=job_id)
     ids = [s.job_id for s in submitted.values() if s.job_id]

@@ -743,5 +743,5 @@ def test_errors_are_caimpi_errors() -> None:
 
 
 def test_zero_itemsize_refused() -> None:
-    with pytest.raises(CAIError, match="cannot be sent"):
+    with pytest.raises(TypeError, match="cannot be sent: its itemsize is 0"):
         encode_header(np.dtype([("a", "?", (0,))]), (3,), fortran=False, payload_tag=0)

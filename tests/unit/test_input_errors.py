@@ -87,3 +87,30 @@ def test_a_property_raising_attribute_error_means_no_interface_and_the_host_path
     assert np.asarray(got).tobytes() == X.tobytes()
     with pytest.raises(TypeError, match="does not export __cuda_array_interface__"):
         cai_mpi.describe(obj)
+
+
+# function name -> a call that sends an object array on COMM_SELF (rank 0 to itself)
+OBJECTS = np.array([1, "x", None], dtype=object)
+WITH_OBJECTS: dict[str, Callable[[np.ndarray[Any, Any]], object]] = {
+    "send_array": lambda a: cai_mpi.send_array(a, 0, 1, SELF),
+    "isend_array": lambda a: cai_mpi.isend_array(a, 0, 1, SELF),
+    "bcast_array": lambda a: cai_mpi.bcast_array(a, 0, SELF),
+    "allgather_array": lambda a: cai_mpi.allgather_array(a, SELF),
+    "send_channel": lambda a: cai_mpi.send_channel(a, 0, 1, SELF),
+    "bcast_init": lambda a: cai_mpi.bcast_init(a, 0, SELF),
+    "allgather_init": lambda a: cai_mpi.allgather_init(a, SELF),
+}
+
+
+@pytest.mark.parametrize("fn", WITH_OBJECTS)
+@pytest.mark.parametrize("objects", [OBJECTS, np.empty(100_000, dtype=object), np.empty(64, dtype=object)[::2]],
+                         ids=["small", "large", "strided"])
+def test_an_object_array_is_a_type_error_naming_the_host_array_and_its_dtype(
+        fn: str, objects: np.ndarray[Any, Any]) -> None:
+    """Issue 46: it was a CAIError about __cuda_array_interface__ (the array is a host array), and a persistent
+    collective took it, to broadcast its pointers."""
+    with pytest.raises(TypeError, match=r"a host array of dtype object cannot be sent: its elements are references "
+                                        r"to Python objects.*comm\.send") as info:
+        WITH_OBJECTS[fn](objects)
+    assert "__cuda_array_interface__" not in str(info.value)
+    assert not cai_mpi._src.transport.privcomm.private_comms(SELF).header.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)

@@ -331,8 +331,8 @@ def recv_channel(
             uint8 host Array; ``source`` PROC_NULL, ``tag`` ANY_TAG, ``meta`` None).
         tag: the tag to match, or ANY_TAG.
         comm: None for COMM_WORLD; the first use of another communicator is collective.
-        out: a writable CAI object or host array to receive every message into (a host one contiguous in the
-            sender's order), checked against the description on the first ``recv()``.
+        out: a writable CAI object or host array to receive every message into (a host one in any layout: C or
+            Fortran order, or strided), checked against the description on the first ``recv()``.
         device: without ``out=``: None (a GPU when this rank has one, else host), "host", or a GPU ordinal.
 
     Returns:

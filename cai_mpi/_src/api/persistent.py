@@ -19,7 +19,7 @@ from mpi4py import MPI
 from ..arrays.array import NO_SOURCE, NO_TAG, Array
 from ..arrays.operands import DeviceSource, RecvTarget, describe_target, mismatch, recv_target, send_source
 from ..config import config
-from ..core.header import MessageInfo
+from ..core.header import MessageInfo, refuse_unsendable
 from ..progress.driving import idle
 from ..transport import Landing, device_landing, outgoing
 from .agreed import agree
@@ -101,6 +101,7 @@ class PersistentCollective(PersistentLifecycle):
         src = send_source(fn, obj, self._sync, rt)
         self._ptr, self._shape = _where(src)
         dtype = src.desc.dtype if isinstance(src, DeviceSource) else src.dtype
+        refuse_unsendable(dtype, fn)  # (MPI would move an object array's pointers)
         if reduces:
             assert mpi_op is not None
             if isinstance(src, DeviceSource) and not dtype.isnative and dtype.names is None:

@@ -58,8 +58,8 @@ _EXAMPLES = """examples:
   mpiexec -n 2 python -m cai_mpi demo --size 1024    # larger arrays
 
 Rank 0 prints each array's shape, dtype, hops and result; the exit status is 1 if any arrived changed.
-Without a GPU the demo runs on host memory (its first line says so, and why), with a simulated stream standing
-in for a GPU's."""
+Without a GPU the demo runs on host memory (its first line says so, and why); the last array is then written by
+a background thread acting as a GPU stream, and cai_mpi waits for that writer to finish before sending it."""
 
 
 def _placement() -> str:
@@ -74,7 +74,12 @@ def _placement() -> str:
 
         usable, reason = probe()
         why = "no GPU found" + ("" if usable else f" ({reason.split(': ', 1)[0].split('; ', 1)[0]})")
-    return f"on host memory: {why}; a simulated stream stands in for a GPU's"
+    return f"on host memory: {why}"
+
+
+#: The demo's second line on host memory: what its last array shows without a GPU, in plain words.
+HOST_NOTE = ("No GPU here, so the last array is written by a background thread acting as a GPU stream: cai_mpi waits "
+             "for that writer to finish before sending, as it waits for a GPU's kernels.")
 
 
 def main(argv: list[str]) -> int:
@@ -120,6 +125,8 @@ def main(argv: list[str]) -> int:
     if rank == 0:
         dt = time.perf_counter() - t0
         print(f"cai_mpi demo: {len(rows)} arrays around a ring of {size} rank(s) {placement}")
+        if placement.startswith("on host memory"):
+            print(HOST_NOTE)
         print(f"{'array':<28} {'shape':<12} {'dtype':<12} {'hops':>4}  result")
         for name, shape, dtype, hops, result in rows:
             print(f"{name:<28} {shape:<12} {dtype:<12} {hops:>4}  {result}")

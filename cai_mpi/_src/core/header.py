@@ -42,6 +42,7 @@ __all__ = [
     "encode_header",
     "encode_meta",
     "inline_message",
+    "refuse_unsendable",
 ]
 
 MAGIC = b"CAIM"
@@ -226,6 +227,18 @@ def encode_header(
     return _encode(dtype, shape, fortran, payload_tag, chunk_bytes, meta_bytes, False, channel, may_fail)
 
 
+def refuse_unsendable(dtype: np.dtype[Any], fn: str = "") -> None:
+    """TypeError for a dtype whose elements no message can carry, prefixed with ``fn`` when given. Only a host
+    array can have one: a CAI dict's typestr refuses both kinds (core/typestr.py)."""
+    where = f"{fn}: " if fn else ""
+    if dtype.hasobject:
+        raise TypeError(f"{where}a host array of dtype {dtype} cannot be sent: its elements are references to Python "
+                        "objects, not data another process can read; convert it to a numeric or fixed-width dtype "
+                        "(astype), or send it pickled with mpi4py's comm.send")
+    if dtype.itemsize == 0:
+        raise TypeError(f"{where}a host array of dtype {dtype} cannot be sent: its itemsize is 0")
+
+
 def _encode(
     dtype: np.dtype[Any], shape: tuple[int, ...], fortran: bool, payload_tag: int, chunk_bytes: int,
     meta_bytes: bytes, inline: bool, channel: bool, may_fail: bool = False,
@@ -233,8 +246,7 @@ def _encode(
     ndim = len(shape)
     if ndim > MAX_NDIM:
         raise CAIError(f"'shape' has {ndim} dimensions; cai_mpi sends at most {MAX_NDIM}")
-    if dtype.itemsize == 0 or dtype.hasobject:
-        raise CAIError(f"dtype {dtype} cannot be sent (itemsize 0 or Python objects)")
+    refuse_unsendable(dtype)
     dfield, flags = _dtype_field(dtype)
     if len(dfield) > MAX_DTYPE_BYTES:
         raise CAIError(f"'descr' is {len(dfield)} bytes as JSON; the limit is {MAX_DTYPE_BYTES}")

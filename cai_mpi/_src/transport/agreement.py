@@ -52,7 +52,7 @@ SPECULATE_BYTES = 64 * 1024
 _ERROR = b"\x00ERR"  # starts a failure's text; the headers exchanged here have payload tag 0: four NULs
 _UNLIMITED = 1 << 62
 #: Bytes per rank of the exchange: a contribution whose prefix, header and payload fit travels whole in it.
-#: The same on every rank (a constant, not a setting); docs/benchmarks.md has the measurement that chose it.
+#: The same on every rank (a constant, not a setting); docs/benchmarks-history.md has the measurement that chose it.
 SLOT_BYTES = 1024
 _HEAD = struct.Struct("<iiq")  # the length of the header (or failure text), flags, the payload's bytes
 _FUSED = 1  # the slot holds all of this rank's contribution: its header and its payload

@@ -1,6 +1,6 @@
 """What a device message costs in CUDA driver calls, counted on the driver double (which sees every call): a 4 KiB
 device array sent and received by one rank, with the user's context current, on each route. A change that adds
-calls fails here; docs/benchmarks.md ("Driver calls per device message") has the table.
+calls fails here; docs/benchmarks-history.md ("Driver calls per device message") has the table.
 
 The double runs in ``eager`` mode (device work has run when its call returns), so every query finds its work done
 at the first ask and the counts do not depend on timing: they are what a message costs when the GPU keeps up."""
