@@ -114,9 +114,11 @@ STAGE_TIMEOUT = int(os.environ.get("CAI_MPI_MUTATION_STAGE_TIMEOUT", "120"))  # 
 TEST_TIMEOUT = 30  # one test inside a stage (pytest-timeout): a mutant that hangs a wait fails fast
 
 
-# The coverage map: which library files each test file executes, in its own process, in every rank it starts under
-# mpiexec and in every Python subprocess it starts. A session runs every test file that executes one of its files.
-MAP = ROOT / "scripts" / "mutation_map.json"
+# The coverage map: which library lines each test file executes, in its own process, in every rank it starts under
+# mpiexec and in every Python subprocess it starts. A mutant runs every test file that executes its line. Line
+# numbers are the library's of one revision, so the map is made for the sources it was measured on (``library``, a
+# digest of them) and ``run`` makes it again when they differ (about 35 minutes on two cores).
+MAP = STATE / "coverage-map.json"
 # Test files that run other test files again at other world sizes: the files they run are in the map themselves, and
 # every session would otherwise run the whole suite per mutant.
 RERUNNERS = {"tests/test_under_mpiexec.py", "tests/test_collectives_at_scale.py"}
@@ -197,25 +199,46 @@ def ranges(lines: list[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def in_ranges(line: int, text: str) -> bool:
-    for part in text.split(","):
-        first, _, end = part.partition("-")
-        if int(first) <= line <= int(end or first):
-            return True
-    return False
+def library_digest(root: Path = ROOT) -> str:
+    """A digest of the library's sources outside cli/ (what the map's line numbers refer to)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted((root / "cai_mpi" / "_src").rglob("*.py")):
+        name = str(path.relative_to(root))
+        if library_file(str(path), root) is not None:
+            digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
-def build_map(names: list[str]) -> None:
-    """Measure ``names`` (every test file when empty) and write them into the map, keeping the other entries."""
-    known = json.loads(MAP.read_text()) if MAP.exists() else {"tests": {}}
+def current_map() -> dict[str, Any]:
+    """The coverage map for the library as it is, made (or completed with new test files) first if needed."""
+    known = json.loads(MAP.read_text()) if MAP.exists() else None
+    if known is None or known.get("library") != library_digest():
+        print("== the coverage map is missing or was made on other library sources: measuring every test file",
+              flush=True)
+        build_map([], fresh=True)
+    else:
+        new = stale_tests(known)
+        if new:
+            print(f"== measuring {len(new)} test file(s) newer than the coverage map", flush=True)
+            build_map(new)
+    return dict(json.loads(MAP.read_text()))
+
+
+def build_map(names: list[str], fresh: bool = False) -> None:
+    """Measure ``names`` (every test file when empty) and write them into the map, keeping the other entries
+    (``fresh``: none)."""
+    STATE.mkdir(exist_ok=True)
+    known = json.loads(MAP.read_text()) if MAP.exists() and not fresh else {"tests": {}}
     for name in names or test_files():
         print(f"== measuring {name}", flush=True)
         entry = measure(name)
         print(f"   {entry['status']}, {entry['seconds']} s, {len(entry['files'])} library files", flush=True)
         known["tests"][name] = entry
     known["tests"] = {name: known["tests"][name] for name in sorted(known["tests"])}
-    known.update(revision=revision(), made=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                 ranks=MAP_RANKS, markers=MARKERS)
+    known.update(revision=revision(), library=library_digest(), ranks=MAP_RANKS, markers=MARKERS,
+                 made=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     MAP.write_text(json.dumps(known, indent=1) + "\n")
     print(f"wrote {MAP.relative_to(ROOT)}")
 
@@ -229,21 +252,37 @@ def session_files(module: str) -> set[str]:
     return out
 
 
+def lines_of(text: str) -> set[int]:
+    """The line numbers a map entry's ranges ("1-3,7") name."""
+    out: set[int] = set()
+    for part in text.split(","):
+        first, _, end = part.partition("-")
+        out.update(range(int(first), int(end or first) + 1))
+    return out
+
+
 def chosen_tests(module: str, coverage_map: dict[str, Any], root: Path = ROOT,
                  mutated: tuple[str, int] | None = None) -> list[str]:
-    """The test files that execute ``module``'s files, the quickest first (a mutant most tests kill dies sooner).
+    """The test files that exercise ``module``'s files, the quickest first (a mutant most tests kill dies sooner).
 
-    With ``mutated`` (the file and line a mutant changed), the test files that execute that line, or, when none
-    does (a line inside a statement that starts above it), those that execute that file. Test files gone since the
-    map was made are left out."""
-    files = session_files(module)
+    A test file exercises a library file when it executes a line of it beyond what every test file executing it
+    executes (its import: module-level statements, which every test runs since tests/conftest.py imports the
+    library). With ``mutated`` (the file and line a mutant changed), the test files that execute that line; for an
+    import line, or a line no test executes (inside a statement that starts above it), those that exercise its
+    file. Test files gone since the map was made are left out."""
     tests = {name: entry for name, entry in coverage_map["tests"].items() if (root / name).is_file()}
-    chosen = [name for name, entry in tests.items() if files & set(entry["files"])]
-    if mutated is not None:
-        path, line = mutated
-        on_file = [name for name in chosen if path in tests[name]["files"]]
-        on_line = [name for name in on_file if in_ranges(line, tests[name]["files"][path])]
-        chosen = on_line or on_file
+    files = session_files(module) if mutated is None else {mutated[0]}
+    chosen: set[str] = set()
+    for path in files:
+        ran = {name: lines_of(entry["files"][path]) for name, entry in tests.items() if path in entry["files"]}
+        if not ran:
+            continue
+        imported = set.intersection(*ran.values())
+        exercising = {name for name, lines in ran.items() if lines - imported}
+        if mutated is None or mutated[1] in imported:
+            chosen |= exercising
+        else:
+            chosen |= {name for name, lines in ran.items() if mutated[1] in lines} or exercising
     return sorted(chosen, key=lambda name: (tests[name]["seconds"], name))
 
 
@@ -554,19 +593,14 @@ def main() -> int:
     if args.command == "test":
         return test(args.module)
     if args.command == "map":
-        build_map(args.tests)
+        build_map(args.tests, fresh=not args.tests)
         return 0
     modules = args.modules or list(MODULES)
     unknown = [m for m in modules if m not in MODULES]
     if unknown:
         parser.error(f"unknown module(s) {unknown}: choose from {list(MODULES)}")
     if args.command == "run":
-        if not MAP.exists():
-            parser.error(f"no coverage map: run `{sys.argv[0]} map` first (it says which tests cover which module)")
-        new = stale_tests(json.loads(MAP.read_text()))
-        if new:
-            print(f"warning: {len(new)} test file(s) newer than the coverage map run for no module until "
-                  f"`map {' '.join(new)}`: {', '.join(new)}", flush=True)
+        current_map()  # (made before the first session's scratch tree, so every session's mutants use it)
         for module in modules:
             run(module, args.sample, args.seed, args.fresh, args.retest_survivors)
         report(modules, None)

@@ -5,7 +5,6 @@ test's own process, in the ranks it starts under mpiexec and in its subprocesses
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,40 +35,53 @@ def test_every_library_module_is_mutated_by_exactly_one_entry() -> None:
     assert len(files) == len(set(files)), "a module is mutated by two entries (two sessions would score it twice)"
 
 
-def test_every_session_runs_some_test_by_the_committed_map() -> None:
+def test_the_map_is_made_again_when_the_library_changes_and_only_then(tmp_path: Path) -> None:
+    """The map's line numbers are one revision's: a change to a library module makes it stale, one to the command
+    line (no session's) or to a test does not."""
     script = mutation()
-    coverage_map = json.loads(script.MAP.read_text())
-    bare = [module for module in script.MODULES if not script.chosen_tests(module, coverage_map)]
-    assert bare == [], f"no test file executes these sessions' modules: {bare}"
-    assert not [name for name in coverage_map["tests"] if name in script.RERUNNERS]
-
-
-def test_a_session_runs_exactly_the_test_files_that_execute_its_files(tmp_path: Path) -> None:
-    script = mutation()
-    for name in ("tests/unit/test_a.py", "tests/test_b.py", "tests/mpi/test_c.py"):
+    for name in ("cai_mpi/_src/a.py", "cai_mpi/_src/cli/b.py", "tests/unit/test_a.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text("")
+        (tmp_path / name).write_text("X = 1\n")
+    before = script.library_digest(tmp_path)
+    (tmp_path / "cai_mpi/_src/cli/b.py").write_text("X = 2\n")
+    (tmp_path / "tests/unit/test_a.py").write_text("X = 2\n")
+    assert script.library_digest(tmp_path) == before
+    (tmp_path / "cai_mpi/_src/a.py").write_text("X = 2\n")
+    assert script.library_digest(tmp_path) != before
+
+
+def test_a_mutant_runs_the_test_files_that_execute_its_line(tmp_path: Path) -> None:
+    script = mutation()
     post, config = "cai_mpi/_src/transport/post.py", "cai_mpi/_src/config.py"
+    # lines 1-5 of each file are its import (every test that runs the file runs them); the rest is its use
     coverage_map = {"tests": {
-        "tests/unit/test_a.py": {"files": {config: "1-20"}, "seconds": 1.0},
-        "tests/test_b.py": {"files": {post: "1-10,40", config: "5"}, "seconds": 9.0},
-        "tests/mpi/test_c.py": {"files": {post: "1-50"}, "seconds": 2.0},
+        "tests/unit/test_a.py": {"files": {config: "1-5,10-20", post: "1-5"}, "seconds": 1.0},
+        "tests/test_b.py": {"files": {post: "1-5,8-10,40", config: "1-5,15"}, "seconds": 9.0},
+        "tests/mpi/test_c.py": {"files": {post: "1-5,8-50", config: "1-5"}, "seconds": 2.0},
         "tests/mpi/test_gone.py": {"files": {post: "1-50"}, "seconds": 0.1},
+        "tests/unit/test_imports_only.py": {"files": {post: "1-5", config: "1-5"}, "seconds": 0.5},
     }}
-    # the transport session mutates a folder: a file inside it is its; the quickest test first; a gone test is left out
+    for name in coverage_map["tests"]:
+        if name != "tests/mpi/test_gone.py":
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text("")
+    # a session runs the tests that use its files beyond importing them, the quickest first (the transport session
+    # mutates a folder: a file inside it is its); a test file gone since the map was made is left out
     assert script.chosen_tests("transport", coverage_map, tmp_path) == ["tests/mpi/test_c.py", "tests/test_b.py"]
     assert script.chosen_tests("config", coverage_map, tmp_path) == ["tests/unit/test_a.py", "tests/test_b.py"]
     assert script.chosen_tests("pipeline", coverage_map, tmp_path) == []
-    assert script.ranges([1, 2, 3, 7, 9, 10]) == "1-3,7,9-10" and script.ranges([5]) == "5"
-    # a mutant runs the tests that execute its line; a line no test executes, those that execute its file
+    # a mutant runs the tests that execute its line
     assert script.chosen_tests("transport", coverage_map, tmp_path, (post, 40)) == ["tests/mpi/test_c.py",
                                                                                     "tests/test_b.py"]
     assert script.chosen_tests("transport", coverage_map, tmp_path, (post, 30)) == ["tests/mpi/test_c.py"]
-    assert script.chosen_tests("config", coverage_map, tmp_path, (config, 5)) == ["tests/unit/test_a.py",
-                                                                                  "tests/test_b.py"]
-    assert script.chosen_tests("config", coverage_map, tmp_path, (config, 7)) == ["tests/unit/test_a.py"]
-    assert script.chosen_tests("config", coverage_map, tmp_path, (config, 99)) == ["tests/unit/test_a.py",
+    assert script.chosen_tests("config", coverage_map, tmp_path, (config, 15)) == ["tests/unit/test_a.py",
                                                                                    "tests/test_b.py"]
+    assert script.chosen_tests("config", coverage_map, tmp_path, (config, 12)) == ["tests/unit/test_a.py"]
+    # a mutant in an import line, or a line no test executes: the tests that use its file
+    for line in (3, 99):
+        assert script.chosen_tests("config", coverage_map, tmp_path, (config, line)) == ["tests/unit/test_a.py",
+                                                                                         "tests/test_b.py"]
+    assert script.ranges([1, 2, 3, 7, 9, 10]) == "1-3,7,9-10" and script.lines_of("1-3,7") == {1, 2, 3, 7}
 
 
 def test_a_mutant_is_found_by_its_difference_from_the_tree(tmp_path: Path) -> None:
