@@ -5,6 +5,8 @@ what was sent, so nothing is left unmatched."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 
 from mpi4py import MPI
 
@@ -46,32 +48,37 @@ class Notices:
         while sent and sent[0].Test():
             sent.popleft()
 
-    def collect(self, expected: int) -> list[bytes]:
+    def collect(self, expected: int, wait: Callable[[Callable[[], bool]], None]) -> list[bytes]:
         """On leaving, in step with every rank: the ``expected`` notices sent to this one (the first may have been
-        read by ``test``)."""
-        req = self._req
+        read by ``test``), each awaited with ``wait``."""
+        req, status = self._req, self._status
         assert req is not None
         found = []
         if self.read or expected > 0:
-            if not self.read:
-                req.Wait(self._status)
-            found.append(bytes(self._buf[: self._status.Get_count(MPI.BYTE)]))
-            expected -= 1
+            arrived = bool(self.read)
+            while True:  # (the receive stays this end's until it is done: ``abandon`` can withdraw it)
+                if not arrived:
+                    wait(partial(req.Test, status))
+                found.append(bytes(self._buf[: status.Get_count(MPI.BYTE)]))
+                if len(found) >= expected:
+                    break
+                self._req = req = self._comm.Irecv(self._buf, MPI.ANY_SOURCE, self._tag)
+                arrived, self.read = False, 0  # (``first`` no longer holds)
         else:
             req.Cancel()
             req.Wait()
         self._req = None
-        for _ in range(expected):
-            status = MPI.Status()
-            buf = bytearray(self._nbytes)
-            self._comm.Recv(buf, MPI.ANY_SOURCE, self._tag, status)
-            found.append(bytes(buf[: status.Get_count(MPI.BYTE)]))
         return found
 
-    def finish(self) -> None:
-        """On leaving, last (a wait that may need the others to drive what this rank sent them first): wait until
-        the notices this rank sent have gone."""
-        MPI.Request.Waitall(list(self._sent))
+    def first(self) -> bytes | None:
+        """The notice ``test`` read, if it read one."""
+        return bytes(self._buf[: self._status.Get_count(MPI.BYTE)]) if self.read and self._req is not None else None
+
+    def finish(self, wait: Callable[[Callable[[], bool]], None]) -> None:
+        """On leaving, last (a wait that may need the others to drive what this rank sent them first): wait (``wait``)
+        until the notices this rank sent have gone."""
+        sent = self._sent
+        wait(lambda: MPI.Request.Testall(list(sent)))
         self._sent = deque()
 
     def abandon(self, error: BaseException) -> None:
