@@ -42,7 +42,8 @@ __all__ = [
 # the data communicator itself: FAST (a bare payload), SWITCH (empty: a self-described message comes next) and END
 # (empty).
 ITEM, END, DESCRIBED, FAST, SWITCH = range(5)
-# Tags of the stream on the control communicator (its owner may use the others: a Pipeline's notices are 1).
+# Tags of the stream on the control communicator (its owner may use the others: a Pipeline's notices are 1, the
+# chain's abandon message 3).
 CREDIT, BARE_OK = 0, 2
 _BARE_KINDS = frozenset("biufc")  # dtype kinds a bare payload carries (numbers: any buffer-protocol export)
 _RING = 4  # the most buffers (and persistent receives) of a held description
