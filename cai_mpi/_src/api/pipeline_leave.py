@@ -89,7 +89,7 @@ class Leaving:
                 heard = True
                 due = self._leaving_deadline(heard)
                 backoff.until = math.inf if due is None else due.at
-            if not backoff.pause():
+            if not backoff.pause() and not chain.agreed():  # (a last look: the agreement may have come meanwhile)
                 assert due is not None
                 if not heard:
                     raise self._gave_up(due) from error
