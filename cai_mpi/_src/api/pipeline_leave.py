@@ -52,6 +52,7 @@ class Leaving:
     _meta: dict[str, Any] | None
     _notices: Notices
     _report: PipelineError | None  # (while leaving)
+    _watch: bool  # (while leaving)
 
     # (the Pipeline's own)
     def close(self) -> None: ...
@@ -97,14 +98,14 @@ class Leaving:
                 return self._outcome(self._failing(failed_here, error), failed_here, error, self._heard_first())
         failing = int(everyone[:, _FAILED].min())
         self._report = None
+        # After a failure, a stage that gave up on the agreement abandoned the pipeline: no wait for its part would
+        # end, and this stage raises PipelineError either way. (Without a failure, leaving waits as it always did: a
+        # late stage's outcome must not hang on whether a message to one that gave up had already gone.)
+        self._watch = failing != self._size
         try:
             self._settle(everyone)
         except _Abandoned as gone:  # a stage gave up on the others before this one came: go without it too
             chain.abandon(gone)
-            if failing == self._size:
-                raise PipelineError(
-                    f"Pipeline: stage {gone.stage} gave up waiting for every stage to leave the pipeline, which is "
-                    "abandoned", gone.stage) from error
             return self._outcome(failing, failed_here, error, self._report or self._heard_first())
         chain.free()
         return self._outcome(failing, failed_here, error, self._report)
@@ -161,10 +162,11 @@ class Leaving:
 
     def _until(self, done: Callable[[], bool]) -> None:
         """A wait of leaving after the agreement (for what another stage sends or receives as it leaves): until
-        ``done()``, or ``_Abandoned`` when a stage abandoned the pipeline (it will not do its part)."""
+        ``done()``, or (``_watch``: after a failure) ``_Abandoned`` when a stage abandoned the pipeline (it will not do
+        its part)."""
         backoff = wait_pauses(None)
         while not done():
-            gone = self._chain.abandoned()
+            gone = self._chain.abandoned() if self._watch else None
             if gone is not None:
                 raise _Abandoned(gone)
             backoff.pause()
