@@ -1,8 +1,8 @@
 """A ``Pipeline`` with a stage that is stuck (alive, but away longer than the pipeline's ``timeout``): once a stage
 has failed or timed out, every other stage hears of it within about one ``timeout``, with ``PipelineError`` (a stage
 whose own wait timed out raises its ``TimeoutError``), and the stuck stage gets ``PipelineError`` as soon as it
-comes back and waits or leaves. The communicator stays usable, for a message and for a new Pipeline. Passes at any
-world size >= 2 (the middle stage's case needs 3)."""
+comes back and waits or leaves. The communicator stays usable: for a message, a collective and a new Pipeline.
+Passes at any world size >= 2 (the middle stage's case needs 3)."""
 
 from __future__ import annotations
 
@@ -46,12 +46,14 @@ def _run(stuck: int, work) -> tuple[BaseException | None, float, float]:
 
 
 def _still_usable() -> None:
-    """A message, then a new Pipeline, on the same communicator, received exactly."""
+    """A message, a collective, then a new Pipeline, on the same communicator, received exactly."""
     x = np.arange(5.0) + 0.5
     if rank == 0:
         cai_mpi.send_array(x, 1, tag=3, timeout=30)
     elif rank == 1:
         assert np.asarray(cai_mpi.recv_array(0, 3, timeout=30)).tobytes() == x.tobytes()
+    total = cai_mpi.allreduce_array(np.full(3, rank + 1, np.int64), timeout=30)
+    assert np.asarray(total).tolist() == [size * (size + 1) // 2] * 3
     with cai_mpi.Pipeline(timeout=30) as pipe:
         if pipe.first:
             for i in range(4):
