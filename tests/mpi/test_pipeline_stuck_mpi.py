@@ -124,3 +124,29 @@ def test_a_stage_that_raises_while_the_first_is_stuck_is_reported_within_about_o
         else:
             assert elapsed <= HEARD, f"stage {rank} raised {type(error).__name__} after {elapsed:.1f} s: {error}"
     _still_usable()
+
+
+def test_a_stage_that_has_left_hears_of_a_failure_while_it_waits_for_the_others() -> None:
+    """Stage 0 sends one item and leaves, with no failure known; stage 1 is stuck, so a later stage times out, and
+    stage 0 hears of it while it waits for the others to leave: within about one timeout of that, PipelineError."""
+    if size < 3:
+        pytest.skip("a stuck middle stage needs 3 ranks")
+
+    def work(pipe: cai_mpi.Pipeline) -> None:
+        if pipe.first:
+            pipe.send(np.arange(4.0), meta={"i": 0})
+        else:
+            _forward(pipe)
+
+    error, elapsed, since_woke = _run(1, work)
+    if rank == 1:
+        assert isinstance(error, cai_mpi.PipelineError), error
+        assert error.rank > 1 and error.error_type == "cai_mpi.TimeoutError", (error, error.error_type)
+        assert since_woke <= T + 1, f"stage 1 raised {since_woke:.1f} s after it came back"
+    elif rank == 0:
+        assert isinstance(error, cai_mpi.PipelineError), error
+        assert error.rank > 1 and error.error_type == "cai_mpi.TimeoutError", (error, error.error_type)
+        assert elapsed <= HEARD, f"stage 0 raised PipelineError after {elapsed:.1f} s: {error}"
+    else:
+        _timed_out_or_heard(error, elapsed)
+    _still_usable()

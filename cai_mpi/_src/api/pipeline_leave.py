@@ -81,7 +81,7 @@ class Leaving:
         everyone = chain.agree(mine)
         # A failure known here (this stage's, or one reported to it): a stage that does not leave within a timeout
         # of it is stuck, and the others go without it.
-        heard = failed_here or isinstance(error, PipelineError) or self._notices.read > 0
+        heard = failed_here or isinstance(error, PipelineError) or self._notices.first is not None
         due = self._leaving_deadline(heard)
         backoff = wait_pauses(due)
         while not chain.agreed():  # meanwhile sends of this stage that still need driving (staging) go on
@@ -137,7 +137,7 @@ class Leaving:
 
     def _heard_first(self) -> PipelineError | None:
         """The report of the failure notice this stage read while it waited, if it read one."""
-        raw = self._notices.first()
+        raw = self._notices.first
         return None if raw is None else failure_from(raw)
 
     def _leaving_deadline(self, heard: bool) -> Deadline | None:

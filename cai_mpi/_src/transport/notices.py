@@ -24,7 +24,7 @@ class Notices:
         self._status = MPI.Status()
         self._req: MPI.Request | None = comm.Irecv(self._buf, MPI.ANY_SOURCE, tag)
         self._sent: deque[MPI.Request] = deque()  # oldest first
-        self.read = 0  # notices read so far (by ``test``)
+        self.first: bytes | None = None  # the notice ``test`` read, if it read one
 
     def send_all(self, raw: bytes) -> None:
         """Send ``raw`` to every other rank."""
@@ -37,9 +37,9 @@ class Notices:
     def test(self) -> bytes | None:
         """The notice that came, if one did (the first only: one is enough to stop a wait)."""
         req = self._req
-        if req is not None and not self.read and req.Test(self._status):
-            self.read += 1
-            return bytes(self._buf[: self._status.Get_count(MPI.BYTE)])
+        if req is not None and self.first is None and req.Test(self._status):
+            self.first = bytes(self._buf[: self._status.Get_count(MPI.BYTE)])
+            return self.first
         return None
 
     def forget_sent(self) -> None:
@@ -54,8 +54,8 @@ class Notices:
         req, status = self._req, self._status
         assert req is not None
         found = []
-        if self.read or expected > 0:
-            arrived = bool(self.read)
+        if self.first is not None or expected > 0:
+            arrived = self.first is not None
             while True:  # (the receive stays this end's until it is done: ``abandon`` can withdraw it)
                 if not arrived:
                     wait(partial(req.Test, status))
@@ -63,16 +63,12 @@ class Notices:
                 if len(found) >= expected:
                     break
                 self._req = req = self._comm.Irecv(self._buf, MPI.ANY_SOURCE, self._tag)
-                arrived, self.read = False, 0  # (``first`` no longer holds)
+                arrived = False
         else:
             req.Cancel()
             req.Wait()
         self._req = None
         return found
-
-    def first(self) -> bytes | None:
-        """The notice ``test`` read, if it read one."""
-        return bytes(self._buf[: self._status.Get_count(MPI.BYTE)]) if self.read and self._req is not None else None
 
     def finish(self, wait: Callable[[Callable[[], bool]], None]) -> None:
         """On leaving, last (a wait that may need the others to drive what this rank sent them first): wait (``wait``)
