@@ -1,6 +1,7 @@
 """Leaving a ``Pipeline``: collective over its stages, which agree on whether any of them failed, receive whatever
 is still in flight to them (items self-described or bare), and free the pipeline's communicators, so nothing is
-left unmatched; or, past the leaving deadline, abandon the pipeline."""
+left unmatched; or, past the leaving deadline (one timeout once a failure is known), abandon the pipeline and say
+so, and a stage that comes later goes without the ones that abandoned it."""
 
 from __future__ import annotations
 
