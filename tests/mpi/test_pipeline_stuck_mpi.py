@@ -23,9 +23,9 @@ AWAY = 6 * T  # how long the stuck stage is away: well past the time the others 
 HEARD = 4 * T  # the latest the others may raise: one timeout to fail, one to leave, and slack for a loaded machine
 
 
-def _run(stuck: int, work) -> tuple[BaseException | None, float, float]:
-    """Run ``work(pipe)`` in a Pipeline; the stage ``stuck`` first sleeps AWAY. Returns the error each stage raised,
-    when (seconds from entering), and on the stuck stage how long after waking."""
+def _run(stuck: int, work, timeout: float = T, away: float = AWAY) -> tuple[BaseException | None, float, float]:
+    """Run ``work(pipe)`` in a Pipeline with ``timeout``; the stage ``stuck`` first sleeps ``away``. Returns the error
+    each stage raised, when (seconds from entering), and on the stuck stage how long after waking."""
     error: BaseException | None = None
     with cai_mpi.Pipeline(timeout=30) as pipe:  # (a first, healthy one: set-up costs are not counted below)
         if not pipe.first:
@@ -34,9 +34,9 @@ def _run(stuck: int, work) -> tuple[BaseException | None, float, float]:
     start = time.monotonic()
     woke = start
     try:
-        with cai_mpi.Pipeline(timeout=T) as pipe:
+        with cai_mpi.Pipeline(timeout=timeout) as pipe:
             if rank == stuck:
-                time.sleep(AWAY)
+                time.sleep(away)
                 woke = time.monotonic()
             work(pipe)
     except (cai_mpi.PipelineError, cai_mpi.TimeoutError, ValueError) as exc:
@@ -149,4 +149,20 @@ def test_a_stage_that_has_left_hears_of_a_failure_while_it_waits_for_the_others(
         assert elapsed <= HEARD, f"stage 0 raised PipelineError after {elapsed:.1f} s: {error}"
     else:
         _timed_out_or_heard(error, elapsed)
+    _still_usable()
+
+
+def test_the_stuck_stage_back_raises_at_once_while_the_others_are_away_from_mpi() -> None:
+    """The stages that gave up on the stuck one make no MPI call for a while (they handle the error): the stuck
+    stage, back, does not wait for them to drive the agreement they left, nor a timeout: PipelineError at once."""
+    timeout, away = 2.0, 6.0
+    error, elapsed, since_woke = _run(0, _forward, timeout, away)
+    if rank == 0:
+        assert isinstance(error, cai_mpi.PipelineError), error
+        assert error.rank != rank and error.error_type == "cai_mpi.TimeoutError", (error, error.error_type)
+        assert since_woke <= timeout / 2, f"stage 0 raised {since_woke:.1f} s after it came back"
+    else:
+        assert isinstance(error, (cai_mpi.PipelineError, cai_mpi.TimeoutError)), error
+        assert elapsed < away, f"stage {rank} raised after {elapsed:.1f} s, when stage 0 was back"
+        time.sleep(away + 1.5 * timeout - elapsed)  # away from MPI until well after stage 0 came back
     _still_usable()

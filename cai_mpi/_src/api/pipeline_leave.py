@@ -91,7 +91,9 @@ class Leaving:
                 heard = True
                 due = self._leaving_deadline(heard)
                 backoff.until = math.inf if due is None else due.at
-            if not backoff.pause() and not chain.agreed():  # (a last look: the agreement may have come meanwhile)
+            # A stage that gave up on this one need not drive the agreement any more: go without it at once.
+            gone = heard and chain.abandoned() is not None
+            if (gone or not backoff.pause()) and not chain.agreed():  # (a last look: the agreement may have come)
                 assert due is not None
                 if not heard:
                     raise self._gave_up(due) from error
