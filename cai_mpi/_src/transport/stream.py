@@ -417,8 +417,10 @@ class StreamIn:
         self._unhold()
 
     def abandon(self, error: BaseException) -> None:
-        """Out of step with the sender: withdraw the bare receive posted ahead, let the credits in flight finish in
-        the background, free the ring."""
+        """Out of step with the sender: withdraw the receives posted ahead (one that matched meanwhile finishes in
+        the background), let the credits in flight finish in the background, free the ring."""
+        if self._prefetch is not None:
+            self._prefetch.cancel()
         if self._credits_in_flight:
             PostedRequest(list(self._credits_in_flight), None).abandon(error)
             self._credits_in_flight = deque()
