@@ -290,6 +290,7 @@ def test_credits_sent_while_the_last_one_is_still_in_flight_reach_the_previous_s
                 got.append(a.numpy().tolist())
                 if not pipe.last:
                     pipe.send(a)
+            pipe._up._credit_send = pipe._up._credit_send._req  # leaving tests it until the last credit has gone
     if not pipe.first:
         assert got == [[i] * 4 for i in range(n)]
 

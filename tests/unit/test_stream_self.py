@@ -26,10 +26,10 @@ def ends() -> Iterator[tuple[StreamOut, StreamIn]]:
     into = StreamIn(data, control, 0, receive=lambda device: irecv_array(0, MPI.ANY_TAG, data, device=device))
     yield out, into
     out.close()
-    into.drain(out.sent - into.received)  # (what is still in flight: the end, at least)
+    into.drain(out.sent - into.received, _no_wait)  # (what is still in flight: the end, at least)
     into.credit()
-    out.settle(into.credits_sent)
-    into.settle()
+    out.settle(into.credits_sent, _no_wait)
+    into.settle(_no_wait)
     data.Free()
     control.Free()
 

@@ -52,10 +52,13 @@ class Pipeline(Leaving):
 
     ``timeout``: seconds a ``send`` or ``recv`` waits at most for a credit or an item (None:
     ``CAI_MPI_TIMEOUT``, off by default); past it, ``TimeoutError`` on that stage, which the others
-    then see as its failure (``PipelineError``) on leaving the ``with`` block. Leaving waits for every
-    stage to leave, at most ``timeout`` once per stage and item that may still be in flight
-    (``timeout * size * (depth + 1)``); past it, ``TimeoutError``, and the pipeline is abandoned
-    (its pending messages finish in the background; ``comm`` stays usable).
+    then see as its failure (``PipelineError``) at their next wait or on leaving the ``with`` block.
+    Leaving waits for every stage to leave: once a failure is known, at most one ``timeout``, and then
+    the pipeline is abandoned with the error leaving would have raised (a stage that comes later raises
+    ``PipelineError`` at once); else at most ``timeout`` once per stage and item that may still be in
+    flight (``timeout * size * (depth + 1)``), then ``TimeoutError``, and the pipeline is abandoned
+    (its pending messages finish in the background; ``comm`` stays usable). See docs/reliability.md,
+    "A stuck Pipeline stage".
 
     A failing stage's error reaches the others as ``PipelineError`` at their next wait (for an item, a credit,
     or on leaving); items it sent before it failed are not withdrawn, so a later stage may still receive some of

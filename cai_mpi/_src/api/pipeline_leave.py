@@ -1,10 +1,12 @@
 """Leaving a ``Pipeline``: collective over its stages, which agree on whether any of them failed, receive whatever
 is still in flight to them (items self-described or bare), and free the pipeline's communicators, so nothing is
-left unmatched; or, past the leaving deadline, abandon the pipeline."""
+left unmatched; or, past the leaving deadline (one timeout once a failure is known), abandon the pipeline and say
+so, and a stage that comes later goes without the ones that abandoned it."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -50,6 +52,8 @@ class Leaving:
     _left: bool
     _meta: dict[str, Any] | None
     _notices: Notices
+    _report: PipelineError | None  # (while leaving)
+    _watch: bool  # (while leaving)
 
     # (the Pipeline's own)
     def close(self) -> None: ...
@@ -76,16 +80,43 @@ class Leaving:
                          up is not None and up.posted], np.int64)
         chain = self._chain
         everyone = chain.agree(mine)
-        due = self._leaving_deadline()
+        # A failure known here (this stage's, or one reported to it): a stage that does not leave within a timeout
+        # of it is stuck, and the others go without it.
+        heard = failed_here or isinstance(error, PipelineError) or self._notices.first is not None
+        due = self._leaving_deadline(heard)
         backoff = wait_pauses(due)
         while not chain.agreed():  # meanwhile sends of this stage that still need driving (staging) go on
             self._reap()
-            if not backoff.pause():
+            if not heard and self._notices.test() is not None:
+                heard = True
+                due = self._leaving_deadline(heard)
+                backoff.until = math.inf if due is None else due.at
+            # A stage that gave up on this one need not drive the agreement any more: go without it at once.
+            gone = heard and chain.abandoned() is not None
+            if (gone or not backoff.pause()) and not chain.agreed():  # (a last look: the agreement may have come)
                 assert due is not None
-                raise self._gave_up(due) from error
-        report = self._settle(everyone)
-        chain.free()
+                if not heard:
+                    raise self._gave_up(due) from error
+                self._gave_up(due)
+                return self._outcome(self._failing(failed_here, error), failed_here, error, self._heard_first())
         failing = int(everyone[:, _FAILED].min())
+        self._report = None
+        # After a failure, a stage that gave up on the agreement abandoned the pipeline: no wait for its part would
+        # end, and this stage raises PipelineError either way. (Without a failure, leaving waits as it always did: a
+        # late stage's outcome must not hang on whether a message to one that gave up had already gone.)
+        self._watch = failing != self._size
+        try:
+            self._settle(everyone)
+        except _Abandoned as gone:  # a stage gave up on the others before this one came: go without it too
+            chain.abandon(gone)
+            return self._outcome(failing, failed_here, error, self._report or self._heard_first())
+        chain.free()
+        return self._outcome(failing, failed_here, error, self._report)
+
+    def _outcome(self, failing: int, failed_here: bool, error: BaseException | None,
+                 report: PipelineError | None) -> None:
+        """Leaving's end, once the lowest failing stage is known (``failing``; the size: none): nothing, this
+        stage's own exception going on, or the failing stage's report."""
         if failing == self._size or (failed_here and not self._left):
             return  # no failure; or this stage's own exception goes on unchanged
         if isinstance(error, PipelineError) and error.rank == failing:
@@ -97,17 +128,34 @@ class Leaving:
             report = PipelineError(f"Pipeline: stage {failing} failed", failing)
         raise report from None  # (error, if any, is the report of a stage that failed later: this one replaces it)
 
-    def _leaving_deadline(self) -> Deadline | None:
-        """How long leaving waits for every stage to leave. A stage leaves once its stream has ended: behind the
-        last item still on its way to it, and at most ``depth`` + 1 items per stage can be; when no stage's wait
-        times out, the next arrives within ``timeout``. So no healthy pipeline waits longer than ``timeout`` once
-        per stage and item in flight (work a stage does after its stream ended counts too)."""
+    def _failing(self, failed_here: bool, error: BaseException | None) -> int:
+        """The failing stage as this one knows it, without the agreement: itself, else the one reported to it."""
+        if failed_here:
+            return self.stage
+        if isinstance(error, PipelineError):
+            return error.rank
+        first = self._heard_first()
+        assert first is not None
+        return first.rank
+
+    def _heard_first(self) -> PipelineError | None:
+        """The report of the failure notice this stage read while it waited, if it read one."""
+        raw = self._notices.first
+        return None if raw is None else failure_from(raw)
+
+    def _leaving_deadline(self, heard: bool) -> Deadline | None:
+        """How long leaving waits for every stage to leave. Once a failure is known (``heard``), one ``timeout``:
+        every stage hears of it at its next wait, each of which ends within a timeout. Else a stage leaves once its
+        stream has ended: behind the last item still on its way to it, and at most ``depth`` + 1 items per stage can
+        be; when no stage's wait times out, the next arrives within ``timeout``. So no healthy pipeline waits longer
+        than ``timeout`` once per stage and item in flight (work a stage does after its stream ended counts too)."""
         due = deadline("Pipeline", self._timeout)
-        return None if due is None else Deadline(due.seconds * self._size * (self.depth + 1))
+        return due if due is None or heard else Deadline(due.seconds * self._size * (self.depth + 1))
 
     def _gave_up(self, due: Deadline) -> TimeoutError:
-        """Some stage did not leave in time: the pipeline is abandoned (``Chain.abandon``: what MPI may still touch
-        finishes in the background, the communicators are left as they are, out of step: not freed)."""
+        """Some stage did not leave in time: the pipeline is abandoned (``Chain.abandon``: every other stage is told,
+        what MPI may still touch finishes in the background, the communicators are left as they are, out of step:
+        not freed)."""
         error = TimeoutError(
             f"Pipeline: stage {self.stage} waited {due.seconds:g} s for every stage to leave the pipeline (leaving is "
             f"collective over {self._size} stages); the pipeline is abandoned: its pending messages finish in the "
@@ -115,10 +163,24 @@ class Leaving:
         self._chain.abandon(error)
         return error
 
-    def _settle(self, everyone: np.ndarray[Any, Any]) -> PipelineError | None:
-        """Receive what is still in flight to this stage, wait for what it sent, and return the failure report
-        of the lowest failing stage (each failing stage sent one to everyone)."""
-        me, down, up = self.stage, self._down, self._up
+    def _until(self, done: Callable[[], bool]) -> None:
+        """A wait of leaving after the agreement (for what another stage sends or receives as it leaves): until
+        ``done()``, or (``_watch``: after a failure) ``_Abandoned`` when a stage abandoned the pipeline (it will not do
+        its part)."""
+        backoff = wait_pauses(None)
+        while not done():
+            gone = self._chain.abandoned() if self._watch else None
+            if gone is not None:
+                raise _Abandoned(gone)
+            backoff.pause()
+
+    def _settle(self, everyone: np.ndarray[Any, Any]) -> None:
+        """Take the failure report of the lowest failing stage (``_report``: each failing stage sent one to everyone,
+        before the agreement), receive what is still in flight to this stage, and wait for what it sent."""
+        me, down, up, wait = self.stage, self._down, self._up, self._until
+        failed = sum(1 for r in range(self._size) if everyone[r, _FAILED] != self._size and r != me)
+        reports = [failure_from(raw) for raw in self._notices.collect(failed, wait)]
+        self._report = min(reports, key=lambda r: r.rank) if reports else None
         # A receive posted downstream that nothing sent will ever match gets an empty message.
         if down is not None and everyone[me + 1, _POSTED] and down.sent == everyone[me + 1, _RECEIVED]:
             down.end()
@@ -126,12 +188,17 @@ class Leaving:
             missing = int(everyone[me - 1, _SENT]) - up.received
             if up.posted:
                 missing = max(missing, 1)  # (the stage above sent one more to match it, as just above)
-            up.drain(missing)
-        failed = sum(1 for r in range(self._size) if everyone[r, _FAILED] != self._size and r != me)
-        reports = [failure_from(raw) for raw in self._notices.collect(failed)]
+            up.drain(missing, wait)
         if down is not None:  # credits sent from downstream, then everything sent has been received downstream
-            down.settle(int(everyone[me + 1, _CREDITS]))
-        self._notices.finish()
+            down.settle(int(everyone[me + 1, _CREDITS]), wait)
+        self._notices.finish(wait)
         if up is not None:
-            up.settle()
-        return min(reports, key=lambda r: r.rank) if reports else None
+            up.settle(wait)
+
+
+class _Abandoned(Exception):
+    """Stage ``stage`` abandoned the pipeline while this one left it."""
+
+    def __init__(self, stage: int) -> None:
+        super().__init__(f"Pipeline: stage {stage} abandoned the pipeline")
+        self.stage = stage

@@ -11,7 +11,8 @@ from ..errors import PipelineError
 
 __all__ = ["NOTICE", "NOTICE_BYTES", "encode_notice", "failure_from"]
 
-NOTICE = 1  # its tag on the control communicator (the stream's credits and bare-payload handshake use 0 and 2)
+NOTICE = 1  # its tag on the control communicator (the stream's credits and bare-payload handshake use 0 and 2, the
+# chain's abandon message 3)
 NOTICE_BYTES = 64 << 10
 _TEXT_CHARS = 16 << 10  # of a failing stage's message, and of the end of its traceback, that a notice carries
 

@@ -3,7 +3,8 @@
 The chain owns every MPI resource of it: two duplicates of the user's communicator (data: the streams' items;
 control: credits, notices and the leaving agreement), each rank's two edges (``StreamOut`` to the next rank,
 ``StreamIn`` from the previous one), its ``Notices``, and the collective steps that open it (the duplicates and
-the bare-payload handshake) and close it (one ``Iallgather`` of each rank's counts, then freeing the duplicates).
+the bare-payload handshake) and close it (one ``Iallgather`` of each rank's counts, then freeing the duplicates), or
+abandon it (a rank that gives up tells every other one, so none waits for its part of the close).
 What the counts mean, and when to credit, is the owner's.
 """
 
@@ -23,6 +24,8 @@ from .privcomm import private_comms
 from .stream import StreamIn, StreamOut, exchange_bare_ok
 
 __all__ = ["Chain"]
+
+ABANDONED = 3  # the tag of an empty control message: "this rank abandoned the chain" (the stream's use 0 and 2)
 
 # (Request[...] as text: typing caches a generic alias with the module its class has when the alias is made, and
 # one made at this import would keep the private path that public signatures then show)
@@ -74,10 +77,19 @@ class Chain:
         self._data.Free()
         self._control.Free()
 
+    def abandoned(self) -> int | None:
+        """A rank that abandoned the chain (it will do nothing more for it), if one said so."""
+        status = MPI.Status()
+        return status.Get_source() if self._control.Iprobe(MPI.ANY_SOURCE, ABANDONED, status) else None
+
     def abandon(self, error: BaseException) -> None:
-        """Out of step with the other ranks: what MPI may still touch finishes in the background (the agreement,
-        which completes if the others come later; the control messages in flight); this rank's receives are
-        withdrawn; the duplicates are left as they are."""
+        """Out of step with the other ranks: tell every other rank (``abandoned``); what MPI may still touch
+        finishes in the background (the agreement, which completes if the others come later; the control messages
+        in flight); this rank's receives are withdrawn; the duplicates are left as they are (never freed: so their
+        context, and a late message on it, is never reused)."""
+        control = self._control
+        told = [control.Isend([b"", MPI.BYTE], rank, ABANDONED) for rank in range(self.size) if rank != self.rank]
+        PostedRequest(told, None).abandon(error)
         agreement = self._agreement
         if agreement is not None:
             PostedRequest([agreement[0]], None, keep=agreement[1:]).abandon(error)

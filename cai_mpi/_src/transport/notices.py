@@ -5,6 +5,8 @@ what was sent, so nothing is left unmatched."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 
 from mpi4py import MPI
 
@@ -22,7 +24,7 @@ class Notices:
         self._status = MPI.Status()
         self._req: MPI.Request | None = comm.Irecv(self._buf, MPI.ANY_SOURCE, tag)
         self._sent: deque[MPI.Request] = deque()  # oldest first
-        self.read = 0  # notices read so far (by ``test``)
+        self.first: bytes | None = None  # the notice ``test`` read, if it read one
 
     def send_all(self, raw: bytes) -> None:
         """Send ``raw`` to every other rank."""
@@ -35,9 +37,9 @@ class Notices:
     def test(self) -> bytes | None:
         """The notice that came, if one did (the first only: one is enough to stop a wait)."""
         req = self._req
-        if req is not None and not self.read and req.Test(self._status):
-            self.read += 1
-            return bytes(self._buf[: self._status.Get_count(MPI.BYTE)])
+        if req is not None and self.first is None and req.Test(self._status):
+            self.first = bytes(self._buf[: self._status.Get_count(MPI.BYTE)])
+            return self.first
         return None
 
     def forget_sent(self) -> None:
@@ -46,32 +48,33 @@ class Notices:
         while sent and sent[0].Test():
             sent.popleft()
 
-    def collect(self, expected: int) -> list[bytes]:
+    def collect(self, expected: int, wait: Callable[[Callable[[], bool]], None]) -> list[bytes]:
         """On leaving, in step with every rank: the ``expected`` notices sent to this one (the first may have been
-        read by ``test``)."""
-        req = self._req
+        read by ``test``), each awaited with ``wait``."""
+        req, status = self._req, self._status
         assert req is not None
         found = []
-        if self.read or expected > 0:
-            if not self.read:
-                req.Wait(self._status)
-            found.append(bytes(self._buf[: self._status.Get_count(MPI.BYTE)]))
-            expected -= 1
+        if self.first is not None or expected > 0:
+            arrived = self.first is not None
+            while True:  # (the receive stays this end's until it is done: ``abandon`` can withdraw it)
+                if not arrived:
+                    wait(partial(req.Test, status))
+                found.append(bytes(self._buf[: status.Get_count(MPI.BYTE)]))
+                if len(found) >= expected:
+                    break
+                self._req = req = self._comm.Irecv(self._buf, MPI.ANY_SOURCE, self._tag)
+                arrived = False
         else:
             req.Cancel()
             req.Wait()
         self._req = None
-        for _ in range(expected):
-            status = MPI.Status()
-            buf = bytearray(self._nbytes)
-            self._comm.Recv(buf, MPI.ANY_SOURCE, self._tag, status)
-            found.append(bytes(buf[: status.Get_count(MPI.BYTE)]))
         return found
 
-    def finish(self) -> None:
-        """On leaving, last (a wait that may need the others to drive what this rank sent them first): wait until
-        the notices this rank sent have gone."""
-        MPI.Request.Waitall(list(self._sent))
+    def finish(self, wait: Callable[[Callable[[], bool]], None]) -> None:
+        """On leaving, last (a wait that may need the others to drive what this rank sent them first): wait (``wait``)
+        until the notices this rank sent have gone."""
+        sent = self._sent
+        wait(lambda: MPI.Request.Testall(list(sent)))
         self._sent = deque()
 
     def abandon(self, error: BaseException) -> None:

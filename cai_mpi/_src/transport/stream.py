@@ -21,6 +21,7 @@ import ctypes
 import json
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal
 
 import numpy as np
@@ -41,7 +42,8 @@ __all__ = [
 # the data communicator itself: FAST (a bare payload), SWITCH (empty: a self-described message comes next) and END
 # (empty).
 ITEM, END, DESCRIBED, FAST, SWITCH = range(5)
-# Tags of the stream on the control communicator (its owner may use the others: a Pipeline's notices are 1).
+# Tags of the stream on the control communicator (its owner may use the others: a Pipeline's notices are 1, the
+# chain's abandon message 3).
 CREDIT, BARE_OK = 0, 2
 _BARE_KINDS = frozenset("biufc")  # dtype kinds a bare payload carries (numbers: any buffer-protocol export)
 _RING = 4  # the most buffers (and persistent receives) of a held description
@@ -51,7 +53,13 @@ _RING = 4  # the most buffers (and persistent receives) of a held description
 _kept: dict[tuple[tuple[int, ...], np.dtype[Any]], list[np.ndarray[Any, Any]]] = {}
 _KEPT_BYTES = 64 << 20
 
-Wait = Callable[[Callable[[], bool]], None]  # the owner's wait for the next item: until the test is true, or raise
+# The owner's wait: until the test is true, or raise (for the next item; on leaving, for what the other end does).
+Wait = Callable[[Callable[[], bool]], None]
+
+
+def _tested(req: Request[Any]) -> bool:
+    """Whether ``req`` is done (testing it drives it, and raises what it failed with)."""
+    return req.test()[0]
 
 
 def bare_memory(obj: Any) -> np.ndarray[Any, Any] | None:
@@ -165,25 +173,31 @@ class StreamOut:
         while bare and bare[0].Test():  # (they complete in order)
             bare.popleft()
 
-    def settle(self, credits_sent: int) -> None:
+    def settle(self, credits_sent: int, wait: Wait) -> None:
         """On leaving, in step with the receiver: receive the rest of the ``credits_sent`` credits it sent, then wait
-        until everything sent has been received."""
+        (``wait``) until everything sent has been received."""
         missing = credits_sent - self.credits_read
         req = self._credit_req
         assert req is not None
         if missing > 0:
-            req.Wait()
-            missing -= 1
+            while True:  # (the receive stays this end's until freed: ``abandon`` can withdraw it)
+                wait(req.Test)
+                missing -= 1
+                if not missing:
+                    break
+                req.Start()
         else:
             req.Cancel()
             req.Wait()
         req.Free()
         self._credit_req = None
-        for _ in range(missing):
-            self._control.Recv(np.zeros(1, np.int64), self.dest, CREDIT)
-        while self._sends:
-            self._sends.popleft().wait()
-        MPI.Request.Waitall(list(self._bare_sends))
+        sends = self._sends
+        while sends:
+            first = sends[0]
+            wait(partial(_tested, first))  # (test raises what a failed send raises)
+            sends.popleft()
+        bare = self._bare_sends
+        wait(lambda: MPI.Request.Testall(list(bare)))
         self._bare_sends = deque()
 
     def abandon(self, error: BaseException) -> None:
@@ -362,44 +376,51 @@ class StreamIn:
         while sent and sent[0].Test():
             sent.popleft()
 
-    def drain(self, count: int) -> None:
-        """On leaving: receive (and drop) the next ``count`` messages still in flight to this end."""
+    def drain(self, count: int, wait: Wait) -> None:
+        """On leaving: receive (and drop) the next ``count`` messages still in flight to this end, waiting with
+        ``wait``."""
         for _ in range(count):
-            self._drain_one()
+            self._drain_one(wait)
 
-    def _drain_one(self) -> None:
+    def _drain_one(self, wait: Wait) -> None:
         while True:
             if self._bare is None and self._prefetch is None and self._held is not None:
                 self._post_next()
-            if self._bare is not None:
-                self._bare.Wait(self._bare_status)
+            bare, status = self._bare, self._bare_status
+            if bare is not None:
+                wait(partial(bare.Test, status))
                 self._bare = None
-                if self._bare_status.Get_tag() != SWITCH:
+                if status.Get_tag() != SWITCH:
                     return
                 self._unhold()
                 continue
-            if self._prefetch is not None:
-                got = self._prefetch.wait()
-                self._prefetch = None
-            else:
-                got = self._receive("host").wait()
+            if self._prefetch is None:
+                self._prefetch = self._receive("host")
+            pending = self._prefetch
+            wait(partial(_tested, pending))
+            got = pending.wait()
+            self._prefetch = None
             if got.tag == DESCRIBED:
                 self._held = (got.shape, got.dtype, None)
             return
 
-    def settle(self) -> None:
-        """On leaving, once drained: wait until the credits sent have gone; free the ring."""
-        MPI.Request.Waitall(list(self._credits_in_flight))
+    def settle(self, wait: Wait) -> None:
+        """On leaving, once drained: wait (``wait``) until the credits sent have gone; free the ring."""
+        credits = self._credits_in_flight
+        wait(lambda: MPI.Request.Testall(list(credits)))
         self._credits_in_flight = deque()
-        if self._credit_send is not None:
-            self._credit_send.Wait()
-            self._credit_send.Free()
+        sending = self._credit_send
+        if sending is not None:
+            wait(sending.Test)
+            sending.Free()
             self._credit_send = None
         self._unhold()
 
     def abandon(self, error: BaseException) -> None:
-        """Out of step with the sender: withdraw the bare receive posted ahead, let the credits in flight finish in
-        the background, free the ring."""
+        """Out of step with the sender: withdraw the receives posted ahead (one that matched meanwhile finishes in
+        the background), let the credits in flight finish in the background, free the ring."""
+        if self._prefetch is not None:
+            self._prefetch.cancel()
         if self._credits_in_flight:
             PostedRequest(list(self._credits_in_flight), None).abandon(error)
             self._credits_in_flight = deque()
