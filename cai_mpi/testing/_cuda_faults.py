@@ -32,10 +32,10 @@ class Faults:
     def _current(self) -> int:
         raise NotImplementedError
 
-    def _context_of(self, ordinal: int) -> int:
+    def context_of(self, ordinal: int) -> int:
         raise NotImplementedError
 
-    def _ordinal_of(self, context: int) -> int:
+    def ordinal_of(self, context: int) -> int:
         raise NotImplementedError
 
     def _init_faults(self, device_memory_bytes: int, pinned_memory_bytes: int | None) -> None:
@@ -57,7 +57,7 @@ class Faults:
 
     def _out_of_device_memory(self, nbytes: int) -> bool:
         """Reserve ``nbytes`` on the current context's device; True (nothing reserved) if they do not fit."""
-        ordinal = self._ordinal_of(self._current())
+        ordinal = self.ordinal_of(self._current())
         with self._lock:
             if self._device_in_use[ordinal] + nbytes > self.device_memory_bytes:
                 return True
@@ -78,7 +78,7 @@ class Faults:
     def _context(self, where: Any) -> int:
         """A context handle, or a device ordinal meaning its primary context."""
         v = value(where)
-        return self._context_of(v) if 0 <= v < self.devices else v
+        return self.context_of(v) if 0 <= v < self.devices else v
 
     def fault(self, where: Any) -> None:
         """A sticky error in context ``where`` (a context, or an ordinal for its primary context), as an illegal

@@ -48,7 +48,7 @@ class Memory:
     def _current(self) -> int:
         raise NotImplementedError
 
-    def _ordinal_of(self, context: int) -> int:
+    def ordinal_of(self, context: int) -> int:
         raise NotImplementedError
 
     def _stream(self, handle: Any) -> Stream | None:
@@ -119,7 +119,7 @@ class Memory:
         exposed = rw if (self.host_accessible or kind == "managed") else 0  # PROT_NONE: the host faults
         address = self._map(fd, size, exposed)
         ctx = self._current()
-        return Block(kind, address, twin, nbytes, self._ordinal_of(ctx), ctx, fd=fd,
+        return Block(kind, address, twin, nbytes, self.ordinal_of(ctx), ctx, fd=fd,
                       maps=((address, size), (twin, size)))
 
     def _finish_device_work(self) -> None:
@@ -262,7 +262,7 @@ class Memory:
         host = self._map(fd, size, mmap.PROT_READ | mmap.PROT_WRITE)
         maps: tuple[tuple[int, int], ...] = ((host, size),)
         ctx = self._current()
-        block = Block("pinned", host, host, nbytes, self._ordinal_of(ctx), ctx, host=host, fd=fd)
+        block = Block("pinned", host, host, nbytes, self.ordinal_of(ctx), ctx, host=host, fd=fd)
         if int(Flags) & self.CU_MEMHOSTALLOC_DEVICEMAP:
             exposed = mmap.PROT_READ | mmap.PROT_WRITE if self.host_accessible else 0
             alias = self._map(fd, size, exposed)
@@ -346,7 +346,7 @@ class Memory:
         current = self._current()
         if not current:
             return CUresult.CUDA_ERROR_INVALID_CONTEXT
-        foreign = block is not None and block.kind in ("device", "async") and block.ordinal != self._ordinal_of(current)
+        foreign = block is not None and block.kind in ("device", "async") and block.ordinal != self.ordinal_of(current)
         if foreign and int(CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_POINTER) in attributes:
             return CUresult.CUDA_ERROR_INVALID_VALUE
         return None

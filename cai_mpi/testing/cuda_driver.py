@@ -185,10 +185,13 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
             failure = _CUresult.CUDA_ERROR_INVALID_VALUE
         return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, self.max_pitch)
 
-    def _context_of(self, ordinal: int) -> int:
+    def context_of(self, ordinal: int) -> int:
+        """The handle of GPU ``ordinal``'s primary context (what ``cuDevicePrimaryCtxRetain`` gives for it): tests
+        push it, or compare what the library made current with it."""
         return 0xC0DE_0000 + ordinal
 
-    def _ordinal_of(self, context: int) -> int:
+    def ordinal_of(self, context: int) -> int:
+        """The GPU whose primary context ``context`` is (``context_of``'s inverse)."""
         return context - 0xC0DE_0000
 
     def cuDevicePrimaryCtxRetain(self, dev: Any) -> tuple[_CUresult, _CUcontext | None]:
@@ -200,7 +203,7 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
             return failure, None
         with self._lock:
             self._retains[ordinal] += 1
-        return _CUresult.CUDA_SUCCESS, _CUcontext(self._context_of(ordinal))
+        return _CUresult.CUDA_SUCCESS, _CUcontext(self.context_of(ordinal))
 
     def cuDevicePrimaryCtxRelease(self, dev: Any) -> tuple[_CUresult]:
         failure = self._enter("cuDevicePrimaryCtxRelease")
@@ -227,7 +230,7 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
         return stack[-1] if stack else 0
 
     def _valid_context(self, ctx: int) -> bool:
-        return ctx == 0 or (0 <= self._ordinal_of(ctx) < self.devices and self._retains[self._ordinal_of(ctx)] > 0)
+        return ctx == 0 or (0 <= self.ordinal_of(ctx) < self.devices and self._retains[self.ordinal_of(ctx)] > 0)
 
     def cuCtxGetCurrent(self) -> tuple[_CUresult, _CUcontext | None]:
         failure = self._enter("cuCtxGetCurrent")
@@ -263,7 +266,7 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
 
     def cuCtxGetDevice(self) -> tuple[_CUresult, _CUdevice | None]:
         failure = self._enter("cuCtxGetDevice", needs_context=True)
-        return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, _CUdevice(self._ordinal_of(self._current())))
+        return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, _CUdevice(self.ordinal_of(self._current())))
 
     def cuCtxGetId(self, ctx: Any) -> tuple[_CUresult, int | None]:
         """A context's id, unique for the life of the process (a handle may be reused by a later context)."""
@@ -271,7 +274,7 @@ class CudaDriverDouble(Faults, StreamCalls, Memory):
         value = _value(ctx) or self._current()
         if failure is None and (value == 0 or not self._valid_context(value)):
             failure = _CUresult.CUDA_ERROR_INVALID_CONTEXT
-        return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, self._ordinal_of(value) + 1)
+        return (failure, None) if failure else (_CUresult.CUDA_SUCCESS, self.ordinal_of(value) + 1)
 
     def cuCtxSynchronize(self) -> tuple[_CUresult]:
         failure = self._enter("cuCtxSynchronize", needs_context=True)

@@ -222,17 +222,18 @@ def test_unclosed_channels_free_their_requests() -> None:
     from cai_mpi._src.api import channel_ends
 
     x = np.arange(3.0)
+    before = channel_ends.open_channel_count()
     tx = cai_mpi.send_channel(x, nxt, tag=12)
     rx = cai_mpi.recv_channel(prv, 12)
     req = tx.isend()
     rx.recv()
     req.wait()
-    assert tx in channel_ends._open_channels and rx in channel_ends._open_channels
+    assert channel_ends.open_channel_count() == before + 2
     preq = tx._wire._payload
     del tx, req
     gc.collect()
     assert preq == MPI.REQUEST_NULL  # freed by the garbage-collected channel
-    channel_ends._free_open_channels()  # what the exit hook does before MPI finalizes
+    channel_ends.free_open_channels()  # what the exit hook does before MPI finalizes
     assert rx._wire.payload == MPI.REQUEST_NULL
     with pytest.raises(ValueError, match="closed"):
         rx.recv()

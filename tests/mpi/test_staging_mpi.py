@@ -11,8 +11,9 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
+from cai_mpi._src.runtime import get_runtime
+from cai_mpi._src.runtime.base import MemoryKind
 from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, SimulatedStream, use_runtime
-from cai_mpi.testing._runtime import SimulatedDeviceBuffer
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -59,7 +60,8 @@ def test_staged_device_to_device(simulated_gpu: SimulatedRuntime, chunk: str, la
     sent, _ = obj(rank)
     got = ring(sent)
     assert got.device == 0  # landed in (simulated) device memory
-    assert isinstance(got._owner, SimulatedDeviceBuffer)
+    # the memory itself is the simulated GPU's, not host memory behind a device descriptor
+    assert get_runtime().locate(got.__cuda_array_interface__["data"][0]).kind is MemoryKind.DEVICE
     expected = obj(prv)[1]
     assert np.array_equal(got.numpy(), expected)
     assert got.__cuda_array_interface__["stream"] is None

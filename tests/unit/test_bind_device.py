@@ -18,7 +18,7 @@ from cai_mpi.testing.cuda_driver import CudaDriverDouble
 
 class RecordingDouble(CudaDriverDouble):
     def cuCtxSetCurrent(self, ctx):
-        binds.append({"ordinal": self._ordinal_of(int(ctx)), "mpi_initialized": "mpi4py.MPI" in sys.modules})
+        binds.append({"ordinal": self.ordinal_of(int(ctx)), "mpi_initialized": "mpi4py.MPI" in sys.modules})
         return super().cuCtxSetCurrent(ctx)
 
 binds = []
@@ -35,7 +35,7 @@ from cai_mpi._src.runtime.cudadriver import load_driver
 d = load_driver()
 d.cuInit(0)
 _err, ctx = d.cuCtxGetCurrent()
-print(json.dumps({"current": None if int(ctx) == 0 else d._ordinal_of(int(ctx)), "mpi": MPI.Is_initialized()}))
+print(json.dumps({"current": None if int(ctx) == 0 else d.ordinal_of(int(ctx)), "mpi": MPI.Is_initialized()}))
 '''
 
 

@@ -13,7 +13,7 @@ from ..progress.driving import complete_by
 from ..progress.requests import Request, RequestWait, keep_past_exit, settled, wait_quietly, wait_until
 from ..transport.bound import BoundRecv, BoundSend
 
-__all__ = ["ChannelEnd", "open_channel_count"]
+__all__ = ["ChannelEnd", "free_open_channels", "open_channel_count"]
 
 
 class ChannelEnd:
@@ -138,8 +138,9 @@ def open_channel_count() -> int:
 
 
 @atexit.register
-def _free_open_channels() -> None:
-    # atexit hooks run before MPI_Finalize (mpi4py finalizes from Py_AtExit, after the interpreter's teardown).
+def free_open_channels() -> None:
+    """Free every open channel's persistent requests (the exit hook: it runs before MPI_Finalize, since mpi4py
+    finalizes from Py_AtExit, after the interpreter's teardown)."""
     for ch in list(_open_channels):
         inflight = ch._inflight
         if inflight is not None and not settled(inflight):

@@ -75,12 +75,12 @@ def test_a_query_runs_in_the_callers_context_and_leaves_it_current(rt: CudaRunti
     gpu = last_gpu(d)
     ptr = users_allocation(d, gpu)
     rt.locate(ptr)
-    assert queries(d) == [d._context_of(gpu)]
-    assert int(d.cuCtxGetCurrent()[1]) == d._context_of(gpu)
+    assert queries(d) == [d.context_of(gpu)]
+    assert int(d.cuCtxGetCurrent()[1]) == d.context_of(gpu)
     d.cuCtxSetCurrent(0)
     d.calls.clear()
     assert rt.locate(ptr).ordinal == gpu
-    assert queries(d) == [d._context_of(0)] and int(d.cuCtxGetCurrent()[1]) == 0
+    assert queries(d) == [d.context_of(0)] and int(d.cuCtxGetCurrent()[1]) == 0
 
 
 def test_a_query_the_callers_context_cannot_answer_is_asked_in_ours(rt: CudaRuntime, d: CudaDriverDouble) -> None:
@@ -88,10 +88,10 @@ def test_a_query_the_callers_context_cannot_answer_is_asked_in_ours(rt: CudaRunt
     ptr = users_allocation(d, gpu)
     d.fail_next("cuPointerGetAttributes", d.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS)  # the caller's context is poisoned
     assert rt.locate(ptr).ordinal == gpu
-    assert queries(d) == [d._context_of(gpu), d._context_of(0)]
-    assert int(d.cuCtxGetCurrent()[1]) == d._context_of(gpu)
+    assert queries(d) == [d.context_of(gpu), d.context_of(0)]
+    assert int(d.cuCtxGetCurrent()[1]) == d.context_of(gpu)
     d.fail_next("cuPointerGetAttributes", d.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS)
-    d.cuCtxSetCurrent(d._context_of(0))  # already ours: no second try
+    d.cuCtxSetCurrent(d.context_of(0))  # already ours: no second try
     with pytest.raises(CudaError, match=r"cannot classify pointer 0x[0-9a-f]+: cuPointerGetAttributes failed"):
         rt.locate(ptr)
 
@@ -109,7 +109,7 @@ def test_a_pending_kernel_of_another_gpu_is_waited_for(rt: CudaRuntime, d: CudaD
     GPU 0 (a different stream 1), and the stale bytes were sent."""
     gpu = last_gpu(d)
     x = DoubleDeviceArray(rt, np.zeros(16, np.uint8), stream=1, ordinal=gpu)
-    d.cuCtxPushCurrent(d._context_of(gpu))  # the producer works on its GPU
+    d.cuCtxPushCurrent(d.context_of(gpu))  # the producer works on its GPU
     d.kernel_write(1, x.buf.ptr, bytes(range(1, 17)), delay=0.3)
     source = send_source("send_array", x, None, rt)
     assert isinstance(source, DeviceSource) and source.ordinal == gpu
@@ -128,7 +128,7 @@ def test_a_strided_array_of_another_gpu_arrives_as_written(rt: CudaRuntime, d: C
     base = np.zeros(4096, np.float64)
     written = np.arange(4096, dtype=np.float64) + 1
     x = DoubleDeviceArray(rt, base, stream=1, ordinal=gpu, view=((2048,), (16,)))  # every other element
-    d.cuCtxPushCurrent(d._context_of(gpu))
+    d.cuCtxPushCurrent(d.context_of(gpu))
     d.kernel_write(1, x.buf.ptr, written.tobytes(), delay=0.3)
     comm = MPI.COMM_SELF.Dup()
     try:

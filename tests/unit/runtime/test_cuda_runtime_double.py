@@ -34,7 +34,7 @@ def rt(d: CudaDriverDouble) -> CudaRuntime:
 
 def current_ordinal(d: CudaDriverDouble) -> int | None:
     _err, ctx = d.cuCtxGetCurrent()
-    return None if int(ctx) == 0 else d._ordinal_of(int(ctx))
+    return None if int(ctx) == 0 else d.ordinal_of(int(ctx))
 
 
 def calls(d: CudaDriverDouble, name: str) -> list[tuple[str, int]]:
@@ -145,8 +145,8 @@ def test_the_callers_context_is_restored(rt: CudaRuntime, d: CudaDriverDouble) -
     rt.sync_device(None)
     buf = rt.alloc_device(64, 1)
     rt.locate(buf.ptr)
-    assert [c[1] for c in calls(d, "cuCtxSynchronize")] == [d._context_of(1)]
-    assert [c[1] for c in calls(d, "cuMemAllocAsync")] == [d._context_of(1)]
+    assert [c[1] for c in calls(d, "cuCtxSynchronize")] == [d.context_of(1)]
+    assert [c[1] for c in calls(d, "cuMemAllocAsync")] == [d.context_of(1)]
     assert current_ordinal(d) == 0
 
 
@@ -207,7 +207,7 @@ def test_locate_error_names_the_pointer(rt: CudaRuntime, d: CudaDriverDouble) ->
 
 def test_sync_stream_waits_for_a_pending_kernel(rt: CudaRuntime, d: CudaDriverDouble) -> None:
     buf = rt.alloc_device(8, 1)
-    d.cuCtxPushCurrent(d._context_of(1))  # (the double's hooks act in the current context)
+    d.cuCtxPushCurrent(d.context_of(1))  # (the double's hooks act in the current context)
     d.kernel_write(2, buf.ptr, b"\x01" * 8, delay=0.2)  # this thread's per-thread default stream
     d.cuCtxPopCurrent()
     rt.sync_stream(2, 1)
@@ -240,17 +240,17 @@ def test_sync_device_failure_is_a_stream_error(rt: CudaRuntime, d: CudaDriverDou
 def test_streams_events_and_waits(rt: CudaRuntime, d: CudaDriverDouble) -> None:
     s = rt.create_stream(0)
     producer = d.cuStreamCreate  # (a producer stream of the user, on GPU 0)
-    d.cuCtxPushCurrent(d._context_of(0))
+    d.cuCtxPushCurrent(d.context_of(0))
     user = int(producer(1)[1])
     d.cuCtxPopCurrent()
     log: list[str] = []
-    d.cuCtxPushCurrent(d._context_of(0))
+    d.cuCtxPushCurrent(d.context_of(0))
     d.launch(s.handle, lambda: log.append("cai_mpi's copy"), delay=0.2)
     d.cuCtxPopCurrent()
     ev = rt.record_event(s)
     assert isinstance(ev, CudaEvent) and ev.query() is False
     rt.stream_wait_event(user, ev, 0)  # the producer may not run ahead of cai_mpi's work
-    d.cuCtxPushCurrent(d._context_of(0))
+    d.cuCtxPushCurrent(d.context_of(0))
     d.launch(user, lambda: log.append("producer writes again"))
     d.cuCtxPopCurrent()
     rt.sync_stream(user, 0)
