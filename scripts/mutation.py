@@ -14,7 +14,7 @@ pass is a survivor to kill with a test or to explain in docs/testing.md.
 Sessions live in .mutation/<module>.sqlite (cosmic-ray's work database): an interrupted ``run`` goes on where it
 stopped; ``--fresh`` starts over. ``--sample N`` tests N mutants per module, drawn at random with ``--seed`` (the
 rest are recorded as skipped), for a quick look; without it every mutant runs. The venv is $CAI_MPI_MUTATION_VENV
-(default .venv-mut): cosmic-ray and cai_mpi[test,mpich] installed in it (docs/testing.md says how).
+(default .venv-mut): cosmic-ray, coverage and cai_mpi[test,mpich] installed in it (docs/testing.md says how).
 """
 
 from __future__ import annotations
@@ -335,11 +335,14 @@ def test(module: str) -> int:
             run = subprocess.run(command, env=env, timeout=STAGE_TIMEOUT, start_new_session=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         except subprocess.TimeoutExpired:
-            print(f"stage timed out after {STAGE_TIMEOUT} s: {' '.join(command)}")
+            print(f"stage timed out after {STAGE_TIMEOUT} s: {command[0].rsplit('/', 1)[-1]} with "
+                  f"{sum(word.startswith('tests/') for word in command)} test file(s)")
             return 3
         if run.returncode != 0:
-            print("\n".join(run.stdout.splitlines()[-30:]))
-            print(f"stage failed (exit {run.returncode}): {' '.join(command)}")
+            files = [word for word in command if word.startswith("tests/")]
+            print(f"stage failed (exit {run.returncode}), {command[0].rsplit('/', 1)[-1]} with {len(files)} test "
+                  f"file(s); its last lines:")
+            print("\n".join(run.stdout.splitlines()[-30:]))  # (last: what a saved state keeps is the tail)
             return 1
     return 0
 
@@ -399,6 +402,9 @@ def run(module: str, sample: int | None, seed: int, fresh: bool, retest_survivor
             skip_all_but(session, sample, seed)
         meta_path.write_text(json.dumps({"revision": revision(), "sample": sample, "seed": seed,
                                          "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}))
+        if not fresh:
+            print(f"== {module}: {restore_state(module, session)} mutants' outcomes restored from "
+                  f"{SAVED.relative_to(ROOT)}", flush=True)
     elif sample is not None:
         scratch_tree(module)  # the tests as they are now (same module source: after a change, start --fresh)
         (STATE / f"tree-{module}" / "mutation.toml").write_text(config_text(module))
@@ -409,6 +415,85 @@ def run(module: str, sample: int | None, seed: int, fresh: bool, retest_survivor
     tree = STATE / f"tree-{module}"
     print(f"== {module}: mutating {', '.join(MODULES[module])} in {tree}", flush=True)
     cosmic_ray("exec", "mutation.toml", str(session), cwd=tree)
+
+
+#: Every session's tested mutants and their outcomes, committed: a sample runs in parts, on machines that do not
+#: keep .mutation/ (a new session's machine), and ``run`` goes on where the saved state ends (issue 45).
+SAVED = ROOT / "docs" / "mutation-state.json"
+
+
+def module_digest(module: str) -> str:
+    """A digest of the files ``module``'s session mutates: a saved state is for these sources only."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(session_files(module)):
+        digest.update(name.encode() + b"\0" + (ROOT / name).read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def where_key(file: str, operator: str, occurrence: int) -> str:
+    """One mutant's name in the saved state: cosmic-ray's job ids are new at every init, this is not."""
+    return f"{file}:{operator}:{occurrence}"
+
+
+def saved_results(module: str) -> dict[str, dict[str, Any]]:
+    """The saved outcomes of ``module``'s mutants, by ``where_key``, if they were made on today's sources."""
+    saved = json.loads(SAVED.read_text()).get(module) if SAVED.exists() else None
+    if not saved or saved.get("sources") != module_digest(module):
+        return {}
+    return dict(saved["results"])
+
+
+def save_state(modules: list[str]) -> None:
+    """Write the tested mutants of ``modules``' sessions into SAVED, keeping the other modules' entries."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome
+
+    saved = json.loads(SAVED.read_text()) if SAVED.exists() else {}
+    for module in modules:
+        session, meta_path = STATE / f"{module}.sqlite", STATE / f"{module}.json"
+        if not session.exists():
+            continue
+        results: dict[str, dict[str, Any]] = {}
+        with use_db(str(session), WorkDB.Mode.open) as db:
+            items = {item.job_id: item for item in db.work_items}
+            for job, result in db.results:
+                if result.worker_outcome == WorkerOutcome.SKIPPED:
+                    continue  # (annotations and the sample's rest: drawn again from the seed)
+                m = items[job].mutations[0]
+                results[where_key(str(m.module_path), m.operator_name, m.occurrence)] = {
+                    "worker": result.worker_outcome.value,
+                    "test": None if result.test_outcome is None else result.test_outcome.value,
+                    "output": (result.output or "")[-1500:], "diff": result.diff}
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        saved[module] = {**meta, "sources": module_digest(module), "saved": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                          time.gmtime()),
+                         "results": dict(sorted(results.items()))}
+    SAVED.write_text(json.dumps(dict(sorted(saved.items())), indent=1) + "\n")
+
+
+def restore_state(module: str, session: Path) -> int:
+    """Record in a new session the outcomes saved for its mutants (same sources); how many were restored."""
+    from cosmic_ray.work_db import use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+
+    saved = saved_results(module)
+    if not saved:
+        return 0
+    restored = 0
+    with use_db(str(session)) as db:
+        done = {job for job, result in db.results if result.output != "not in the sample"}
+        for item in db.work_items:
+            m = item.mutations[0]
+            entry = saved.get(where_key(str(m.module_path), m.operator_name, m.occurrence))
+            if entry is None or item.job_id in done:
+                continue
+            db.set_result(item.job_id, WorkResult(
+                worker_outcome=WorkerOutcome(entry["worker"]), output=entry["output"], diff=entry["diff"],
+                test_outcome=None if entry["test"] is None else TestOutcome(entry["test"])))
+            restored += 1
+    return restored
 
 
 ANNOTATION = "equivalent: inside a type annotation (never evaluated: from __future__ import annotations)"
@@ -601,8 +686,11 @@ def main() -> int:
         parser.error(f"unknown module(s) {unknown}: choose from {list(MODULES)}")
     if args.command == "run":
         current_map()  # (made before the first session's scratch tree, so every session's mutants use it)
-        for module in modules:
-            run(module, args.sample, args.seed, args.fresh, args.retest_survivors)
+        try:
+            for module in modules:
+                run(module, args.sample, args.seed, args.fresh, args.retest_survivors)
+        finally:  # (an interrupted run keeps what it tested: commit docs/mutation-state.json, go on elsewhere)
+            save_state(modules)
         report(modules, None)
     else:
         report(modules, args.json, args.markdown)
