@@ -5,7 +5,6 @@ poster: MPI's blocking calls when nothing else needs driving and no deadline is 
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -14,7 +13,7 @@ from mpi4py import MPI
 from ..arrays.array import Array
 from ..arrays.operands import Target, proc_null_array, recv_target, replaces, send_source
 from ..config import Config, config
-from ..progress.deadlines import deadline
+from ..progress.deadlines import Deadline, deadline
 from ..progress.driving import PENDING
 from ..progress.posted import PostedRequest
 from ..progress.requests import Request, wait_until
@@ -66,15 +65,6 @@ def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta
     return pc, dest, tag, plan_send(src, pc, meta_bytes, cfg, rt, dest), src
 
 
-def _one_scope(obj: Any) -> AbstractContextManager[None]:
-    """The context scope of one call that sends ``obj`` (``Runtime.context_scope``): its producer check, its plan
-    and every device step it runs before returning ask which context is current once (a numpy array needs none)."""
-    return _HOST if type(obj) is np.ndarray else get_runtime().context_scope()
-
-
-_HOST = nullcontext()
-
-
 def isend_array(
     obj: Any,
     dest: int,
@@ -110,11 +100,17 @@ def isend_array(
         TypeError, ValueError, CAIError, StreamError, CudaError: as in ``send_array`` (a CudaError that the GPU
             reports only after the message went out is raised by ``wait()``).
     """
-    with _one_scope(obj):  # (the request's later steps, run by waits, open their own)
-        pc, dest, tag, plan, src = _outbound("isend_array", obj, dest, tag, comm, sync, meta, config())
-        if plan is None:
-            return PostedRequest([], None)
-        return isend_plan("isend_array", plan, pc, dest, tag, (obj, src))
+    if type(obj) is np.ndarray:  # host memory: no device call to scope
+        return _isend(obj, dest, tag, comm, sync, meta)
+    with get_runtime().context_scope():  # one for the producer's check, the plan and the steps run before returning
+        return _isend(obj, dest, tag, comm, sync, meta)  # (the request's later steps, run by waits, open their own)
+
+
+def _isend(obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta: Any) -> Request[None]:
+    pc, dest, tag, plan, src = _outbound("isend_array", obj, dest, tag, comm, sync, meta, config())
+    if plan is None:
+        return PostedRequest([], None)
+    return isend_plan("isend_array", plan, pc, dest, tag, (obj, src))
 
 
 def send_array(
@@ -165,14 +161,20 @@ def send_array(
     """
     cfg = config()
     due = None if timeout is None and cfg.timeout is None else deadline("send_array", timeout)
-    with _one_scope(obj):  # (a blocking call: its steps and waits too, since the user cannot switch contexts inside)
-        pc, dest, tag, plan, src = _outbound("send_array", obj, dest, tag, comm, sync, meta, cfg)
-        if plan is None:
-            return
-        if plan.steps is None and due is None and not PENDING:
-            post_send(plan, pc, dest, tag, BLOCKING)  # nothing to drive, nothing to time: MPI's blocking calls
-        else:
-            wait_until(isend_plan("send_array", plan, pc, dest, tag, (obj, src)), due)
+    if type(obj) is np.ndarray:  # host memory: no device call to scope
+        return _send(obj, dest, tag, comm, sync, meta, cfg, due)
+    with get_runtime().context_scope():  # (a blocking call: its steps and waits too, since the user cannot switch
+        return _send(obj, dest, tag, comm, sync, meta, cfg, due)  # contexts inside)
+
+
+def _send(obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta: Any, cfg: Config, due: Deadline | None) -> None:
+    pc, dest, tag, plan, src = _outbound("send_array", obj, dest, tag, comm, sync, meta, cfg)
+    if plan is None:
+        return
+    if plan.steps is None and due is None and not PENDING:
+        post_send(plan, pc, dest, tag, BLOCKING)  # nothing to drive, nothing to time: MPI's blocking calls
+    else:
+        wait_until(isend_plan("send_array", plan, pc, dest, tag, (obj, src)), due)
 
 
 # -- receiving ------------------------------------------------------------------------------------------------
@@ -228,11 +230,17 @@ def recv_array(
     """
     cfg = config()
     due = None if timeout is None and cfg.timeout is None else deadline("recv_array", timeout)
+    if type(out) is np.ndarray:  # host memory: no device call to scope
+        return _recv(source, tag, comm, out, device, due, cfg)
     with get_runtime().context_scope():  # (the device it lands on, asked in _receive_args, and the whole receive)
-        pc, source, tag, target, ordinal, rt = _receive_args("recv_array", source, tag, comm, out, device)
-        if source == PROC_NULL:
-            return proc_null_array(target)
-        return receive("recv_array", pc, source, tag, target, ordinal, rt, out, due, cfg)
+        return _recv(source, tag, comm, out, device, due, cfg)
+
+
+def _recv(source: Any, tag: Any, comm: Any, out: Any, device: Any, due: Deadline | None, cfg: Config) -> Array:
+    pc, source, tag, target, ordinal, rt = _receive_args("recv_array", source, tag, comm, out, device)
+    if source == PROC_NULL:
+        return proc_null_array(target)
+    return receive("recv_array", pc, source, tag, target, ordinal, rt, out, due, cfg)
 
 
 def irecv_array(
@@ -261,11 +269,17 @@ def irecv_array(
         TypeError, ValueError: a bad argument, as in ``recv_array``. Errors about the message itself
             (RecvMismatchError, ProtocolError, TimeoutError) are raised by ``wait()``.
     """
+    if type(out) is np.ndarray:  # host memory: no device call to scope
+        return _irecv(source, tag, comm, out, device)
     with get_runtime().context_scope():  # (the device it lands on and what the receive does before returning)
-        pc, source, tag, target, ordinal, rt = _receive_args("irecv_array", source, tag, comm, out, device)
-        if source == PROC_NULL:
-            return PostedRequest([], proc_null_array(target))
-        return ireceive("irecv_array", pc, source, tag, target, ordinal, rt, out)
+        return _irecv(source, tag, comm, out, device)
+
+
+def _irecv(source: Any, tag: Any, comm: Any, out: Any, device: Any) -> Request[Array]:
+    pc, source, tag, target, ordinal, rt = _receive_args("irecv_array", source, tag, comm, out, device)
+    if source == PROC_NULL:
+        return PostedRequest([], proc_null_array(target))
+    return ireceive("irecv_array", pc, source, tag, target, ordinal, rt, out)
 
 
 def sendrecv_array(
