@@ -58,3 +58,27 @@ def test_a_result_in_host_memory_is_reduced_on_the_host(aware: CudaRuntime) -> N
     _, copies = copies_during(aware, lambda: cai_mpi.allreduce_array(x, comm=aware.comm, out=out))
     assert copies, "a device input reduced into host memory was handed to MPI without staging"
     assert out.tobytes() == DATA.tobytes()
+
+
+@pytest.mark.parametrize("call", ["allreduce_array", "reduce_array", "allreduce_init", "allreduce_arrays",
+                                  "allreduce_init(list)"])
+def test_a_device_array_in_swapped_byte_order_is_refused_by_every_reduction(call: str) -> None:
+    """MPI reduces native values; host data is converted, device data must be converted by its own library: every
+    form of reduction says so, with the dtype to convert to (one rule, ``reduce_ops.native_dtype``)."""
+    from cai_mpi.testing import FakeCudaArray, SimulatedRuntime
+
+    with use_runtime(SimulatedRuntime()):
+        x = FakeCudaArray(np.arange(4, dtype=">f8"), device=True)
+        run = {
+            "allreduce_array": lambda: cai_mpi.allreduce_array(x, comm=MPI.COMM_SELF),
+            "reduce_array": lambda: cai_mpi.reduce_array(x, root=0, comm=MPI.COMM_SELF),
+            "allreduce_init": lambda: cai_mpi.allreduce_init(x, comm=MPI.COMM_SELF),
+            "allreduce_arrays": lambda: cai_mpi.allreduce_arrays([x], comm=MPI.COMM_SELF),
+            "allreduce_init(list)": lambda: cai_mpi.allreduce_init([np.ones(2), x], comm=MPI.COMM_SELF),
+        }[call]
+        with pytest.raises(TypeError, match=r"device array of dtype >f8 is not in native byte order.*convert it on "
+                                            r"the device first \(to <f8\)"):
+            run()
+        # and the same values in native order reduce as usual
+        assert np.array_equal(cai_mpi.allreduce_array(FakeCudaArray(np.arange(4, dtype="<f8"), device=True),
+                                                      comm=MPI.COMM_SELF).numpy(), np.arange(4.0))

@@ -18,7 +18,7 @@ from ..arrays.sync import sync_enabled, sync_unnamed
 from ..runtime.base import Runtime
 from ..transport import internal_stream, outgoing
 from ..transport.agreement import fingerprint
-from .reduce_ops import ReduceOp, parse_op, reduce_datatype
+from .reduce_ops import ReduceOp, native_dtype, parse_op, reduce_datatype
 from .validation import check_sync
 
 __all__ = ["DIRECT_BYTES", "Bucket", "Direct", "Plan", "is_container"]
@@ -108,12 +108,9 @@ class Plan:
             self.sources.append(src)
             if isinstance(src, DeviceSource):
                 dtype, shape, ordinal, ptr = src.desc.dtype, src.desc.shape, src.ordinal, src.desc.ptr
-                if not dtype.isnative and dtype.names is None:
-                    raise TypeError(f"{fn}: array {self._name(i)}: a device array of dtype {dtype.str} is not in "
-                                    "native byte order, and MPI reduces native values: convert it on the device first")
             else:
                 dtype, shape, ordinal, ptr = src.dtype, src.shape, None, 0
-            native = dtype if dtype.isnative or dtype.names is not None else dtype.newbyteorder("=")
+            native = native_dtype(f"{fn}: array {self._name(i)}", dtype, device=ordinal is not None)
             shapes.append(shape)
             dtypes.append(native.str)
             bucket = buckets.get(native)

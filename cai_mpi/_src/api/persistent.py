@@ -25,7 +25,7 @@ from ..transport import Landing, device_landing, outgoing
 from .agreed import agree
 from .collective_call import setup
 from .lifecycle import PersistentLifecycle
-from .reduce_ops import parse_op, reduce_datatype
+from .reduce_ops import native_dtype, parse_op, reduce_datatype
 from .validation import check_sync
 
 __all__ = ["PersistentCollective", "single_allreduce_init"]
@@ -104,10 +104,7 @@ class PersistentCollective(PersistentLifecycle):
         refuse_unsendable(dtype, fn)  # (MPI would move an object array's pointers)
         if reduces:
             assert mpi_op is not None
-            if isinstance(src, DeviceSource) and not dtype.isnative and dtype.names is None:
-                raise TypeError(f"{fn}: a device array of dtype {dtype.str} is not in native byte order, and MPI "
-                                f"reduces native values: convert it on the device first")
-            dtype = dtype.newbyteorder("=") if dtype.names is None else dtype
+            dtype = native_dtype(fn, dtype, device=isinstance(src, DeviceSource))
             self._datatype = reduce_datatype(fn, dtype, mpi_op)
             self._op = mpi_op.for_bool(fn).mpi if dtype.kind == "b" else mpi_op.mpi
             self._mean = mpi_op.mean and gets

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["ReduceOp", "divide", "op_name", "parse_op", "reduce_datatype"]
+__all__ = ["ReduceOp", "divide", "native_dtype", "op_name", "parse_op", "reduce_datatype"]
 
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 _MEAN = ("mean", "avg")
@@ -67,6 +67,19 @@ def parse_op(fn: str, op: Any) -> ReduceOp:
     if isinstance(op, str) and op.lower() in _MEAN:
         return ReduceOp(MPI.SUM, repr(op), mean=True)
     raise ValueError(f"{fn}: op must be {_OP_CHOICES}; got {op!r}")
+
+
+def native_dtype(fn: str, dtype: np.dtype[Any], device: bool) -> np.dtype[Any]:
+    """The dtype a reduction of ``dtype`` elements computes in: MPI's arithmetic reads native values, and would
+    compute nonsense on swapped bytes. Host data is converted to it (a copy, by the caller); a device array's is
+    refused, since converting it is the device library's job. Structured dtypes pass (``reduce_datatype`` refuses
+    them, whatever their byte order)."""
+    if dtype.isnative or dtype.names is not None or dtype.subdtype is not None:
+        return dtype
+    if device:
+        raise TypeError(f"{fn}: a device array of dtype {dtype.str} is not in native byte order, and MPI reduces "
+                        f"native values: convert it on the device first (to {dtype.newbyteorder('=').str})")
+    return dtype.newbyteorder("=")
 
 
 def reduce_datatype(fn: str, dtype: np.dtype[Any], op: ReduceOp) -> MPI.Datatype:

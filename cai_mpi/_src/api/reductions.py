@@ -30,7 +30,7 @@ from ..transport.pieces import counted
 from ..transport.pool import host_receive_pool
 from ..transport.privcomm import PrivateComms
 from .collective_call import checked_root, setup
-from .reduce_ops import ReduceOp, divide, parse_op, reduce_datatype
+from .reduce_ops import ReduceOp, divide, native_dtype, parse_op, reduce_datatype
 from .validation import check_sync
 
 __all__ = ["allreduce_array", "reduce_array"]
@@ -61,16 +61,12 @@ class _Agreed:
 
 
 def _native(fn: str, src: np.ndarray[Any, Any] | DeviceSource) -> np.ndarray[Any, Any] | DeviceSource:
-    """``src`` with its values in native byte order: MPI's arithmetic reads native values, and would compute
-    nonsense on swapped bytes. Host data is converted (a copy); device data is refused, since converting it
-    is the device library's job."""
-    dtype = src.dtype if isinstance(src, np.ndarray) else src.desc.dtype
-    if dtype.isnative or dtype.names is not None or dtype.subdtype is not None:
-        return src  # (structured dtypes are refused by reduce_datatype, whatever their byte order)
+    """``src`` with its values in native byte order (``native_dtype``: host data converted, a copy)."""
     if isinstance(src, np.ndarray):
-        return src.astype(dtype.newbyteorder("="), order="C")
-    raise TypeError(f"{fn}: a device array of dtype {dtype.str} is not in native byte order, and MPI reduces "
-                    f"native values: convert it on the device first (to {dtype.newbyteorder('=').str})")
+        native = native_dtype(fn, src.dtype, device=False)
+        return src if native is src.dtype else src.astype(native, order="C")
+    native_dtype(fn, src.desc.dtype, device=True)
+    return src
 
 
 def _plan(fn: str, obj: Any, op: Any, sync: Any, rt: Runtime) -> tuple[np.ndarray[Any, Any] | DeviceSource, _Plan]:
