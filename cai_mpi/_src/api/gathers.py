@@ -4,11 +4,15 @@ A vote (``transport.agreement``) on the operation, its root and each rank's desc
 that names another root, or cannot contribute, is an error on every rank. Every rank's description travels only
 when they differ (alike, every rank already knows them all: its own); then MPI's Gather/Allgather (or their
 v-forms, large-count where needed) move the pieces back to back into one buffer (``transport.contiguous``). A
-gather like the last one of its kind on the communicator posts its payload collective with the vote (one round).
+gather like the last one of its kind on the communicator posts its payload collective with the vote (one round);
+an allgather like the last one is one MPI call, with no vote: each rank's payload carries its ballot's words, and
+every rank reads every rank's (``_one_round``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +26,7 @@ from ..runtime.base import Runtime
 from ..transport.agreement import (
     NOBODY,
     SPECULATE_BYTES,
+    WORDS,
     Ballot,
     Contribution,
     Joined,
@@ -41,6 +46,8 @@ from .collective_call import NO_TAG, AgreedSignature, bytes_at, checked_root, co
 from .validation import check_sync
 
 __all__ = ["allgather_array", "gather_array"]
+
+_WORDS = struct.Struct(f"<{WORDS}q")
 
 
 def _contribute(fn: str, obj: Any, sync: Any, rt: Runtime) -> Contribution:
@@ -76,6 +83,43 @@ def _sending(src: Any, rt: Runtime, pc: PrivateComms) -> tuple[Any, Outgoing | N
     return bytes_at(piece.address, piece.nbytes, readonly=True), piece
 
 
+def _record(nbytes: int) -> int:
+    """Bytes per rank of an allgather's steady state: the payload, then (8-aligned) the ballot's words."""
+    return -(-nbytes // 8) * 8 + 8 * WORDS
+
+
+def _one_round(fn: str, pc: PrivateComms, mine: Contribution, ballot: Ballot, agreed: AgreedSignature, due: Any,
+               rt: Runtime, ordinal: int | None) -> list[Array] | None:
+    """allgather's steady state: one Allgather of a record per rank, shaped by the last agreed signature: this
+    rank's payload (when its call is the agreed one; nothing usable otherwise), then its ballot's words. Every rank
+    then holds every rank's words, so each reads the vote's verdict from the same bytes without a vote. The
+    Arrays when every rank's call was the agreed one; else None, and ``ballot`` says what the vote would have."""
+    comm = pc.header
+    me, size = comm.Get_rank(), comm.Get_size()
+    n, record = agreed.nbytes, _record(agreed.nbytes)
+    at = record - _WORDS.size  # (where the words start in a record)
+    # (host memory whatever the data's: the words are read here, and device results are copied from it)
+    place = Gathered([agreed.info] * size, ordinal, rt, direct=False, packed=True, stride=record)
+    block = memoryview(bytes_at(place.address, record * size))
+    agreed_words, words = _WORDS.pack(agreed.common, agreed.own, 0), _WORDS.pack(*ballot.words())
+    mine_at = me * record
+    if n and words == agreed_words:
+        src = mine.source
+        if isinstance(src, np.ndarray) and src.flags.c_contiguous:
+            block[mine_at : mine_at + n] = src.reshape(-1).view(np.uint8).data
+        else:
+            piece = outgoing(src, rt, direct=False)  # (in wire order: F-contiguous stays so, as described)
+            ctypes.memmove(place.address + mine_at, piece.address, n)
+            piece.release()
+    block[mine_at + at : mine_at + record] = words
+    Joined(fn, pc, due, keep=place)("Allgather", MPI.IN_PLACE, counted(block, record, MPI.BYTE, size))
+    if all(block[w : w + _WORDS.size] == agreed_words for w in range(at, record * size, record)):
+        return place.finish(rt, NO_TAG)  # (every rank's words are the agreed ones: what ``ballot.matches`` reads)
+    ballot.tally(np.ndarray((size, WORDS), np.int64, block, at, (record, 8)))
+    place.discard(rt)
+    return None
+
+
 def _gathered(fn: str, pc: PrivateComms, mine: Contribution, root: int | None, due: Any, rt: Runtime,
               max_message: int) -> list[Array] | None:
     """gather (at ``root``) or allgather (``root`` None) of every rank's contribution: the vote (with the payloads
@@ -89,12 +133,17 @@ def _gathered(fn: str, pc: PrivateComms, mine: Contribution, root: int | None, d
     gets = root is None or me == root
     ordinal = rt.current_device() if gets else None
     agreed: AgreedSignature | None = pc.agreed.get(fn)
-    if agreed is not None and agreed.nbytes <= SPECULATE_BYTES and agreed.nbytes * size <= INT_MAX:
-        # The steady state: the payloads of the last agreed signature go with the vote (scratch on a rank whose call
-        # differs, so every rank makes the same MPI calls whatever the vote says).
+    if agreed is not None and agreed.root == -1 and agreed.nbytes <= SPECULATE_BYTES \
+            and _record(agreed.nbytes) * size <= INT_MAX:
+        got = _one_round(fn, pc, mine, ballot, agreed, due, rt, ordinal)
+        if got is not None:
+            return got
+    elif agreed is not None and agreed.nbytes <= SPECULATE_BYTES and agreed.nbytes * size <= INT_MAX:
+        # The steady state of a gather: the payloads of the last agreed signature go with the vote (scratch on a
+        # rank whose call differs, so every rank makes the same MPI calls whatever the vote says).
         n, expected = agreed.nbytes, common == agreed.common and own == agreed.own
-        spec_root = None if agreed.root == -1 else agreed.root
-        spec_gets = spec_root is None or me == spec_root
+        spec_root = agreed.root
+        spec_gets = me == spec_root
         place = Gathered([agreed.info] * size, ordinal, rt, direct=pc.aware.aware, packed=True) \
             if spec_gets and expected else None
         send, piece = _sending(mine.source, rt, pc) if expected else (np.empty(n, np.uint8), None)

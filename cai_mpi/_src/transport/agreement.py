@@ -13,7 +13,9 @@ raises, naming who had what.
 In the steady state a call costs one round: every rank remembers the signature the previous call of the same
 kind agreed on (``PrivateComms.agreed``, the same on every rank because it was agreed), posts the payload
 collective shaped by it (its own data where its signature matches, scratch where it does not, so every rank
-makes the same MPI calls) together with the vote, and keeps the result when the vote says everyone matched.
+makes the same MPI calls) together with the vote, and keeps the result when the vote says everyone matched. Where
+every rank receives every rank's payload (an allgather), the payload collective carries each rank's ballot
+(``Ballot.words``) instead, and each rank counts them itself (``Ballot.tally``): no vote.
 
 A collective that times out leaves its communicator out of step (MPI cannot withdraw a collective):
 ``settle`` marks it, and every later collective on it raises at once (``check_in_step``), naming the call
@@ -40,7 +42,7 @@ from ..progress.waits import MPIWait
 from .privcomm import PrivateComms
 
 __all__ = [
-    "NOBODY", "SLOT_BYTES", "SPECULATE_BYTES", "Ballot", "Contribution", "Exchange", "Joined", "broadcast",
+    "NOBODY", "SLOT_BYTES", "SPECULATE_BYTES", "WORDS", "Ballot", "Contribution", "Exchange", "Joined", "broadcast",
     "check_in_step", "describe_source", "disagree", "fingerprint", "pack", "posted", "raise_failures",
     "read", "reason", "settle", "unpack", "vote",
 ]
@@ -175,6 +177,8 @@ class Joined:
 
 #: ``own`` of a rank that describes nothing in this vote (a non-root of ``bcast_array``): below every fingerprint
 NOBODY = -(1 << 62)
+#: How many integers ``Ballot.words`` are: what a payload collective carries per rank in place of a vote
+WORDS = 3
 
 
 def fingerprint(data: bytes | str) -> int:
@@ -187,9 +191,10 @@ class Ballot:
     """This rank's vote (``votes``), and after the vote (``seen``: the MAX over every rank) what every rank reads
     from it."""
 
-    __slots__ = ("seen", "votes")
+    __slots__ = ("_words", "seen", "votes")
 
     def __init__(self, common: int, own: int = NOBODY, failed: bool = False, device: bool = False) -> None:
+        self._words = (common, own, int(failed))
         self.votes = np.array([common, -common, own, -own if own != NOBODY else NOBODY, int(failed), int(device)],
                               np.int64)
         self.seen: list[int] = []
@@ -197,6 +202,19 @@ class Ballot:
     def counted(self) -> None:
         """The vote is over: ``votes`` holds the MAX over every rank."""
         self.seen = self.votes.tolist()
+
+    def words(self) -> tuple[int, int, int]:
+        """What this ballot says in ``WORDS`` integers (common, own, failed), for a collective that carries them
+        to every rank with its payload instead of voting."""
+        return self._words
+
+    def tally(self, words: np.ndarray[Any, Any]) -> None:
+        """Count every rank's ``words`` (one row per rank): ``seen`` is then what the vote would have said (every
+        rank holds the same rows, so every rank reads the same answer), but for ``device``: words do not carry it."""
+        common, own, failed = words[:, 0], words[:, 1], words[:, 2]
+        negated = np.where(own != NOBODY, -own, NOBODY)
+        self.seen = [int(common.max()), int((-common).max()), int(own.max()), int(negated.max()),
+                     int(failed.max()), 0]
 
     @property
     def agreed(self) -> bool:

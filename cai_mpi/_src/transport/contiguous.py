@@ -166,12 +166,13 @@ class Gathered:
     __slots__ = ("_device", "_host", "_staging", "address", "displacements", "infos", "ordinal", "total")
 
     def __init__(self, infos: list[MessageInfo], ordinal: int | None, rt: Runtime, *, direct: bool,
-                 packed: bool = False) -> None:
+                 packed: bool = False, stride: int = 0) -> None:
         """``packed``: pieces all alike, back to back (each still aligned for its dtype), for MPI's Gather and
-        Allgather; otherwise each at an ``ALIGN``-ed offset."""
+        Allgather, or each at the start of a record of ``stride`` bytes; otherwise each at an ``ALIGN``-ed
+        offset."""
         self.infos, self.ordinal = infos, ordinal
         if packed:
-            step = infos[0].payload_nbytes
+            step = stride or infos[0].payload_nbytes
             self.displacements, offset = list(range(0, step * len(infos), step or 1)), step * len(infos)
             if not step:
                 self.displacements = [0] * len(infos)
@@ -194,6 +195,12 @@ class Gathered:
         else:
             self._staging = pinned_pool(rt).take(max(offset, 1))
             self.address = self._staging[0].ptr
+
+    def discard(self, rt: Runtime) -> None:
+        """Drop what MPI wrote, making no Arrays (staging given back)."""
+        if self._staging is not None:
+            pinned_pool(rt).give(*self._staging)
+            self._staging = None
 
     def finish(self, rt: Runtime, tag: int) -> list[Array]:
         """The Arrays, one per rank: views of the one buffer (host, or device through a CUDA-aware MPI), or
