@@ -180,3 +180,22 @@ def test_device_channels_when_direct(gpu: tuple[Runtime, MPI.Comm]) -> None:
             got = rx.recv()
             req.wait()
             assert got.device == 0 and np.array_equal(got.numpy(), payload(prv * step, 1000))
+
+
+@pytest.mark.parametrize("aware", [True, False], ids=["direct", "staged"])
+def test_a_repeated_allgather_of_device_arrays_lands_exactly_and_goes_direct_on_a_cuda_aware_mpi(
+    on_double: Any, aware: bool
+) -> None:
+    """The steady state of allgather_array (one Allgather of host records carrying the ballot's words) is for MPIs
+    that stage device data anyway; on a CUDA-aware MPI a repeated call hands device memory to MPI as the first call
+    does, copying nothing through the host."""
+    with on_double(aware) as (rt, comm):
+        for step in range(4):
+            mine = DoubleDeviceArray(rt, payload(rank, 512) + step)
+            d = rt.driver_double
+            d.calls.clear()
+            parts = cai_mpi.allgather_array(mine, comm)
+            copies = [name for name, _ in d.calls if name.startswith("cuMemcpy")]
+            assert [received(p).tolist() for p in parts] == [(payload(r, 512) + step).tolist() for r in range(size)]
+            if aware and step > 0:
+                assert copies == [], f"step {step}: a repeated allgather copied through the host: {copies}"

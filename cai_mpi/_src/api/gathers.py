@@ -133,17 +133,20 @@ def _gathered(fn: str, pc: PrivateComms, mine: Contribution, root: int | None, d
     gets = root is None or me == root
     ordinal = rt.current_device() if gets else None
     agreed: AgreedSignature | None = pc.agreed.get(fn)
-    if agreed is not None and agreed.root == -1 and agreed.nbytes <= SPECULATE_BYTES \
+    if agreed is not None and agreed.root == -1 and not pc.aware.aware and agreed.nbytes <= SPECULATE_BYTES \
             and _record(agreed.nbytes) * size <= INT_MAX:
+        # (the records are host memory: a CUDA-aware MPI, agreed on by every rank, keeps a device payload's direct
+        # route below, with its vote)
         got = _one_round(fn, pc, mine, ballot, agreed, due, rt, ordinal)
         if got is not None:
             return got
     elif agreed is not None and agreed.nbytes <= SPECULATE_BYTES and agreed.nbytes * size <= INT_MAX:
-        # The steady state of a gather: the payloads of the last agreed signature go with the vote (scratch on a
-        # rank whose call differs, so every rank makes the same MPI calls whatever the vote says).
+        # The steady state of a gather (and of an allgather on a CUDA-aware MPI): the payloads of the last agreed
+        # signature go with the vote (scratch on a rank whose call differs, so every rank makes the same MPI calls
+        # whatever the vote says).
         n, expected = agreed.nbytes, common == agreed.common and own == agreed.own
-        spec_root = agreed.root
-        spec_gets = me == spec_root
+        spec_root = None if agreed.root == -1 else agreed.root
+        spec_gets = spec_root is None or me == spec_root
         place = Gathered([agreed.info] * size, ordinal, rt, direct=pc.aware.aware, packed=True) \
             if spec_gets and expected else None
         send, piece = _sending(mine.source, rt, pc) if expected else (np.empty(n, np.uint8), None)
