@@ -22,7 +22,8 @@ def test_persistent_modes_beside_raw(tmp_path: Path, test: str) -> None:
     assert all(doc["results"][m][s]["median_us"] > 0 for m in doc["results"] for s in ("8", "4096"))
     assert "# mode cai-init: cai_mpi bcast_init / allreduce_init" in proc.stdout
     verdicts = {t["key"]: t for t in doc["targets"]}
-    assert verdicts[f"{test}8-init-raw"]["status"] in ("PASS", "FAIL")
+    # an 8 B time sets a fixed cost against an MPI time that differs from machine to machine: reported, not judged
+    assert verdicts[f"{test}8-init-raw"]["status"] == "info" and verdicts[f"{test}8-init-raw"]["value"] > 0
     assert verdicts[f"{test}1m-init-raw"]["status"] == "n/a"  # no size >= 1 MiB in this run
 
 
@@ -34,7 +35,7 @@ def test_allreduce_arrays_test(tmp_path: Path) -> None:
     assert sorted(doc["results"]) == ["cai", "cai-init", "raw", "raw-init"]
     assert doc["skipped"] == {"cai-out": "not a mode of the allreduce-arrays test"}
     assert "16 Allreduce calls" in proc.stdout and "Time/op (us)" in proc.stdout
-    assert {t["key"]: t for t in doc["targets"]}["arrays8-cai-raw"]["status"] in ("PASS", "FAIL")
+    assert {t["key"]: t for t in doc["targets"]}["arrays8-cai-raw"]["status"] == "info"
 
 
 def test_allreduce_arrays_runs_every_mode_it_lists_by_default(tmp_path: Path) -> None:
@@ -52,16 +53,17 @@ def test_persistent_targets_from_figures() -> None:
         return {"benchmark": {"test": test, "buffer": "host", "ranks": 2},
                 "results": {m: {str(s): {"median_us": t} for s, t in r.items()} for m, r in rows.items()}}
 
-    # the persistent forms are judged against MPI's own persistent collectives (raw-init): within 3%
+    # the persistent forms are judged against MPI's own persistent collectives (raw-init) at 1 MiB, within 3%; at 8 B
+    # the ratio is reported (its limit, the development machine's goal, beside it), not judged
     docs = [doc("bcast", {"raw": {8: 1.0, 1 << 20: 90.0}, "raw-init": {8: 2.0, 1 << 20: 100.0},
                           "cai-init": {8: 2.04, 1 << 20: 105.0}}),
             doc("allreduce", {"raw-init": {8: 2.0, 1 << 20: 100.0}, "cai-init": {8: 2.8, 1 << 20: 101.0}}),
             doc("allreduce-arrays", {"raw": {8: 40.0, 1 << 20: 1000.0}, "cai": {8: 30.0, 1 << 20: 1100.0}})]
     verdicts = {v.key: v for v in check_targets(docs)}
-    assert verdicts["bcast8-init-raw"].status == "PASS" and verdicts["bcast8-init-raw"].value == pytest.approx(1.02)
-    assert verdicts["allreduce8-init-raw"].status == "FAIL"  # 1.4 > 1.03
+    assert verdicts["bcast8-init-raw"].status == "info" and verdicts["bcast8-init-raw"].value == pytest.approx(1.02)
+    assert verdicts["allreduce8-init-raw"].status == "info" and verdicts["allreduce8-init-raw"].value == 1.4
     assert verdicts["bcast1m-init-raw"].status == "FAIL"  # 100 / 105 < 0.97 (raw's 90 plays no part)
     assert verdicts["allreduce1m-init-raw"].status == "PASS"
     assert verdicts["allgather8-init-raw"].status == "n/a"
-    assert verdicts["arrays8-cai-raw"].status == "PASS" and verdicts["arrays8-cai-raw"].value == 0.75
+    assert verdicts["arrays8-cai-raw"].status == "info" and verdicts["arrays8-cai-raw"].value == 0.75
     assert verdicts["arrays1m-cai-raw"].status == "FAIL"  # 1000 / 1100 < 0.95
