@@ -234,6 +234,18 @@ def _on_double(aware: bool, *, lazy: float = 0.0, settings: dict[str, str] | Non
 
 
 @pytest.fixture
+def comm() -> Iterator[MPI.Intracomm]:
+    """A duplicate of COMM_WORLD for one test (a module may define its own ``comm`` fixture, which wins), freed once
+    every rank has left the test."""
+    dup = MPI.COMM_WORLD.Dup()
+    try:
+        yield dup
+    finally:
+        dup.Barrier()
+        dup.Free()
+
+
+@pytest.fixture
 def routed_dup() -> Any:
     """``routed_dup(aware, of=COMM_WORLD)``: a duplicate of ``of`` routing device data in place or staged."""
     return _routed_dup

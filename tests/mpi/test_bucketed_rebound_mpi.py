@@ -5,7 +5,6 @@ stay in step); writing into the bound arrays in place keeps working. Values are 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -41,16 +40,6 @@ def check(got: Any, step: int) -> None:
     items = got.items() if isinstance(got, dict) else zip(SIZES, got, strict=True)
     for k, a in items:
         assert np.array_equal(np.asarray(a), total(SIZES[k], step)), (k, step)
-
-
-@pytest.fixture
-def comm() -> Iterator[MPI.Intracomm]:
-    dup = world.Dup()
-    try:
-        yield dup
-    finally:
-        dup.Barrier()
-        dup.Free()
 
 
 @pytest.mark.parametrize("key", ["w", "big"])

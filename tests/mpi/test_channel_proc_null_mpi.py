@@ -6,7 +6,6 @@ tag ANY_TAG, no meta), through every form: ``recv``/``send``, ``irecv``/``isend`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -41,16 +40,6 @@ def opened(end: Any, *args: Any, **kwargs: Any) -> Any:
         return end(*args, **kwargs)
     except ValueError as exc:
         pytest.fail(f"a channel end at PROC_NULL was refused: {exc}")
-
-
-@pytest.fixture
-def comm() -> Iterator[MPI.Intracomm]:
-    dup = world.Dup()
-    try:
-        yield dup
-    finally:
-        dup.Barrier()
-        dup.Free()
 
 
 @pytest.mark.parametrize("form", ["blocking", "wait", "waitall", "test", "testall", "timeout"])

@@ -5,7 +5,7 @@ raised before anything is sent."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -39,16 +39,6 @@ def ring(comm: MPI.Comm, n: int, x: Any, read: Callable[[], np.ndarray[Any, Any]
         assert got.source == left and got.shape == (n,), what
         assert np.array_equal(read(), content(left, n, rnd)), (what, n, rnd)
     assert not comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
-
-
-@pytest.fixture
-def comm() -> Iterator[MPI.Comm]:
-    dup = world.Dup()
-    try:
-        yield dup
-    finally:
-        dup.Barrier()
-        dup.Free()
 
 
 @pytest.mark.parametrize("nbytes", NBYTES)
