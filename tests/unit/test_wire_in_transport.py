@@ -29,3 +29,23 @@ def test_the_scan_finds_mpi_operations() -> None:
 def test_no_point_to_point_api_module_calls_mpi(module: str) -> None:
     calls = capitalized_calls((API / module).read_text())
     assert calls <= QUERIES, f"api/{module} calls MPI's {sorted(calls - QUERIES)}: that belongs in transport/"
+
+
+COLLECTIVES = ["Allgather", "Allgatherv", "Allreduce", "Alltoall", "Alltoallv", "Alltoallw", "Barrier", "Bcast",
+               "Exscan", "Gather", "Gatherv", "Reduce", "Reduce_scatter", "Reduce_scatter_block", "Scan", "Scatter",
+               "Scatterv"]
+#: every form mpi4py spells each collective in: blocking, nonblocking, persistent
+COLLECTIVE_CALLS = {form for name in COLLECTIVES for form in (name, "I" + name[0].lower() + name[1:], name + "_init")}
+
+
+@pytest.mark.parametrize("module", sorted(p.name for p in API.glob("*.py")))
+def test_no_api_module_posts_an_mpi_collective(module: str) -> None:
+    """Collectives are named and posted in one table, ``transport.agreement.collective`` (issue 42): the API modules
+    say which collective and in which form (``posted``, ``prepared``, a ``Joined`` step), never mpi4py's method."""
+    calls = capitalized_calls((API / module).read_text()) & COLLECTIVE_CALLS
+    assert not calls, f"api/{module} posts MPI's {sorted(calls)} itself: name it through transport.agreement"
+
+
+def test_the_collective_scan_finds_every_form() -> None:
+    found = capitalized_calls("comm.Allreduce_init(a, b, op)\ncomm.Ibcast(buf, 0)\ncomm.Gather(a, b, 0)\n")
+    assert found <= COLLECTIVE_CALLS and len(found) == 3

@@ -24,7 +24,17 @@ from ..arrays.array import NO_SOURCE, NO_TAG, Array
 from ..arrays.operands import DeviceSource, send_source
 from ..core.memo import Memo
 from ..runtime.base import Runtime
-from ..transport.agreement import SPECULATE_BYTES, Ballot, Joined, disagree, fingerprint, reason, vote
+from ..transport.agreement import (
+    SPECULATE_BYTES,
+    Ballot,
+    Joined,
+    disagree,
+    fingerprint,
+    posted,
+    prepared,
+    reason,
+    vote,
+)
 from ..transport.bigcount import INT_MAX, reduce
 from ..transport.pieces import counted
 from ..transport.pool import host_receive_pool
@@ -120,9 +130,9 @@ def allreduce_arrays(
         if mine:
             for bucket, buf in zip(plan.buckets, buffers, strict=True):
                 plan.fill(bucket, buf, sources, rt)
-        posted = [comm_.Iallreduce(MPI.IN_PLACE, counted(buf, n, dt), mpi_op)
-                  for buf, (n, dt, mpi_op) in zip(buffers, agreed.buckets, strict=True)]
-        vote(fn, pc, ballot, due, posted, keep=buffers)
+        speculated = [posted(comm_, "Allreduce", MPI.IN_PLACE, counted(buf, n, dt), mpi_op)
+                      for buf, (n, dt, mpi_op) in zip(buffers, agreed.buckets, strict=True)]
+        vote(fn, pc, ballot, due, speculated, keep=buffers)
         if mine and ballot.matches(agreed.fp) and not ballot.device:
             return _results(plan, buffers, [], comm_.Get_size(), rt)
     else:
@@ -237,7 +247,7 @@ class BucketedAllreduce(PersistentLifecycle):
             sbuf = [MPI.buffer.fromaddress(s.ctypes.data if s.size else 0, s.nbytes, readonly=True), bucket.count,
                     bucket.datatype]
             rbuf = [MPI.buffer.fromaddress(r.ctypes.data if r.size else 0, r.nbytes), bucket.count, bucket.datatype]
-            self._reqs.append(comm_.Allreduce_init(sbuf, rbuf, bucket.op))
+            self._reqs.append(prepared(comm_, "Allreduce", sbuf, rbuf, bucket.op))
         values = list(objs.values()) if isinstance(objs, Mapping) else list(objs)
         self._objs, self._bound = objs, values
         self._alone = [self._bind(d, values[d.position], plan.sources[d.position]) for d in plan.direct]
@@ -257,7 +267,7 @@ class BucketedAllreduce(PersistentLifecycle):
         n = result.size
         sbuf = [MPI.buffer.fromaddress(send.ctypes.data, send.nbytes, readonly=True), n, d.datatype]
         rbuf = [MPI.buffer.fromaddress(result.ctypes.data, result.nbytes), n, d.datatype]
-        self._reqs.append(self._comm.Allreduce_init(sbuf, rbuf, d.op))
+        self._reqs.append(prepared(self._comm, "Allreduce", sbuf, rbuf, d.op))
         return obj, src.ctypes.data, staging, result
 
     def _check_alone(self) -> None:

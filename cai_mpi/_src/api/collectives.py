@@ -37,6 +37,7 @@ from ..transport.agreement import (
     disagree,
     fingerprint,
     pack,
+    posted,
     raise_failures,
     read,
     reason,
@@ -171,8 +172,9 @@ def bcast_array(
             buf = bytes_at(landing.address, landing.nbytes)
         if buf is None:
             buf = np.empty(agreed.nbytes, np.uint8)
-        posted = [comm_.Ibcast(counted(buf, agreed.nbytes, MPI.BYTE), agreed.root)] if agreed.nbytes else []
-        vote(fn, pc, ballot, due, posted, keep=(piece, landing, buf))
+        speculated = [posted(comm_, "Bcast", counted(buf, agreed.nbytes, MPI.BYTE), agreed.root)] if agreed.nbytes \
+            else []
+        vote(fn, pc, ballot, due, speculated, keep=(piece, landing, buf))
         if piece is not None:
             piece.release()
         if ballot.matches(agreed.common, agreed.own):

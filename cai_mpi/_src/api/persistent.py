@@ -22,6 +22,7 @@ from ..config import config
 from ..core.header import MessageInfo, refuse_unsendable
 from ..progress.driving import idle
 from ..transport import Landing, device_landing, outgoing
+from ..transport.agreement import posted, prepared
 from .agreed import agree
 from .collective_call import setup
 from .lifecycle import PersistentLifecycle
@@ -216,20 +217,19 @@ class PersistentCollective(PersistentLifecycle):
     def _post(self, send: int, recv: int, *, persistent: bool) -> MPI.Request:
         """MPI's collective on these addresses: persistent (``*_init``) or nonblocking."""
         comm, kind, count, dt, nbytes = self._comm, self._kind, self._count, self._datatype, self._nbytes
+        post = prepared if persistent else posted
         if kind == "bcast":
             mine = send if comm.Get_rank() == self._root else recv
-            buf = [MPI.buffer.fromaddress(mine, nbytes), count, dt]
-            return comm.Bcast_init(buf, self._root) if persistent else comm.Ibcast(buf, self._root)
+            return post(comm, "Bcast", [MPI.buffer.fromaddress(mine, nbytes), count, dt], self._root)
         sbuf: Any = MPI.IN_PLACE if send == -1 else [MPI.buffer.fromaddress(send, nbytes, readonly=True), count, dt]
         if kind == "allgather":
             whole = [MPI.buffer.fromaddress(recv, nbytes * comm.Get_size()), count, dt]  # (count: per rank)
-            return comm.Allgather_init(sbuf, whole) if persistent else comm.Iallgather(sbuf, whole)
+            return post(comm, "Allgather", sbuf, whole)
         rbuf: Any = None if kind == "reduce" and comm.Get_rank() != self._root else [
             MPI.buffer.fromaddress(recv, nbytes), count, dt]
         if kind == "allreduce":
-            return comm.Allreduce_init(sbuf, rbuf, self._op) if persistent else comm.Iallreduce(sbuf, rbuf, self._op)
-        return (comm.Reduce_init(sbuf, rbuf, self._op, self._root) if persistent
-                else comm.Ireduce(sbuf, rbuf, self._op, self._root))
+            return post(comm, "Allreduce", sbuf, rbuf, self._op)
+        return post(comm, "Reduce", sbuf, rbuf, self._op, self._root)
 
     def _current(self) -> Any:
         """The input as it is now (its producer synchronized: the stream policy), refused if it changed."""

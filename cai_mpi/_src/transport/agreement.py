@@ -42,8 +42,9 @@ from ..progress.waits import MPIWait
 from .privcomm import PrivateComms
 
 __all__ = [
-    "NOBODY", "SLOT_BYTES", "SPECULATE_BYTES", "WORDS", "Ballot", "Contribution", "Exchange", "Joined", "broadcast",
-    "check_in_step", "describe_source", "disagree", "fingerprint", "pack", "posted", "raise_failures",
+    "BLOCKING", "NONBLOCKING", "NOBODY", "PERSISTENT", "SLOT_BYTES", "SPECULATE_BYTES", "WORDS", "Ballot",
+    "Contribution", "Exchange", "Joined", "broadcast", "check_in_step", "collective", "describe_source", "disagree",
+    "fingerprint", "pack", "posted", "prepared", "raise_failures",
     "read", "reason", "settle", "unpack", "vote",
 ]
 
@@ -137,9 +138,32 @@ def unpack(data: bytes | bytearray, counts: Sequence[int]) -> list[bytes]:
     return out
 
 
-def posted(comm: MPI.Comm, collective: str, *args: Any) -> MPI.Request:
-    """MPI's nonblocking form of ``collective`` (``"Allreduce"``: ``comm.Iallreduce(*args)``)."""
-    return cast("MPI.Request", getattr(comm, "I" + collective[0].lower() + collective[1:])(*args))
+#: The forms a collective is posted in: MPI's blocking call, its nonblocking form, its persistent form.
+BLOCKING, NONBLOCKING, PERSISTENT = "blocking", "nonblocking", "persistent"
+
+
+def collective(comm: MPI.Comm, name: str, form: str, *args: Any) -> Any:
+    """MPI's collective ``name`` on ``comm`` in ``form`` (``"Allreduce"``: ``comm.Allreduce``, ``comm.Iallreduce``,
+    ``comm.Allreduce_init``): the posting table of every collective cai_mpi makes, the one place that names mpi4py's
+    collective methods (the API modules name the collective and the form: tests/unit/test_wire_in_transport.py)."""
+    if form == BLOCKING:
+        method = name
+    elif form == NONBLOCKING:
+        method = "I" + name[0].lower() + name[1:]
+    else:
+        assert form == PERSISTENT, form
+        method = name + "_init"
+    return getattr(comm, method)(*args)
+
+
+def posted(comm: MPI.Comm, name: str, *args: Any) -> MPI.Request:
+    """MPI's nonblocking form of collective ``name`` (``"Allreduce"``: ``comm.Iallreduce(*args)``)."""
+    return cast("MPI.Request", collective(comm, name, NONBLOCKING, *args))
+
+
+def prepared(comm: MPI.Comm, name: str, *args: Any) -> MPI.Prequest:
+    """MPI's persistent form of collective ``name`` (``"Allreduce"``: ``comm.Allreduce_init(*args)``)."""
+    return cast("MPI.Prequest", collective(comm, name, PERSISTENT, *args))
 
 
 class Joined:
@@ -154,12 +178,12 @@ class Joined:
         self.fn, self.pc, self.due, self.keep = fn, pc, due, keep
         self.comm = pc.header
 
-    def __call__(self, collective: str, *args: Any) -> None:
-        """``collective(*args)`` on ``pc.header`` (``"Bcast"``, ...)."""
+    def __call__(self, name: str, *args: Any) -> None:
+        """Collective ``name`` (``"Bcast"``, ...) with ``args`` on ``pc.header``."""
         if self.due is None:
-            getattr(self.comm, collective)(*args)
+            collective(self.comm, name, BLOCKING, *args)
             return
-        settle(self.fn, self.pc, [posted(self.comm, collective, *args)], self.due, (args, self.keep))
+        settle(self.fn, self.pc, [posted(self.comm, name, *args)], self.due, (args, self.keep))
 
     def allgather(self, blob: bytes) -> list[bytes]:
         """Every rank's ``blob``, on every rank: an Allgather of the lengths, an Allgatherv of the bytes."""
