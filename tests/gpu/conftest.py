@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,6 +84,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             f"{report.longreprtext}\n"
         )
         sys.stderr.flush()
+        time.sleep(0.2)  # (the launcher forwards output asynchronously: give it a moment before the abort ends all)
         MPI.COMM_WORLD.Abort(1)  # the other ranks may be waiting for this one: end them all now
         # MPICH's Abort can return while its launcher ends the job; pytest would then log the failure again.
         os._exit(1)
