@@ -22,6 +22,7 @@ world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 LAST = size - 1
 HELD = -7.0  # what out= holds before the failing call
+LIMIT = 15.0  # s: a call that agreement mistakes leave waiting raises TimeoutError, well before the 50 s watchdog
 
 
 def data(r: int) -> np.ndarray[Any, Any]:
@@ -57,23 +58,26 @@ Case = tuple[Callable[[MPI.Intracomm, Any, str], Any], Callable[[MPI.Intracomm, 
 
 def cases() -> dict[str, Case]:
     total = sum(data(r) for r in range(size))
+    t = LIMIT
     return {
-        "allreduce_array": (lambda c, out, w: cai_mpi.allreduce_array(src(w, rank), comm=c, out=out),
-                            lambda c, w: cai_mpi.allreduce_array(src(w, rank), "max", comm=c), total, True),
+        "allreduce_array": (lambda c, out, w: cai_mpi.allreduce_array(src(w, rank), comm=c, out=out, timeout=t),
+                            lambda c, w: cai_mpi.allreduce_array(src(w, rank), "max", comm=c, timeout=t),
+                            total, True),
         "reduce_array": (lambda c, out, w: cai_mpi.reduce_array(src(w, rank), root=0, comm=c,
-                                                                out=out if rank == 0 else None),
-                         lambda c, w: cai_mpi.reduce_array(src(w, rank), "max", root=0, comm=c), total, rank == 0),
+                                                                out=out if rank == 0 else None, timeout=t),
+                         lambda c, w: cai_mpi.reduce_array(src(w, rank), "max", root=0, comm=c, timeout=t),
+                         total, rank == 0),
         "bcast_array": (lambda c, out, w: cai_mpi.bcast_array(src(w, 0) if rank == 0 else None, root=0, comm=c,
-                                                              out=out if rank != 0 else None),
-                        lambda c, w: cai_mpi.bcast_array(None, root=LAST, comm=c), data(0), rank != 0),
+                                                              out=out if rank != 0 else None, timeout=t),
+                        lambda c, w: cai_mpi.bcast_array(None, root=LAST, comm=c, timeout=t), data(0), rank != 0),
     }
 
 
 @pytest.mark.parametrize("name", ["allreduce_array", "reduce_array", "bcast_array"])
-def test_a_matching_rank_keeps_its_out_when_another_rank_does_not_match(name: str, where: str) -> None:
+def test_a_matching_rank_keeps_its_out_when_another_rank_does_not_match(name: str, where: str,
+                                                                       comm: MPI.Intracomm) -> None:
     matching, failing, expected, has_out = cases()[name]
     fails_here = rank == (0 if name == "bcast_array" else LAST)  # (bcast: the root names another root)
-    comm = world.Dup()
     cai_mpi.cuda_aware(comm)  # (cai_mpi's first use of a communicator is collective: done while everyone is here)
     out, held = make_out(where)
     for _ in range(2):  # the steady state: the next call's payload goes with its vote
@@ -89,4 +93,3 @@ def test_a_matching_rank_keeps_its_out_when_another_rank_does_not_match(name: st
     got = matching(comm, out, where)  # (the communicator works afterwards, out= too)
     if has_out:
         assert np.array_equal(held, expected) and np.array_equal(got.numpy(), expected)
-    comm.Free()
