@@ -23,6 +23,10 @@ rank, size = comm.Get_rank(), comm.Get_size()
 STRUCT = np.dtype([("id", "<i4"), ("pos", "<f8", (3,)), ("flag", "?"), ("name", "S5")])
 DTYPES = ["?", "u1", "<i2", "<i4", "<i8", "<f2", "<f4", "<f8", "<c16", ">i4", ">f8", STRUCT]
 SHAPES = [(), (0,), (3, 0), (1,), (7,), (5, 3), (2, 3, 4), (300, 301)]
+# s: the tests where ranks take different paths (an error on one rank, a mismatch) bound their calls, so that an
+# agreement mistake fails them by TimeoutError naming the call well before the 50 s hang watchdog; the tests of
+# results keep MPI's blocking form (no timeout=), which they cover
+LIMIT = 20.0
 
 
 def make(dtype: Any, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
@@ -87,21 +91,21 @@ def test_bcast_out_mismatch_raises_after_the_broadcast_and_the_communicator_stay
     bad = np.zeros(5, "<f4")
     if rank == 1:
         with pytest.raises(cai_mpi.RecvMismatchError, match=r"bcast_array.*shapes differ"):
-            cai_mpi.bcast_array(None, out=bad)
+            cai_mpi.bcast_array(None, out=bad, timeout=LIMIT)
     else:
-        got = cai_mpi.bcast_array(np.arange(4, dtype="<f4") if rank == 0 else None)
+        got = cai_mpi.bcast_array(np.arange(4, dtype="<f4") if rank == 0 else None, timeout=LIMIT)
         same(got, np.arange(4, dtype="<f4"))
-    same(cai_mpi.bcast_array(np.arange(3) if rank == 0 else None), np.arange(3))
+    same(cai_mpi.bcast_array(np.arange(3) if rank == 0 else None, timeout=LIMIT), np.arange(3))
 
 
 def test_a_bad_root_argument_is_an_error_on_every_rank() -> None:
     if rank == 0:
         with pytest.raises(TypeError, match="cannot send or receive"):
-            cai_mpi.bcast_array(object())
+            cai_mpi.bcast_array(object(), timeout=LIMIT)
     else:
         with pytest.raises(cai_mpi.CollectiveMismatchError, match="root, rank 0, could not send"):
-            cai_mpi.bcast_array()
-    same(cai_mpi.bcast_array(np.ones(2) if rank == 0 else None), np.ones(2))
+            cai_mpi.bcast_array(timeout=LIMIT)
+    same(cai_mpi.bcast_array(np.ones(2) if rank == 0 else None, timeout=LIMIT), np.ones(2))
 
 
 @pytest.mark.parametrize("version", [0, 1, 2, 3])
@@ -174,11 +178,11 @@ def test_a_rank_that_cannot_contribute_is_named_on_every_rank() -> None:
     bad = size - 1
     if rank == bad:
         with pytest.raises(TypeError):
-            cai_mpi.allgather_array([1, 2, 3])
+            cai_mpi.allgather_array([1, 2, 3], timeout=LIMIT)
     else:
         with pytest.raises(cai_mpi.CollectiveMismatchError, match=f"rank {bad}"):
-            cai_mpi.allgather_array(np.zeros(2))
-    same(cai_mpi.allgather_array(np.full(1, rank))[0], np.full(1, 0))
+            cai_mpi.allgather_array(np.zeros(2), timeout=LIMIT)
+    same(cai_mpi.allgather_array(np.full(1, rank), timeout=LIMIT)[0], np.full(1, 0))
 
 
 @pytest.fixture
@@ -218,11 +222,12 @@ def test_scatter_per_rank_shapes_and_out() -> None:
 def test_scatter_refuses_a_wrong_number_of_arrays_on_every_rank() -> None:
     if rank == 0:
         with pytest.raises(TypeError, match=f"expected a sequence of {size} arrays"):
-            cai_mpi.scatter_array([np.zeros(1)] * (size + 1))
+            cai_mpi.scatter_array([np.zeros(1)] * (size + 1), timeout=LIMIT)
     else:
         with pytest.raises(cai_mpi.CollectiveMismatchError, match="root, rank 0"):
-            cai_mpi.scatter_array()
-    same(cai_mpi.scatter_array([np.full(1, r) for r in range(size)] if rank == 0 else None), np.full(1, rank))
+            cai_mpi.scatter_array(timeout=LIMIT)
+    same(cai_mpi.scatter_array([np.full(1, r) for r in range(size)] if rank == 0 else None, timeout=LIMIT),
+         np.full(1, rank))
 
 
 def test_alltoall_one_array_per_pair() -> None:
@@ -284,15 +289,15 @@ def test_reduce_with_an_mpi_op_and_a_0d_array() -> None:
 def test_mismatched_shapes_raise_on_every_rank_naming_each_one() -> None:
     shape = (2, 3) if rank else (3, 2)  # the same element count: shapes are compared, not sizes
     with pytest.raises(cai_mpi.CollectiveMismatchError) as info:
-        cai_mpi.allreduce_array(np.zeros(shape))
+        cai_mpi.allreduce_array(np.zeros(shape), timeout=LIMIT)
     assert "rank 0: shape=(3, 2)" in str(info.value) and "rank 1: shape=(2, 3)" in str(info.value)
-    same(cai_mpi.allreduce_array(np.ones(2)), np.full(2, float(size)))  # still usable
+    same(cai_mpi.allreduce_array(np.ones(2), timeout=LIMIT), np.full(2, float(size)))  # still usable
 
 
 def test_mismatched_dtypes_raise_on_every_rank() -> None:
     dtype = "<f8" if rank else "<f4"
     with pytest.raises(cai_mpi.CollectiveMismatchError, match="dtype=<f4"):
-        cai_mpi.reduce_array(np.zeros(3, dtype))
+        cai_mpi.reduce_array(np.zeros(3, dtype), timeout=LIMIT)
 
 
 @pytest.mark.parametrize(("dtype", "why"), [(STRUCT, "cannot reduce a structured dtype"),
@@ -301,10 +306,10 @@ def test_mismatched_dtypes_raise_on_every_rank() -> None:
 def test_reducing_structured_or_summing_bool_is_a_clear_error(dtype: Any, why: str) -> None:
     if rank == 0:  # (bool arrays reduce with the logical ops and min/max: tests/mpi/test_reduce_ops_mpi.py)
         with pytest.raises(TypeError, match=why):
-            cai_mpi.allreduce_array(np.zeros(2, dtype))
+            cai_mpi.allreduce_array(np.zeros(2, dtype), timeout=LIMIT)
     else:
         with pytest.raises(cai_mpi.CollectiveMismatchError, match="rank 0"):
-            cai_mpi.allreduce_array(np.zeros(2))
+            cai_mpi.allreduce_array(np.zeros(2), timeout=LIMIT)
 
 
 def test_reductions_split_at_the_message_limit() -> None:
