@@ -31,6 +31,9 @@ ROOM = agreement.ROOM  # header bytes the first broadcast carries
 SMALL = (5,)  # 40 bytes: travels in the slot
 LARGE = (100, 7)  # 5600 bytes: over the inline limit of a broadcast, a payload of its own
 FIELDS = np.dtype([(f"field{i}", "<f4") for i in range(80)])  # a structured dtype: a header of ~1.7 KiB
+# s: where one rank errs, the calls bound their wait, so that an agreement mistake fails the test by TimeoutError
+# naming the call, well before the 50 s hang watchdog
+LIMIT = 20.0
 
 
 def make(dtype: Any, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
@@ -103,14 +106,15 @@ def test_a_root_error_longer_than_the_block_reaches_every_rank() -> None:
     for root in range(size):
         if rank == root:
             with pytest.raises(TypeError, match="cannot send or receive an object of type 'UnsendableXXX"):
-                cai_mpi.bcast_array(Unsendable(), root=root)
+                cai_mpi.bcast_array(Unsendable(), root=root, timeout=LIMIT)
         else:
             with pytest.raises(cai_mpi.CollectiveMismatchError,
                                match=f"root, rank {root}, could not send: TypeError: .*UnsendableX{{1000}}") as info:
-                cai_mpi.bcast_array(None, root=root)
+                cai_mpi.bcast_array(None, root=root, timeout=LIMIT)
             assert str(info.value).endswith("or a host array (numpy array or buffer-protocol object)")  # all of it
         sent = np.arange(6.0) + root
-        assert np.asarray(cai_mpi.bcast_array(sent if rank == root else None, root=root)).tobytes() == sent.tobytes()
+        got = cai_mpi.bcast_array(sent if rank == root else None, root=root, timeout=LIMIT)
+        assert np.asarray(got).tobytes() == sent.tobytes()
 
 
 def test_scatter_and_gather_from_every_root_with_headers_longer_than_a_slot() -> None:

@@ -24,6 +24,9 @@ world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 FITS = 126  # elements of one float64 array that filled the former fused path's slot exactly (a small bucket)
 DIRECT = bucketed.DIRECT_BYTES
+# s: where one rank errs, the calls bound their wait, so that an agreement mistake fails the test by TimeoutError
+# naming the call, well before the 50 s hang watchdog
+LIMIT = 20.0
 
 
 def values(dtype: Any, r: int, shape: Any = (3, 4), step: int = 0) -> np.ndarray[Any, Any]:
@@ -251,8 +254,9 @@ def test_a_cached_plan_keeps_no_input_alive() -> None:
 def test_a_mismatch_on_one_rank_is_an_error_on_every_rank(n: int) -> None:
     objs = [values("f8", rank, n), values("f4", rank, (n if rank else n + 1,))]
     with pytest.raises(cai_mpi.CollectiveMismatchError, match=r"rank 0.*rank 1"):
-        cai_mpi.allreduce_arrays(objs)
-    same(cai_mpi.allreduce_arrays([values("f8", rank, n)])[0], total("f8", n))  # (and the comm still works)
+        cai_mpi.allreduce_arrays(objs, timeout=LIMIT)
+    # (and the comm still works)
+    same(cai_mpi.allreduce_arrays([values("f8", rank, n)], timeout=LIMIT)[0], total("f8", n))
 
 
 @pytest.mark.parametrize("n", [3, DIRECT])
@@ -261,10 +265,10 @@ def test_a_failure_on_one_rank_is_an_error_on_every_rank(n: int) -> None:
     arrays = [values("f8", rank, n), values("i4" if rank == 0 else "f4", rank, 2)]
     if rank == 0:
         with pytest.raises(TypeError, match="mean"):
-            cai_mpi.allreduce_arrays(arrays, op="mean")
+            cai_mpi.allreduce_arrays(arrays, op="mean", timeout=LIMIT)
     else:
         with pytest.raises(cai_mpi.CollectiveMismatchError, match="rank 0: could not take part"):
-            cai_mpi.allreduce_arrays(arrays, op="mean")
+            cai_mpi.allreduce_arrays(arrays, op="mean", timeout=LIMIT)
 
 
 @pytest.mark.parametrize("n", [3, DIRECT])

@@ -25,6 +25,9 @@ comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 DTYPES = ["?", "u1", "<i1", "<i2", "<u4", "<i8", "<f4", "<f8", "<c8", "<c16", ">i4", ">f8"]
 LAYOUTS = ["C", "F", "strided", "0d", "empty"]
+# s: where one rank errs, the calls bound their wait, so that an agreement mistake fails the test by TimeoutError
+# naming the call, well before the 50 s hang watchdog
+LIMIT = 20.0
 SMALL, LARGE = (3, 4), (30, 20)  # 12 and 600 elements: in a slot, and over it, for every dtype above but "?"/u1
 
 
@@ -278,8 +281,8 @@ def test_reductions_at_the_slot_boundary(used: int) -> None:
 def test_a_bad_argument_on_one_rank_is_an_error_on_every_rank(shape: tuple[int, ...]) -> None:
     bad = size - 1
     calls: list[Callable[[Any], Any]] = [
-        cai_mpi.allgather_array, lambda x: cai_mpi.gather_array(x, root=0), lambda x: cai_mpi.allreduce_array(x),
-        lambda x: cai_mpi.reduce_array(x, root=0),
+        lambda x: cai_mpi.allgather_array(x, timeout=LIMIT), lambda x: cai_mpi.gather_array(x, root=0, timeout=LIMIT),
+        lambda x: cai_mpi.allreduce_array(x, timeout=LIMIT), lambda x: cai_mpi.reduce_array(x, root=0, timeout=LIMIT),
     ]
     for call in calls:
         mine = object() if rank == bad else values("<f8", shape, rank)
@@ -292,20 +295,20 @@ def test_a_bad_argument_on_one_rank_is_an_error_on_every_rank(shape: tuple[int, 
     x = values("<i4", shape, rank)
     if rank == bad:
         with pytest.raises(TypeError, match="mean"):
-            cai_mpi.allreduce_array(x, "mean")
+            cai_mpi.allreduce_array(x, "mean", timeout=LIMIT)
     else:
         with pytest.raises(cai_mpi.CollectiveMismatchError, match=f"rank {bad}"):
-            cai_mpi.allreduce_array(x, "sum")
-    same(cai_mpi.allreduce_array(np.ones(2) * rank), np.ones(2) * sum(range(size)))  # and still in step
+            cai_mpi.allreduce_array(x, "sum", timeout=LIMIT)
+    same(cai_mpi.allreduce_array(np.ones(2) * rank, timeout=LIMIT), np.ones(2) * sum(range(size)))  # and still in step
 
 
 @pytest.mark.parametrize("other", [(3, 5), LARGE], ids=["small", "large"])
 def test_shapes_that_differ_are_an_error_on_every_rank(other: tuple[int, ...]) -> None:
     shape = other if rank == size - 1 else SMALL
     with pytest.raises(cai_mpi.CollectiveMismatchError, match=r"rank 0: shape=\(3, 4\).*shape=\("):
-        cai_mpi.allreduce_array(np.zeros(shape))
+        cai_mpi.allreduce_array(np.zeros(shape), timeout=LIMIT)
     with pytest.raises(cai_mpi.CollectiveMismatchError, match="one shape and dtype"):
-        cai_mpi.reduce_array(np.zeros(shape), root=size - 1)
+        cai_mpi.reduce_array(np.zeros(shape), root=size - 1, timeout=LIMIT)
 
 
 # -- device data keeps its path -----------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ pytestmark = pytest.mark.mpi(min_size=2)
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 FLOATING = ["f4", "f8", "c8", "c16"]
+# s: where one rank errs, the calls bound their wait, so that an agreement mistake fails the test by TimeoutError
+# naming the call, well before the 50 s hang watchdog
+LIMIT = 20.0
 
 
 def values(dtype: str, r: int) -> np.ndarray[Any, Any]:
@@ -130,10 +133,10 @@ def test_mean_refused_on_one_rank_is_an_error_on_every_rank() -> None:
     x = np.ones(4, "i4" if rank == size - 1 else "f4")
     if rank == size - 1:
         with pytest.raises(TypeError, match="allreduce_array: op='mean'"):
-            cai_mpi.allreduce_array(x, op="mean")
+            cai_mpi.allreduce_array(x, op="mean", timeout=LIMIT)
     else:
         with pytest.raises(cai_mpi.CollectiveMismatchError, match=f"rank {size - 1}"):
-            cai_mpi.allreduce_array(x, op="mean")
+            cai_mpi.allreduce_array(x, op="mean", timeout=LIMIT)
 
 
 def bools(r: int) -> np.ndarray[Any, Any]:
