@@ -17,6 +17,10 @@ pytestmark = pytest.mark.mpi(min_size=2)
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
+# s: the tests where a stage fails bound every wait, so that a failure notice that never comes fails them in seconds
+# (the stage left waiting raises TimeoutError, the others see it as that stage's failure and their assertions name
+# the wrong stage) instead of at the 50 s hang watchdog
+LIMIT = 10.0
 
 
 def item(i: int) -> np.ndarray[Any, Any]:
@@ -38,8 +42,8 @@ def reuse_of_the_communicator() -> None:
     """Afterwards nothing of the pipeline is left unmatched: plain point-to-point works on the same comm."""
     nxt, prv = (rank + 1) % size, (rank - 1) % size
     req = cai_mpi.isend_array(np.full(2, rank), nxt, tag=31)
-    got = cai_mpi.recv_array(prv, tag=31)
-    req.wait()
+    got = cai_mpi.recv_array(prv, tag=31, timeout=LIMIT)
+    req.wait(timeout=LIMIT)
     assert np.asarray(got).tolist() == [prv, prv]
     comm.Barrier()
 
@@ -135,7 +139,7 @@ def test_a_failing_stage_reaches_every_other_stage(where: str) -> None:
         failing = 1
     outcome: Any = None
     try:
-        with cai_mpi.Pipeline(depth=2) as pipe:
+        with cai_mpi.Pipeline(depth=2, timeout=LIMIT) as pipe:
             if pipe.first:
                 for i in range(50):
                     if rank == failing and i == 3:
@@ -170,7 +174,7 @@ def test_a_middle_stage_failure_reaches_the_others_once_with_its_type_message_an
     failing = max(1, size // 2)  # (at 2 ranks, the last stage)
     outcome: Any = None
     try:
-        with cai_mpi.Pipeline(depth=1) as pipe:
+        with cai_mpi.Pipeline(depth=1, timeout=LIMIT) as pipe:
             if pipe.first:
                 for i in range(20):
                     pipe.send(np.full(4, i), meta={"i": i})
@@ -199,7 +203,7 @@ def test_a_middle_stage_failure_reaches_the_others_once_with_its_type_message_an
 def test_a_stage_that_finished_still_hears_of_a_failure_downstream() -> None:
     outcome: Any = None
     try:
-        with cai_mpi.Pipeline() as pipe:
+        with cai_mpi.Pipeline(timeout=LIMIT) as pipe:
             if pipe.first:
                 pipe.send(np.ones(3), meta={"i": 0})  # then leaves, its part done
             else:

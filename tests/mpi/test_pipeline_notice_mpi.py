@@ -18,6 +18,7 @@ pytestmark = pytest.mark.mpi(min_size=2)
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
+LIMIT = 10.0  # s, every wait of a stage: a notice that never comes fails the test by TimeoutError, not the watchdog
 
 
 @pytest.mark.parametrize("spoil", ["circular", "not-json"])
@@ -25,7 +26,7 @@ def test_a_failure_whose_meta_cannot_be_written_still_reaches_every_stage(spoil:
     failing = size - 1
     outcome: Any = None
     try:
-        with cai_mpi.Pipeline(depth=2) as pipe:
+        with cai_mpi.Pipeline(depth=2, timeout=LIMIT) as pipe:
             if pipe.first:
                 for i in range(5):
                     pipe.send(np.full(4, i), meta={"i": i})
