@@ -84,7 +84,7 @@ def test_a_scratch_buffer_one_element_too_small_is_an_internal_error_not_a_write
     """A private seam: the remembered signature says one element fewer bytes than its count (a sizing mistake), and
     every rank's next call differs from it, so every rank posts scratch sized from it."""
     comm = fresh()
-    cai_mpi.allreduce_array(np.ones(4), comm=comm)
+    cai_mpi.allreduce_array(np.ones(4), comm=comm, timeout=WAIT)
     check_comm("test", comm).agreed["allreduce_array"].nbytes -= 8
     with pytest.raises(AssertionError, match=r"internal error: a buffer of 24 bytes handed to MPI for 32 bytes"):
         cai_mpi.allreduce_array(np.ones(5), comm=comm, timeout=WAIT)
