@@ -3,24 +3,23 @@ the user's context current, ``send_array(x, dest)`` on one rank and ``recv_array
 other, each rank counting its own driver double's calls for its half (the receiver's includes the release of the
 Array its previous receive returned, which the new one replaces). docs/benchmarks.md ("Driver calls per device
 message") has the table; the one-rank counts per route and layout are in tests/unit/runtime/test_driver_call_budget.py.
-
-The doubles run in ``eager`` mode (device work has run when its call returns), so the counts do not depend on timing.
+Both take the double and the user's context from tests/driver_counting.py (eager: the counts do not depend on timing),
+with the library's default settings, as a user has them.
 """
 
 from __future__ import annotations
 
 import collections
-import gc
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+from driver_counting import user_context_on_double
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.config import reload_config
-from cai_mpi.testing import CudaDriverDouble, DoubleDeviceArray, double_runtime, use_runtime
+from cai_mpi.testing import CudaDriverDouble, DoubleDeviceArray
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -34,23 +33,14 @@ ROUNDS = 4  # three to warm every cache and pool, the last one counted
 
 @pytest.fixture
 def staged(routed_dup: Any) -> Iterator[tuple[Any, CudaDriverDouble, MPI.Comm]]:
+    """The runtime on a counting double, the user's context current, and a communicator that stages device data."""
     comm = routed_dup(False)
-    reload_config({"CAI_MPI_INLINE_BYTES": "0"})
-    rt = double_runtime(eager=True)
-    d: CudaDriverDouble = rt.driver_double  # type: ignore[attr-defined]
     try:
-        with use_runtime(rt):
-            assert d.cuInit(0)[0] == 0
-            _err, ctx = d.cuDevicePrimaryCtxRetain(0)
-            assert d.cuCtxSetCurrent(ctx)[0] == 0  # the user's context current, as CuPy or PyTorch leave it
+        with user_context_on_double() as (rt, d):
             yield rt, d, comm
-            gc.collect()
     finally:
         comm.Barrier()
         comm.Free()
-        reload_config()
-        gc.collect()
-        d.close()
 
 
 def test_a_staged_pair_between_two_ranks_stays_within_its_driver_call_budget(

@@ -1,9 +1,7 @@
 """What a device message costs in CUDA driver calls, counted on the driver double (which sees every call): a 4 KiB
 device array sent and received by one rank, with the user's context current, on each route. A change that adds
-calls fails here; docs/benchmarks-history.md ("Driver calls per device message") has the table.
-
-The double runs in ``eager`` mode (device work has run when its call returns), so every query finds its work done
-at the first ask and the counts do not depend on timing: they are what a message costs when the GPU keeps up."""
+calls fails here; docs/benchmarks-history.md ("Driver calls per device message") has the table. The double and
+the user's context come from tests/driver_counting.py (eager: the counts do not depend on timing)."""
 
 from __future__ import annotations
 
@@ -15,12 +13,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from driver_counting import user_context_on_double
 from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.arrays.array import Array
-from cai_mpi._src.config import reload_config
-from cai_mpi.testing import CudaDriverDouble, DoubleDeviceArray, double_runtime, use_runtime
+from cai_mpi.testing import CudaDriverDouble, DoubleDeviceArray
 
 me = MPI.COMM_WORLD.Get_rank()
 N = 512  # float64: 4 KiB
@@ -48,23 +46,14 @@ CONTEXT_QUERIES = {("direct", "contiguous"): 2, ("staged", "contiguous"): 2, ("d
 
 @contextlib.contextmanager
 def counted(direct: bool, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, CudaDriverDouble, MPI.Comm]]:
+    """The runtime on a counting double, and a communicator routing device data in place (``direct``) or staged."""
     monkeypatch.setenv("CAI_MPI_CUDA_AWARE", "1" if direct else "0")
-    reload_config({"CAI_MPI_INLINE_BYTES": "0"})
-    rt = double_runtime(cuda_aware=direct, eager=True)
-    d: CudaDriverDouble = rt.driver_double  # type: ignore[attr-defined]
     comm = MPI.COMM_WORLD.Dup()
     try:
-        with use_runtime(rt):
-            assert d.cuInit(0)[0] == 0
-            _err, ctx = d.cuDevicePrimaryCtxRetain(0)
-            assert d.cuCtxSetCurrent(ctx)[0] == 0  # the user's context current, as CuPy or PyTorch leave it
+        with user_context_on_double(cuda_aware=direct) as (rt, d):
             yield rt, d, comm
-            gc.collect()
     finally:
         comm.Free()
-        reload_config()
-        gc.collect()
-        d.close()
 
 
 def source(rt: Any, layout: str) -> DoubleDeviceArray:
