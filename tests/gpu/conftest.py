@@ -11,6 +11,9 @@
   report first, so the run's summary (scripts/gpu_results.py) names the test that failed.
 - The JUnit report (when one is asked for) is rewritten after every test, so a rank ended by another's abort or
   by the per-test time limit still leaves the outcomes of the tests it finished.
+- Fixtures the GPU test modules share: ``cp`` (CuPy, or the test skips), ``rt`` (cai_mpi's CUDA runtime on GPU 0)
+  and ``route`` (a communicator sending device payloads direct or staged, in chunks of the module's
+  ``CHUNK_BYTES``).
 - ``CAI_MPI_TEST_RANK`` is set to this process's rank in COMM_WORLD before pytest opens its JUnit report, whose
   path pytest expands with ``os.path.expandvars``: ``--junitxml='DIR/rank${CAI_MPI_TEST_RANK}.xml'`` gives each
   rank its own file under any launcher.
@@ -29,6 +32,9 @@ from typing import Any
 import pytest
 from mpi4py import MPI
 
+import cai_mpi
+from cai_mpi._src.config import reload_config
+from cai_mpi._src.runtime.cuda import CudaRuntime
 from cai_mpi._src.runtime.cudadriver import probe
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +55,47 @@ with warnings.catch_warnings():
     probe()  # imports the driver bindings (or CAI_MPI_TEST_CUDA_DRIVER's stand-in) once, for the test modules' probes
 
 _config: pytest.Config | None = None
+
+
+@pytest.fixture
+def cp() -> Any:
+    """CuPy (the test skips where it does not import), its import-time warnings kept out of filterwarnings=error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pytest.importorskip("cupy")
+
+
+@pytest.fixture
+def rt() -> CudaRuntime:
+    """cai_mpi's CUDA runtime on GPU 0."""
+    return CudaRuntime(0)
+
+
+@pytest.fixture(params=["direct", "staged"])
+def route(request: pytest.FixtureRequest) -> Iterator[MPI.Comm]:
+    """A duplicate of COMM_WORLD whose device payloads go straight to MPI (only where the MPI is CUDA-aware: else
+    the test skips) or are staged, in chunks of the test module's ``CHUNK_BYTES`` (several per large message). The
+    override must be set when detection runs: at the communicator's first use, done here."""
+    world = MPI.COMM_WORLD
+    direct = request.param == "direct"
+    if direct and not cai_mpi.cuda_aware(world):
+        pytest.skip(f"this MPI is not CUDA-aware ({cai_mpi.cuda_aware(world).detail.split('.')[0]})")
+    before = os.environ.get("CAI_MPI_CUDA_AWARE")
+    os.environ["CAI_MPI_CUDA_AWARE"] = "1" if direct else "0"
+    try:
+        comm = world.Dup()
+        assert cai_mpi.cuda_aware(comm).aware is direct
+    finally:
+        if before is None:
+            del os.environ["CAI_MPI_CUDA_AWARE"]
+        else:
+            os.environ["CAI_MPI_CUDA_AWARE"] = before
+    reload_config({"CAI_MPI_CHUNK_BYTES": str(request.module.CHUNK_BYTES)})
+    try:
+        yield comm
+    finally:
+        reload_config()
+        comm.Free()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -35,16 +35,6 @@ def _import(name: str) -> Any:
         return pytest.importorskip(name)
 
 
-@pytest.fixture
-def rt() -> CudaRuntime:
-    return CudaRuntime(0)
-
-
-@pytest.fixture
-def cp() -> Any:
-    return _import("cupy")
-
-
 @pytest.fixture(params=["cupy", "driver"])
 def alloc_rt(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[CudaRuntime]:
     """The runtime once with CuPy's pools and once with plain cuMemAlloc / cuMemHostAlloc."""

@@ -8,8 +8,6 @@ route: the stub's device memory is host memory, so any MPI can read it)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -17,7 +15,6 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.config import reload_config
 from cai_mpi._src.runtime import get_runtime
 from cai_mpi._src.runtime.base import DeviceBuffer, Runtime
 from cai_mpi._src.runtime.cudadriver import probe
@@ -33,6 +30,7 @@ world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 nxt, prv = (rank + 1) % size, (rank - 1) % size
 LEGACY = 1  # CAI v3's stream 1: the legacy default stream
+CHUNK_BYTES = 1 << 16  # the staged route's chunks (the ``route`` fixture, tests/gpu/conftest.py): 192 KiB is several
 
 
 class RuntimeArray:
@@ -90,26 +88,6 @@ def ring(obj: Any, comm: MPI.Comm, **kw: Any) -> cai_mpi.Array:
 
 def made_by(r: int, rows: int = 64) -> np.ndarray[Any, Any]:
     return (np.arange(rows * 6, dtype=np.uint16) + 100 * r).reshape(rows, 6)
-
-
-@pytest.fixture(params=["direct", "staged"])
-def route(request: pytest.FixtureRequest) -> Iterator[MPI.Comm]:
-    """Device payloads straight to MPI (only where it is CUDA-aware) or staged in several chunks."""
-    if request.param == "direct" and not cai_mpi.cuda_aware(world):
-        pytest.skip(f"this MPI is not CUDA-aware ({cai_mpi.cuda_aware(world).detail.split('.')[0]})")
-    before = os.environ.get("CAI_MPI_CUDA_AWARE")
-    os.environ["CAI_MPI_CUDA_AWARE"] = "1" if request.param == "direct" else "0"
-    try:
-        comm = world.Dup()
-    finally:
-        if before is None:
-            del os.environ["CAI_MPI_CUDA_AWARE"]
-        else:
-            os.environ["CAI_MPI_CUDA_AWARE"] = before
-    reload_config({"CAI_MPI_CHUNK_BYTES": str(1 << 16)})
-    yield comm
-    reload_config()
-    comm.Free()
 
 
 @pytest.mark.parametrize("rows", [0, 5, 1 << 14])  # 1 << 14 rows: 192 KiB, several staging chunks

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,6 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
-from cai_mpi._src.config import reload_config
 from cai_mpi._src.runtime import get_runtime
 from cai_mpi._src.runtime.cudadriver import probe
 
@@ -35,17 +33,13 @@ pytestmark = [
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 nxt, prv = (rank + 1) % size, (rank - 1) % size
+CHUNK_BYTES = 1 << 20  # the staged route's chunks (the ``route`` fixture, tests/gpu/conftest.py): several at a few MiB
 
 
 def _import(name: str) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return pytest.importorskip(name)
-
-
-@pytest.fixture
-def cp() -> Any:
-    return _import("cupy")
 
 
 def ring(obj: Any, comm: MPI.Comm = world, **kw: Any) -> cai_mpi.Array:
@@ -71,24 +65,6 @@ def other_device(cp: Any) -> int:
 
 def made_by(r: int, cp: Any, n: int = 64 * 48, dtype: Any = "float32") -> Any:
     return (cp.arange(n, dtype=dtype) * (r + 1)).reshape(64, -1)
-
-
-@pytest.fixture(params=["direct", "staged"])
-def route(request: pytest.FixtureRequest) -> Iterator[MPI.Comm]:
-    """A communicator whose device payloads go straight to MPI (only where the MPI is CUDA-aware) or are staged
-    in several chunks. The override must be set when detection runs: at the communicator's first use."""
-    if request.param == "direct" and not cai_mpi.cuda_aware(world):
-        pytest.skip(f"this MPI is not CUDA-aware ({cai_mpi.cuda_aware(world).detail.split('.')[0]})")
-    os.environ["CAI_MPI_CUDA_AWARE"] = "1" if request.param == "direct" else "0"
-    try:
-        comm = world.Dup()
-        assert cai_mpi.cuda_aware(comm).aware is (request.param == "direct")
-    finally:
-        del os.environ["CAI_MPI_CUDA_AWARE"]
-    reload_config({"CAI_MPI_CHUNK_BYTES": str(1 << 20)})  # several chunks at a few MiB
-    yield comm
-    reload_config()
-    comm.Free()
 
 
 def test_runtime_is_cuda() -> None:

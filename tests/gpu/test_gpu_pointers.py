@@ -3,7 +3,6 @@ stream-ordered memory, queries from any context) checked against the driver, and
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import pytest
@@ -20,18 +19,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not USABLE, reason=f"no usable CUDA GPU: {REASON}"),
 ]
-
-
-@pytest.fixture
-def cp() -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return pytest.importorskip("cupy")
-
-
-@pytest.fixture
-def rt() -> CudaRuntime:
-    return CudaRuntime(0)
 
 
 def attributes(drv: Any, ptr: int) -> tuple[int, int, int]:
