@@ -221,8 +221,8 @@ def test_ranks_naming_different_roots_on_the_device_is_an_error_on_every_rank(gp
     x = DoubleDeviceArray(rt, values(rank))
     with pytest.raises(cai_mpi.CollectiveMismatchError, match=rf"rank 0: {kind} .*root=0; rank 1: {kind} .*root=1"):
         getattr(cai_mpi, fn)(x, root=0 if rank == 0 else 1, comm=comm)
-    with cai_mpi.allreduce_init(x, comm=comm) as red:  # still in step
-        assert np.array_equal(host(red()), sum(values(r) for r in range(size)))
+    with cai_mpi.allreduce_init(x, comm=comm) as red:  # still in step (bounded: out of step fails in 20 s)
+        assert np.array_equal(host(red(timeout=20.0)), sum(values(r) for r in range(size)))
 
 
 def test_2d_f_ordered_and_strided_host_arrays_in_a_bucket_beside_a_device_array(gpu: tuple[Runtime, MPI.Comm]) -> None:

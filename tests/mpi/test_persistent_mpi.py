@@ -22,6 +22,10 @@ pytestmark = pytest.mark.mpi(min_size=2)
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 DTYPES = ["i1", "i4", "u8", "f4", "f8", "c8", "c16", ">i4"]
+# s: after a refused creation the calls that show the ranks still in step bound their wait, so that a creation that
+# left them out of step fails the test by TimeoutError, not at the 50 s hang watchdog (creation itself takes no
+# timeout=)
+LIMIT = 20.0
 
 
 def values(dtype: Any, r: int, shape: tuple[int, ...] = (3, 4), step: int = 0) -> np.ndarray[Any, Any]:
@@ -234,7 +238,7 @@ def test_shape_change_after_creation_refused() -> None:
     with pytest.raises(ValueError, match="reshaped"):
         red.start()
     x.shape = (12,)
-    same(red(), total("f8", (12,)))  # refused without starting: the ranks are still in step
+    same(red(timeout=LIMIT), total("f8", (12,)))  # refused without starting: the ranks are still in step
     red.close()
 
 
@@ -256,7 +260,7 @@ def test_mismatched_creation_on_one_rank_is_an_error_on_every_rank() -> None:
     with pytest.raises((TypeError, cai_mpi.CollectiveMismatchError)) as info:
         cai_mpi.allreduce_init(bad)
     assert isinstance(info.value, TypeError if rank == size - 1 else cai_mpi.CollectiveMismatchError)
-    same(cai_mpi.allreduce_array(np.ones(2)), np.full(2, float(size)))  # still in step
+    same(cai_mpi.allreduce_array(np.ones(2), timeout=LIMIT), np.full(2, float(size)))  # still in step
 
 
 
@@ -274,7 +278,7 @@ def test_an_object_array_is_refused_at_creation_on_every_rank(make: str) -> None
         create(bad)
     assert isinstance(info.value, TypeError if rank == 0 else cai_mpi.CollectiveMismatchError)
     assert "host array of dtype object" in str(info.value)
-    same(cai_mpi.allreduce_array(np.ones(2)), np.full(2, float(size)))  # still in step
+    same(cai_mpi.allreduce_array(np.ones(2), timeout=LIMIT), np.full(2, float(size)))  # still in step
 
 def test_close_and_drop_without_leaks() -> None:
     """Objects dropped without close() are collected and free their MPI requests (seen from MPI's side)."""
@@ -346,7 +350,7 @@ def test_allreduce_arrays_mean_and_mismatch() -> None:
         same(got[key], np.true_divide(want, want.dtype.type(size), dtype=want.dtype))
     keys = {"a": np.zeros(2), ("b" if rank else "c"): np.zeros(2)}
     with pytest.raises(cai_mpi.CollectiveMismatchError, match="rank 0"):
-        cai_mpi.allreduce_arrays(keys)
+        cai_mpi.allreduce_arrays(keys, timeout=LIMIT)
 
 
 @pytest.mark.parametrize("container", ["list", "dict"])
@@ -452,7 +456,7 @@ def test_ranks_naming_different_roots_is_an_error_on_every_rank(fn: str) -> None
     with pytest.raises(cai_mpi.CollectiveMismatchError, match=rf"rank 0: {kind} .*root=0; rank 1: {kind} .*root=1"):
         make(values("f8", rank), root=root)
     with cai_mpi.allreduce_init(np.ones(2)) as red:  # still in step
-        same(red(), np.full(2, float(size)))
+        same(red(timeout=LIMIT), np.full(2, float(size)))
 
 
 @pytest.mark.parametrize("how", ["bucketed", "one array", "one large array"])
