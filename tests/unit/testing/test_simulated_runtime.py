@@ -25,12 +25,24 @@ from cai_mpi.testing._streams import resolve_stream
 def test_sync_default_handles_without_simulated_streams_is_a_noop(
     handle: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(simstream, "_legacy", None)
-    monkeypatch.setattr(simstream, "_per_thread", threading.local())
-    assert resolve_stream(handle) is None
-    SimulatedRuntime().sync_stream(handle, None)
-    SimulatedRuntime().sync_stream(handle, 0)
-    SimulatedRuntime().stream_wait_event(handle, SimulatedEvent(), None)  # nothing to wait on either
+    monkeypatch.setattr(simstream, "_legacy", None)  # (one per process: an earlier test may have made it)
+    failed: list[BaseException] = []
+
+    def in_a_new_thread() -> None:  # (no per-thread default stream there yet: none is made by these calls either)
+        try:
+            assert resolve_stream(handle) is None
+            SimulatedRuntime().sync_stream(handle, None)
+            SimulatedRuntime().sync_stream(handle, 0)
+            SimulatedRuntime().stream_wait_event(handle, SimulatedEvent(), None)  # nothing to wait on either
+            assert resolve_stream(handle) is None
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=in_a_new_thread)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
 
 
 def test_sync_stream_waits_for_a_simulated_stream(stream: SimulatedStream) -> None:
