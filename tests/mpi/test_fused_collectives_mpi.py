@@ -8,7 +8,7 @@ own at every size. Passes at any size >= 2.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -245,7 +245,8 @@ def test_a_header_longer_than_a_slot_in_scatter_and_alltoall() -> None:
 class LongFailure:
     """An object whose refusal explains itself at length (a text over a slot: its rest follows the slots)."""
 
-    __cuda_array_interface__ = {"shape": (1,), "typestr": "<" + "f" * 2000, "data": (0, False), "version": 3}
+    __cuda_array_interface__: ClassVar[dict[str, Any]] = {"shape": (1,), "typestr": "<" + "f" * 2000,
+                                                          "data": (0, False), "version": 3}
 
 
 @pytest.mark.parametrize("timeout", [None, 30.0])
