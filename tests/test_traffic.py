@@ -54,6 +54,8 @@ def test_alltoall_grows_by_one_slot_per_rank(counted: dict[int, dict[str, dict[s
     ("scatter_array_8KiB", {"Allreduce": 1, "Scatter": 1, "Alltoallw": 1}),  # (and the pieces over their slots)
     ("alltoall_array", {"Alltoall": 1}),  # (no root, nothing to agree on: every rank sees every rank's slot)
     ("alltoall_array_8KiB", {"Alltoall": 1, "Alltoallw": 1}),
+    ("scatter_array_timeout", {"Iallreduce": 1, "Iscatter": 1}),  # (timeout=: MPI's nonblocking forms, as many)
+    ("alltoall_array_timeout", {"Ialltoall": 1}),
 
     ("allreduce_array", {"Iallreduce": 2}),
     ("reduce_array", {"Iallreduce": 1, "Ireduce": 1}),

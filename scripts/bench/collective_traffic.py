@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "scripts" / "mpicount" / "mpicount.c"
 CALLS = 20
 COLLECTIVES = ["allreduce_array", "reduce_array", "bcast_array", "scatter_array", "allgather_array", "gather_array",
-               "allreduce_arrays", "alltoall_array", "scatter_array_8KiB", "alltoall_array_8KiB"]
+               "allreduce_arrays", "alltoall_array", "scatter_array_8KiB", "alltoall_array_8KiB", "scatter_array_timeout",
+               "alltoall_array_timeout"]
 PROGRAM = r"""
 import ctypes, sys
 import numpy as np
@@ -51,6 +52,8 @@ calls = {
     "alltoall_array": lambda: cai_mpi.alltoall_array([x] * size),
     "scatter_array_8KiB": lambda: cai_mpi.scatter_array([big] * size if rank == 0 else None, root=0),
     "alltoall_array_8KiB": lambda: cai_mpi.alltoall_array([big] * size),
+    "scatter_array_timeout": lambda: cai_mpi.scatter_array([x] * size if rank == 0 else None, root=0, timeout=60.0),
+    "alltoall_array_timeout": lambda: cai_mpi.alltoall_array([x] * size, timeout=60.0),
 }
 for name in sys.argv[2].split(","):
     call = calls[name]
