@@ -251,19 +251,26 @@ class LongFailure:
 
 
 @pytest.mark.parametrize("timeout", [None, 30.0])
-@pytest.mark.parametrize("failure", ["short", "long"])
+@pytest.mark.parametrize("failure", ["short", "long", "count"])
 @pytest.mark.parametrize("shape", [SMALL, LARGE], ids=["small", "large"])
 def test_a_rank_that_cannot_take_part_in_scatter_or_alltoall(shape: tuple[int, ...], failure: str,
                                                             timeout: float | None) -> None:
     """Its own error on that rank, CollectiveMismatchError naming it everywhere else, within ``timeout=``; every
     ``out=`` keeps what it held, and the next call is exact."""
     bad = size - 1
-    junk: Any = object() if failure == "short" else LongFailure()
-    error = TypeError if failure == "short" else cai_mpi.CAIError
+    junk: Any = LongFailure() if failure == "long" else object()
+    error = cai_mpi.CAIError if failure == "long" else TypeError
     good = [values("<f8", shape, r) for r in range(size)]
+
+    def pieces(failing: bool) -> list[Any]:
+        """What a rank hands to scatter or alltoall: a piece per rank, one of them junk, or one piece too many."""
+        if not failing:
+            return good
+        return [*good, good[0]] if failure == "count" else [junk if r == bad else good[r] for r in range(size)]
+
     for root in (0, bad):
         out = np.full(shape, 5.0)
-        parts = [junk if r == bad else good[r] for r in range(size)]
+        parts = pieces(True)
         if rank == root:
             with pytest.raises(error):
                 cai_mpi.scatter_array(parts, root=root, out=out, timeout=timeout)
@@ -271,7 +278,7 @@ def test_a_rank_that_cannot_take_part_in_scatter_or_alltoall(shape: tuple[int, .
             with pytest.raises(cai_mpi.CollectiveMismatchError, match=f"root, rank {root}, could not send"):
                 cai_mpi.scatter_array(None, root=root, out=out, timeout=timeout)
         same(out, np.full(shape, 5.0))
-    mine = [junk if rank == bad else good[d] for d in range(size)]
+    mine = pieces(rank == bad)
     if rank == bad:
         with pytest.raises(error):
             cai_mpi.alltoall_array(mine, timeout=timeout)
@@ -281,6 +288,19 @@ def test_a_rank_that_cannot_take_part_in_scatter_or_alltoall(shape: tuple[int, .
             cai_mpi.alltoall_array(mine, timeout=timeout)
     check_scatter(good, 0, timeout=timeout)  # (and still in step)
     check_alltoall(lambda src, dst: values("<f8", shape, 10 * src + dst), timeout=timeout)
+
+
+def test_every_failing_rank_of_an_alltoall_is_named() -> None:
+    failing = {0, size - 1}
+    mine: list[Any] = [object()] * size if rank in failing else [values("<f8", SMALL, d) for d in range(size)]
+    if rank in failing:
+        with pytest.raises(TypeError):
+            cai_mpi.alltoall_array(mine, timeout=30.0)
+    else:
+        with pytest.raises(cai_mpi.CollectiveMismatchError, match=f"2 rank\\(s\\) could not take part \\(rank 0: "
+                                                                  f"TypeError.*; rank {size - 1}: TypeError"):
+            cai_mpi.alltoall_array(mine, timeout=30.0)
+    check_alltoall(lambda src, dst: values("<i4", SMALL, 10 * src + dst))
 
 
 # -- reductions --------------------------------------------------------------------------------------------------
