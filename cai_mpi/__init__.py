@@ -19,7 +19,7 @@ _bind_device_early()  # CAI_MPI_BIND_DEVICE=1: this rank's GPU is made current b
 from ._src.api.abort import abort_on_error
 from ._src.api.bucketed import BucketedAllreduce, allreduce_arrays
 from ._src.api.channel import RecvChannel, SendChannel, recv_channel, send_channel
-from ._src.api.collectives import alltoall_array, bcast_array, scatter_array
+from ._src.api.collectives import bcast_array
 from ._src.api.completion import testall, waitall, waitany
 from ._src.api.gathers import allgather_array, gather_array
 from ._src.api.p2p import irecv_array, isend_array, recv_array, send_array, sendrecv_array
@@ -27,6 +27,7 @@ from ._src.api.persistent import PersistentCollective
 from ._src.api.persistent_init import allgather_init, allreduce_init, bcast_init, reduce_init
 from ._src.api.pipeline import Pipeline
 from ._src.api.reductions import allreduce_array, reduce_array
+from ._src.api.scatters import alltoall_array, scatter_array
 from ._src.api.validation import ANY_SOURCE, ANY_TAG, PROC_NULL
 from ._src.arrays.array import Array
 from ._src.config import ENV_VARS

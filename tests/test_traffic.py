@@ -2,8 +2,9 @@
 a PMPI counter loaded under mpiexec (``scripts/bench/collective_traffic.py``) counts, at 2, 4 and 8 ranks, the
 bytes each rank receives and the MPI calls each call makes in the steady state. The reductions, bcast, scatter and
 allreduce_arrays stay within 256 B of their 2-rank traffic; gather grows by the payload only, allgather by the
-payload and the agreement's words it carries (24 B per rank); a repeated call makes its MPI calls concurrently
-(nonblocking, completed together: one round), or one MPI call (allgather: one Allgather)."""
+payload and the agreement's words it carries (24 B per rank), alltoall by one description slot per rank; a repeated
+call makes its MPI calls concurrently (nonblocking, completed together: one round), or one MPI call (allgather: one
+Allgather; alltoall: one Alltoall), and scatter and alltoall add a payload collective only for pieces over a slot."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from cai_mpi._src.transport.agreement import SLOT_BYTES
 
 PAYLOAD = 8  # bytes per rank in every call the program makes
 
@@ -23,7 +26,7 @@ def counted(mpicount: tuple[Any, Path]) -> dict[int, dict[str, dict[str, Any]]]:
 
 
 @pytest.mark.parametrize("name", ["allreduce_array", "reduce_array", "bcast_array", "scatter_array",
-                                  "allreduce_arrays"])
+                                  "allreduce_arrays", "scatter_array_8KiB"])
 def test_traffic_does_not_grow_with_the_world(counted: dict[int, dict[str, dict[str, Any]]], name: str) -> None:
     sizes = {p: counted[p][name]["bytes"] for p in counted}
     assert max(sizes.values()) - sizes[2] <= 256, f"{name}: bytes received per call by world size: {sizes}"
@@ -38,7 +41,22 @@ def test_gathers_grow_by_the_payload_only(counted: dict[int, dict[str, dict[str,
         assert received - sizes[2] <= (PAYLOAD + words) * (p - 2) + 64, f"{name}: bytes received per call: {sizes}"
 
 
+def test_alltoall_grows_by_one_slot_per_rank(counted: dict[int, dict[str, dict[str, Any]]]) -> None:
+    """Every rank receives one fixed-size slot from every rank (its description, with its payload when it fits):
+    what an all-to-all must grow by, and no more."""
+    sizes = {p: counted[p]["alltoall_array"]["bytes"] for p in counted}
+    for p, received in sizes.items():
+        assert received == SLOT_BYTES * p, f"alltoall_array: bytes received per call: {sizes}"
+
+
 @pytest.mark.parametrize("name, calls", [
+    ("scatter_array", {"Allreduce": 1, "Scatter": 1}),  # (the vote on the root, then one slot per rank)
+    ("scatter_array_8KiB", {"Allreduce": 1, "Scatter": 1, "Alltoallw": 1}),  # (and the pieces over their slots)
+    ("alltoall_array", {"Alltoall": 1}),  # (no root, nothing to agree on: every rank sees every rank's slot)
+    ("alltoall_array_8KiB", {"Alltoall": 1, "Alltoallw": 1}),
+    ("scatter_array_timeout", {"Iallreduce": 1, "Iscatter": 1}),  # (timeout=: MPI's nonblocking forms, as many)
+    ("alltoall_array_timeout", {"Ialltoall": 1}),
+
     ("allreduce_array", {"Iallreduce": 2}),
     ("reduce_array", {"Iallreduce": 1, "Ireduce": 1}),
     ("bcast_array", {"Iallreduce": 1, "Ibcast": 1}),

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "scripts" / "mpicount" / "mpicount.c"
 CALLS = 20
 COLLECTIVES = ["allreduce_array", "reduce_array", "bcast_array", "scatter_array", "allgather_array", "gather_array",
-               "allreduce_arrays"]
+               "allreduce_arrays", "alltoall_array", "scatter_array_8KiB", "alltoall_array_8KiB", "scatter_array_timeout",
+               "alltoall_array_timeout"]
 PROGRAM = r"""
 import ctypes, sys
 import numpy as np
@@ -39,6 +40,7 @@ rank, size = world.Get_rank(), world.Get_size()
 snapshot = ctypes.CDLL(None).mpicount_snapshot
 x = np.ones(1)  # 8 bytes
 many = [np.full(1, float(i)) for i in range(16)]
+big = np.ones(1024)  # 8 KiB: over a description slot
 calls = {
     "allreduce_array": lambda: cai_mpi.allreduce_array(x),
     "reduce_array": lambda: cai_mpi.reduce_array(x, root=0),
@@ -47,6 +49,11 @@ calls = {
     "allgather_array": lambda: cai_mpi.allgather_array(x),
     "gather_array": lambda: cai_mpi.gather_array(x, root=0),
     "allreduce_arrays": lambda: cai_mpi.allreduce_arrays(many),
+    "alltoall_array": lambda: cai_mpi.alltoall_array([x] * size),
+    "scatter_array_8KiB": lambda: cai_mpi.scatter_array([big] * size if rank == 0 else None, root=0),
+    "alltoall_array_8KiB": lambda: cai_mpi.alltoall_array([big] * size),
+    "scatter_array_timeout": lambda: cai_mpi.scatter_array([x] * size if rank == 0 else None, root=0, timeout=60.0),
+    "alltoall_array_timeout": lambda: cai_mpi.alltoall_array([x] * size, timeout=60.0),
 }
 for name in sys.argv[2].split(","):
     call = calls[name]

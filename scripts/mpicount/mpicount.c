@@ -3,7 +3,7 @@
    mpicount_snapshot(label), called from the program (ctypes.CDLL(None).mpicount_snapshot), appends the counts so
    far to $MPICOUNT_DIR/rank<N>.txt as "label name calls bytes" lines; MPI_Finalize appends them as "end".
    From the shared tool (shared/tools/mpicount.c), with snapshots and the calls cai_mpi's collectives make beside
-   those: Igather, Igatherv, Iallgatherv, Alltoallw. Built by tests/test_traffic.py with the MPI wheel's mpicc. */
+   those: Igather, Igatherv, Iallgatherv, Alltoallw, and the nonblocking scatters and all-to-alls (timeout=). Built by tests/test_traffic.py with the MPI wheel's mpicc. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,11 +11,12 @@
 
 enum { ALLGATHER, ALLGATHERV, ALLREDUCE, BCAST, REDUCE, GATHER, GATHERV, SCATTER, SCATTERV, ALLTOALL,
        ALLTOALLV, BARRIER, IALLGATHER, IALLREDUCE, IBCAST, IREDUCE, IBARRIER, ALLREDUCE_INIT, BCAST_INIT,
-       ALLGATHER_INIT, SEND, RECV, ISEND, IRECV, IGATHERV, IALLGATHERV, ALLTOALLW, IGATHER, START, NFN };
+       ALLGATHER_INIT, SEND, RECV, ISEND, IRECV, IGATHERV, IALLGATHERV, ALLTOALLW, IGATHER, START, ISCATTER, ISCATTERV,
+       IALLTOALL, IALLTOALLV, IALLTOALLW, NFN };
 static const char *names[NFN] = {"Allgather", "Allgatherv", "Allreduce", "Bcast", "Reduce", "Gather", "Gatherv",
     "Scatter", "Scatterv", "Alltoall", "Alltoallv", "Barrier", "Iallgather", "Iallreduce", "Ibcast", "Ireduce",
     "Ibarrier", "Allreduce_init", "Bcast_init", "Allgather_init", "Send", "Recv", "Isend", "Irecv", "Igatherv",
-    "Iallgatherv", "Alltoallw", "Igather", "Start"};
+    "Iallgatherv", "Alltoallw", "Igather", "Start", "Iscatter", "Iscatterv", "Ialltoall", "Ialltoallv", "Ialltoallw"};
 static long long calls[NFN], bytes[NFN];
 
 static long long tsize(MPI_Datatype t) { int s = 0; PMPI_Type_size(t, &s); return s; }
@@ -140,6 +141,32 @@ int MPI_Alltoallw(const void *sb, const int sc[], const int sd[], const MPI_Data
 int MPI_Alltoallw_c(const void *sb, const MPI_Count sc[], const MPI_Aint sd[], const MPI_Datatype st[], void *rb, const MPI_Count rc[], const MPI_Aint rd[], const MPI_Datatype rt[], MPI_Comm c) {
     long long n = 0; int p = csize(c); for (int i = 0; i < p; i++) n += (long long)rc[i] * tsize(rt[i]);
     NOTE(ALLTOALLW, n); return PMPI_Alltoallw_c(sb, sc, sd, st, rb, rc, rd, rt, c); }
+
+/* The nonblocking forms scatter_array and alltoall_array post with timeout=. */
+int MPI_Iscatter(const void *sb, int sc, MPI_Datatype st, void *rb, int rc, MPI_Datatype rt, int root, MPI_Comm c, MPI_Request *q) {
+    NOTE(ISCATTER, rb == MPI_IN_PLACE ? 0 : (long long)rc * tsize(rt)); return PMPI_Iscatter(sb, sc, st, rb, rc, rt, root, c, q); }
+int MPI_Iscatter_c(const void *sb, MPI_Count sc, MPI_Datatype st, void *rb, MPI_Count rc, MPI_Datatype rt, int root, MPI_Comm c, MPI_Request *q) {
+    NOTE(ISCATTER, rb == MPI_IN_PLACE ? 0 : (long long)rc * tsize(rt)); return PMPI_Iscatter_c(sb, sc, st, rb, rc, rt, root, c, q); }
+int MPI_Iscatterv(const void *sb, const int sc[], const int d[], MPI_Datatype st, void *rb, int rc, MPI_Datatype rt, int root, MPI_Comm c, MPI_Request *q) {
+    NOTE(ISCATTERV, rb == MPI_IN_PLACE ? 0 : (long long)rc * tsize(rt)); return PMPI_Iscatterv(sb, sc, d, st, rb, rc, rt, root, c, q); }
+int MPI_Iscatterv_c(const void *sb, const MPI_Count sc[], const MPI_Aint d[], MPI_Datatype st, void *rb, MPI_Count rc, MPI_Datatype rt, int root, MPI_Comm c, MPI_Request *q) {
+    NOTE(ISCATTERV, rb == MPI_IN_PLACE ? 0 : (long long)rc * tsize(rt)); return PMPI_Iscatterv_c(sb, sc, d, st, rb, rc, rt, root, c, q); }
+int MPI_Ialltoall(const void *sb, int sc, MPI_Datatype st, void *rb, int rc, MPI_Datatype rt, MPI_Comm c, MPI_Request *q) {
+    NOTE(IALLTOALL, (long long)rc * tsize(rt) * csize(c)); return PMPI_Ialltoall(sb, sc, st, rb, rc, rt, c, q); }
+int MPI_Ialltoall_c(const void *sb, MPI_Count sc, MPI_Datatype st, void *rb, MPI_Count rc, MPI_Datatype rt, MPI_Comm c, MPI_Request *q) {
+    NOTE(IALLTOALL, (long long)rc * tsize(rt) * csize(c)); return PMPI_Ialltoall_c(sb, sc, st, rb, rc, rt, c, q); }
+int MPI_Ialltoallv(const void *sb, const int sc[], const int sd[], MPI_Datatype st, void *rb, const int rc[], const int rd[], MPI_Datatype rt, MPI_Comm c, MPI_Request *q) {
+    long long n = 0; int p = csize(c); for (int i = 0; i < p; i++) n += rc[i];
+    NOTE(IALLTOALLV, n * tsize(rt)); return PMPI_Ialltoallv(sb, sc, sd, st, rb, rc, rd, rt, c, q); }
+int MPI_Ialltoallv_c(const void *sb, const MPI_Count sc[], const MPI_Aint sd[], MPI_Datatype st, void *rb, const MPI_Count rc[], const MPI_Aint rd[], MPI_Datatype rt, MPI_Comm c, MPI_Request *q) {
+    long long n = 0; int p = csize(c); for (int i = 0; i < p; i++) n += rc[i];
+    NOTE(IALLTOALLV, n * tsize(rt)); return PMPI_Ialltoallv_c(sb, sc, sd, st, rb, rc, rd, rt, c, q); }
+int MPI_Ialltoallw(const void *sb, const int sc[], const int sd[], const MPI_Datatype st[], void *rb, const int rc[], const int rd[], const MPI_Datatype rt[], MPI_Comm c, MPI_Request *q) {
+    long long n = 0; int p = csize(c); for (int i = 0; i < p; i++) n += (long long)rc[i] * tsize(rt[i]);
+    NOTE(IALLTOALLW, n); return PMPI_Ialltoallw(sb, sc, sd, st, rb, rc, rd, rt, c, q); }
+int MPI_Ialltoallw_c(const void *sb, const MPI_Count sc[], const MPI_Aint sd[], const MPI_Datatype st[], void *rb, const MPI_Count rc[], const MPI_Aint rd[], const MPI_Datatype rt[], MPI_Comm c, MPI_Request *q) {
+    long long n = 0; int p = csize(c); for (int i = 0; i < p; i++) n += (long long)rc[i] * tsize(rt[i]);
+    NOTE(IALLTOALLW, n); return PMPI_Ialltoallw_c(sb, sc, sd, st, rb, rc, rd, rt, c, q); }
 
 static void dump(const char *label) {
     const char *dir = getenv("MPICOUNT_DIR");

@@ -8,7 +8,7 @@ own at every size. Passes at any size >= 2.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -155,6 +155,155 @@ def test_a_header_longer_than_a_slot_beside_small_ones() -> None:
     every = [values(wide, (1,), r) if r == 1 else values("<f8", (2,), r) for r in range(size)]
     for a, e in zip(cai_mpi.allgather_array(mine), every, strict=True):
         same(a, e)
+
+
+# -- scatter, alltoall: every dtype and layout, pieces in their slots and over them, in one call -----------------
+
+
+def check_scatter(every: list[np.ndarray[Any, Any]], root: int, *, out: bool = False,
+                  timeout: float | None = None) -> None:
+    """``scatter_array`` of ``every`` (one piece per rank) from ``root``: each rank gets its own, exactly."""
+    mine = every[rank]
+    into = np.full(mine.shape, 1, mine.dtype, order="F" if mine.flags.f_contiguous else "C") if out else None
+    got = cai_mpi.scatter_array(every if rank == root else None, root=root, out=into, timeout=timeout)
+    same(got, mine)
+    assert got.source == root
+    if into is not None:
+        same(into, mine)
+        assert np.shares_memory(np.asarray(got), into) or into.size == 0
+
+
+def check_alltoall(piece: Callable[[int, int], np.ndarray[Any, Any]], timeout: float | None = None) -> None:
+    """``alltoall_array`` of ``piece(rank, dst)`` to every ``dst``: each rank gets ``piece(src, rank)``, exactly."""
+    got = cai_mpi.alltoall_array([piece(rank, d) for d in range(size)], timeout=timeout)
+    assert [a.source for a in got] == list(range(size))
+    for src, a in enumerate(got):
+        same(a, piece(src, rank))
+
+
+@pytest.mark.parametrize("kind", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [SMALL, LARGE], ids=["small", "large"])
+def test_scatter_and_alltoall_against_numpy(shape: tuple[int, ...], dtype: str, kind: str) -> None:
+    every = [laid_out(values(dtype, shape, r), kind) for r in range(size)]
+    for root in range(size):
+        check_scatter(every, root)
+        check_scatter(every, root, out=True)
+    check_alltoall(lambda src, dst: laid_out(values(dtype, shape, 100 * src + dst), kind))
+
+
+@pytest.mark.parametrize("used", [SLOT_BYTES - 1, SLOT_BYTES, SLOT_BYTES + 1], ids=["slot-1", "slot", "slot+1"])
+def test_scatter_and_alltoall_at_the_slot_boundary(used: int) -> None:
+    every = [padded_bytes(used, r) for r in range(size)]
+    assert all(fits(a) for a in every) == (used <= SLOT_BYTES)
+    for root in range(size):
+        check_scatter(every, root)
+    check_alltoall(lambda src, dst: padded_bytes(used, 100 * src + dst))
+
+
+@pytest.mark.parametrize("big", range(4), ids=lambda r: f"rank{r}-over")
+def test_pieces_in_and_over_their_slots_in_one_scatter_or_alltoall(big: int) -> None:
+    """One destination's piece (or one sender's pieces, or one pair's) over its slot, the rest in theirs: every rank
+    joins the payload collective, and each piece arrives from where it travelled."""
+    # (timeout= first: ranks that disagree on whether a payload collective follows fail it, rather than hang)
+    every = [padded_bytes(SLOT_BYTES + (r == big), r) for r in range(size)]
+    for root in range(size):
+        check_scatter(every, root, out=True, timeout=30.0)
+        check_scatter(every, root)
+    check_alltoall(lambda src, dst: padded_bytes(SLOT_BYTES + (src == big and dst == (big + 1) % size),
+                                                 100 * src + dst), timeout=30.0)
+    check_alltoall(lambda src, dst: padded_bytes(SLOT_BYTES + (dst == big), 100 * src + dst), timeout=30.0)
+    check_alltoall(lambda src, dst: padded_bytes(SLOT_BYTES + (src == big), 100 * src + dst))
+
+
+def mixed(src: int, dst: int) -> np.ndarray[Any, Any]:
+    """A piece whose dtype, shape, layout and size (empty, in its slot, over it) change with the pair."""
+    dtype = DTYPES[(3 * src + dst) % len(DTYPES)]
+    shape = [(0,), SMALL, LARGE, (2, 0, 3)][(src + 2 * dst) % 4]
+    return laid_out(values(dtype, shape, 100 * src + dst), ["C", "F", "strided"][(src + dst) % 3 if
+                                                                                   len(shape) == 2 else 0])
+
+
+def test_scatter_and_alltoall_of_mixed_pieces() -> None:
+    for root in range(size):
+        every = [mixed(root, r) for r in range(size)]
+        check_scatter(every, root)
+        check_scatter(every, root, out=True)
+    check_alltoall(mixed)
+    check_alltoall(mixed, timeout=30.0)
+    check_alltoall(lambda src, dst: values("<f8", (0,), src))  # (every piece empty)
+
+
+def test_a_header_longer_than_a_slot_in_scatter_and_alltoall() -> None:
+    wide = np.dtype([(f"f{i}", "<i2") for i in range(150)])  # a header of ~2 KiB, and a payload of 300 bytes
+
+    def piece(src: int, dst: int) -> np.ndarray[Any, Any]:
+        return values(wide, (1,), 10 * src + dst) if dst == 1 else values("<f8", (2,), 10 * src + dst)
+
+    for root in range(size):
+        check_scatter([piece(root, r) for r in range(size)], root)
+    check_alltoall(piece)
+    check_alltoall(lambda src, dst: piece(dst, src))  # (from rank 1 only)
+
+
+class LongFailure:
+    """An object whose refusal explains itself at length (a text over a slot: its rest follows the slots)."""
+
+    __cuda_array_interface__: ClassVar[dict[str, Any]] = {"shape": (1,), "typestr": "<" + "f" * 2000,
+                                                          "data": (0, False), "version": 3}
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+@pytest.mark.parametrize("failure", ["short", "long", "count"])
+@pytest.mark.parametrize("shape", [SMALL, LARGE], ids=["small", "large"])
+def test_a_rank_that_cannot_take_part_in_scatter_or_alltoall(shape: tuple[int, ...], failure: str,
+                                                            timeout: float | None) -> None:
+    """Its own error on that rank, CollectiveMismatchError naming it everywhere else, within ``timeout=``; every
+    ``out=`` keeps what it held, and the next call is exact."""
+    bad = size - 1
+    junk: Any = LongFailure() if failure == "long" else object()
+    error = cai_mpi.CAIError if failure == "long" else TypeError
+    good = [values("<f8", shape, r) for r in range(size)]
+
+    def pieces(failing: bool) -> list[Any]:
+        """What a rank hands to scatter or alltoall: a piece per rank, one of them junk, or one piece too many."""
+        if not failing:
+            return good
+        return [*good, good[0]] if failure == "count" else [junk if r == bad else good[r] for r in range(size)]
+
+    for root in (0, bad):
+        out = np.full(shape, 5.0)
+        parts = pieces(True)
+        if rank == root:
+            with pytest.raises(error):
+                cai_mpi.scatter_array(parts, root=root, out=out, timeout=timeout)
+        else:
+            with pytest.raises(cai_mpi.CollectiveMismatchError, match=f"root, rank {root}, could not send"):
+                cai_mpi.scatter_array(None, root=root, out=out, timeout=timeout)
+        same(out, np.full(shape, 5.0))
+    mine = pieces(rank == bad)
+    if rank == bad:
+        with pytest.raises(error):
+            cai_mpi.alltoall_array(mine, timeout=timeout)
+    else:
+        with pytest.raises(cai_mpi.CollectiveMismatchError, match=f"1 rank\\(s\\) could not take part \\(rank {bad}: "
+                                                                  f"{error.__name__}"):
+            cai_mpi.alltoall_array(mine, timeout=timeout)
+    check_scatter(good, 0, timeout=timeout)  # (and still in step)
+    check_alltoall(lambda src, dst: values("<f8", shape, 10 * src + dst), timeout=timeout)
+
+
+def test_every_failing_rank_of_an_alltoall_is_named() -> None:
+    failing = {0, size - 1}
+    mine: list[Any] = [object()] * size if rank in failing else [values("<f8", SMALL, d) for d in range(size)]
+    if rank in failing:
+        with pytest.raises(TypeError):
+            cai_mpi.alltoall_array(mine, timeout=30.0)
+    else:
+        with pytest.raises(cai_mpi.CollectiveMismatchError, match=f"2 rank\\(s\\) could not take part \\(rank 0: "
+                                                                  f"TypeError.*; rank {size - 1}: TypeError"):
+            cai_mpi.alltoall_array(mine, timeout=30.0)
+    check_alltoall(lambda src, dst: values("<i4", SMALL, 10 * src + dst))
 
 
 # -- reductions --------------------------------------------------------------------------------------------------

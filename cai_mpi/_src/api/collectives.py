@@ -1,86 +1,50 @@
-"""Shape-free collectives that move data from one rank or to every rank: bcast, scatter, alltoall.
+"""The shape-free broadcast: ``bcast_array``.
 
-Each starts with a vote (``transport.agreement``: one small Allreduce whatever the number of ranks) on what
-every rank must share (the operation and its root) and on each rank's description, so a rank that names
-another root, or cannot take part, is an error on every rank. Descriptions travel only where they are needed:
-the root's (with its meta) in bcast and scatter, every rank's to every rank in alltoall. Then MPI's own
-collective moves every contribution as one contiguous piece (``transport.contiguous``) on cai_mpi's private
+It starts with a vote (``transport.agreement``: one small Allreduce whatever the number of ranks) on what every
+rank must share (the operation and its root), so a rank that names another root, or cannot take part, is an error
+on every rank. The root's description (with its meta, and its payload when it fits) travels in one slot; a larger
+payload follows in MPI's own ``Bcast`` as one contiguous piece (``transport.contiguous``) on cai_mpi's private
 duplicate of ``comm``. A bcast like the last one on the communicator posts its payload collective with the vote
-(one round). Gathers are ``gathers.py``.
+(one round). Scatter and alltoall are ``scatters.py``, gathers ``gathers.py``.
 """
 
 from __future__ import annotations
 
 import copy
-import ctypes
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from ..arrays.array import Array
-from ..arrays.operands import DeviceSource, Target, describe_target, mismatch, recv_target, send_source
-from ..core.header import MessageInfo
-from ..errors import CollectiveMismatchError, RecvMismatchError
-from ..runtime.base import Runtime
-from ..transport import internal_stream
+from ..arrays.operands import DeviceSource, send_source
+from ..errors import CollectiveMismatchError
 from ..transport.agreement import (
     NOBODY,
     SPECULATE_BYTES,
     Ballot,
     Contribution,
-    Exchange,
     Joined,
     broadcast,
     describe_source,
     disagree,
     fingerprint,
-    pack,
     posted,
-    raise_failures,
-    read,
     reason,
-    unpack,
     vote,
 )
-from ..transport.bigcount import alltoallw, bcast
-from ..transport.contiguous import Landing, outgoing
+from ..transport.bigcount import bcast
+from ..transport.contiguous import outgoing
 from ..transport.pieces import counted
-from ..transport.privcomm import PrivateComms
+from .arrival import land as _land
+from .arrival import put as _put
+from .arrival import receiver as _receiver
+from .arrival import slot_view as _view
+from .arrival import source_nbytes as _nbytes
 from .collective_call import NO_TAG, AgreedSignature, bytes_at, checked_root, common_fingerprint, setup
-from .validation import check_meta, check_sync, receive_device
+from .validation import check_meta, check_sync
 
-__all__ = ["alltoall_array", "bcast_array", "scatter_array"]
-
-
-def _receiver(fn: str, out: Any, device: Any, rt: Runtime) -> tuple[Target | None, int | None, Exception | None]:
-    """``out=`` or the default device, resolved without raising: a collective must take part whatever happens."""
-    try:
-        if out is not None:
-            return recv_target(fn, out, rt), None, None
-        return None, receive_device(fn, device, rt), None
-    except Exception as exc:
-        return None, None, exc
-
-
-def _land(
-    fn: str, info: MessageInfo, target: Target | None, ordinal: int | None, trouble: Exception | None, source: int,
-    pc: PrivateComms, rt: Runtime, held: bool,
-) -> tuple[Landing, Exception | None]:
-    """Where this rank's piece lands; on a bad ``out=`` a scratch buffer, and the error to raise afterwards.
-    ``held``: MPI's write may be discarded or complete after a timeout, so it does not land in ``out=`` itself."""
-    if trouble is None and target is not None:
-        why = mismatch(target, info.shape, info.dtype)
-        if why is not None:
-            trouble = RecvMismatchError(
-                f"{fn}: the piece from rank {source} ({info.describe()}) does not fit out= "
-                f"({describe_target(target)}): {why}; it was received and discarded"
-            )
-    if trouble is not None:
-        scratch = np.empty(max(info.payload_nbytes, 1), np.uint8)
-        return Landing(scratch.ctypes.data, info.payload_nbytes, lambda: Array.from_host(scratch)), trouble
-    return Landing.plan(info, target, ordinal, source, NO_TAG, rt, direct=pc.aware.aware, held=held), None
+__all__ = ["bcast_array"]
 
 
 def _own_array(src: np.ndarray[Any, Any] | DeviceSource, owner: Any, rank: int, meta: dict[str, Any] | None) -> Array:
@@ -89,24 +53,6 @@ def _own_array(src: np.ndarray[Any, Any] | DeviceSource, owner: Any, rank: int, 
         return Array.over_host(src, rank, NO_TAG, meta, owner)
     return Array(src.desc.replace(stream=None), device=src.ordinal, owner=src.owner, source=rank, tag=NO_TAG,
                  meta=meta)
-
-
-def _put(landing: Landing, payload: np.ndarray[Any, Any], rt: Runtime, ordinal: int | None) -> None:
-    """Write a payload carried in the description's slot (``payload``: its bytes) where ``landing`` wants it."""
-    n = payload.nbytes
-    if not n:
-        return
-    if landing.device and ordinal is not None:
-        stream = internal_stream(rt, ordinal)
-        rt.copy_async(landing.address, payload.ctypes.data, n, stream)
-        rt.record_event(stream).synchronize()
-    else:
-        ctypes.memmove(landing.address, payload.ctypes.data, n)
-
-
-def _view(ex: Exchange, rank: int, info: MessageInfo) -> np.ndarray[Any, Any]:
-    """Rank ``rank``'s payload as an array over the exchange's own buffer (no copy)."""
-    return np.ndarray(info.shape, info.dtype, ex.slots, ex.start(rank), order="F" if info.fortran else "C")
 
 
 def bcast_array(
@@ -225,130 +171,3 @@ def bcast_array(
     if trouble is not None:
         raise trouble
     return landing.finish()
-
-
-def _nbytes(c: Contribution) -> int:
-    src = c.source
-    return 0 if src is None else (src.nbytes if isinstance(src, np.ndarray) else src.desc.nbytes)
-
-
-def _per_rank(fn: str, objs: Any, size: int, sync: Any, rt: Runtime) -> list[Contribution]:
-    """One contribution per destination rank, or the same failure for all of them."""
-    try:
-        if isinstance(objs, (str, bytes)) or not isinstance(objs, Sequence) or len(objs) != size:
-            got = f"a {type(objs).__name__}" + (f" of {len(objs)}" if isinstance(objs, Sequence) else "")
-            raise TypeError(f"{fn}: expected a sequence of {size} arrays (one per rank of the communicator), got {got}")
-        sources = [send_source(fn, o, check_sync(fn, sync), rt) for o in objs]
-    except Exception as exc:
-        return [Contribution.failed(exc)] * size
-    return [Contribution(describe_source(s), s) for s in sources]
-
-
-def scatter_array(
-    objs: Sequence[Any] | None = None, root: int = 0, comm: MPI.Comm | None = None, *, out: Any = None,
-    sync: bool | None = None, timeout: float | None = None,
-) -> Array:
-    """Send ``objs[r]`` from ``root`` to rank ``r``; shapes and dtypes may differ from rank to rank.
-
-    Args:
-        objs: on the root, ``comm.size`` arrays (anything ``send_array`` takes); ignored elsewhere.
-        root: the scattering rank.
-        comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
-        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the synchronization of this rank's
-            producer stream.
-        timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
-        out: a buffer to receive this rank's piece into (checked against it).
-
-    Returns:
-        This rank's piece as an Array (``source == root``), over ``out=`` when given.
-
-    Raises:
-        CollectiveMismatchError: on the non-roots, when the root could not send (the root raises its own error).
-        RecvMismatchError: on a rank whose ``out=`` does not fit (after the scatter completed).
-        TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
-            step: end the job).
-    """
-    fn = "scatter_array"
-    pc, comm_, _none, rt, _cfg, due = setup(fn, comm, None, timeout)
-    root, bad_root = checked_root(fn, root, pc)
-    me, size = comm_.Get_rank(), comm_.Get_size()
-    parts = _per_rank(fn, objs, size, sync, rt) if me == root else []
-    # (the root's own failure travels in its descriptions, below)
-    ballot = vote(fn, pc, Ballot(common_fingerprint(fn, root), failed=bad_root is not None), due)
-    steps = Joined(fn, pc, due)
-    if not ballot.agreed:
-        text = f"root={root}" if bad_root is None else reason(bad_root)
-        disagree(fn, steps, text, bad_root, "every rank must name the same root")
-    heads = np.array([[len(c.blob), _nbytes(c)] for c in parts], np.int64) if parts else None
-    head = np.empty(2, np.int64)
-    steps("Scatter", heads, head, root)
-    blob = bytearray(max(int(head[0]), 1))
-    data, counts, displs = pack([c.blob for c in parts]) if parts else (None, None, None)
-    steps("Scatterv", None if data is None else [data, (counts, displs), MPI.BYTE], [blob, int(head[0]), MPI.BYTE],
-          root)
-    described = read(bytes(blob[: int(head[0])]))
-    if isinstance(described, str):
-        if me == root and parts[0].error is not None:
-            raise parts[0].error
-        raise CollectiveMismatchError(f"{fn}: the root, rank {root}, could not send: {described}")
-    info = described
-    target, ordinal, trouble = _receiver(fn, out, None, rt)
-    landing, trouble = _land(fn, info, target, ordinal, trouble, root, pc, rt, due is not None)
-    pieces = [outgoing(c.source, rt, direct=pc.aware.aware) for c in parts]
-    steps.keep = (landing, pieces)
-    sends = [(p.address, p.nbytes) for p in pieces] if parts else [None] * size
-    recvs: list[tuple[int, int] | None] = [None] * size
-    recvs[root] = (landing.address, landing.nbytes)
-    alltoallw(steps, sends, recvs)
-    for p in pieces:
-        p.release()
-    if trouble is not None:
-        raise trouble
-    return landing.finish()
-
-
-def alltoall_array(
-    objs: Sequence[Any], comm: MPI.Comm | None = None, *, sync: bool | None = None, timeout: float | None = None
-) -> list[Array]:
-    """Send ``objs[r]`` to rank ``r`` and receive one array from every rank; shapes and dtypes may differ.
-
-    Args:
-        objs: ``comm.size`` arrays, one per destination rank (anything ``send_array`` takes).
-        comm: None for COMM_WORLD; any intracommunicator (its first use is collective).
-        sync: None follows ``CAI_MPI_SYNC`` (default on); False skips the synchronization of this rank's
-            producer stream.
-        timeout: seconds to wait at most for every rank to join (None: ``CAI_MPI_TIMEOUT``, off by default).
-
-    Returns:
-        One Array per source rank in rank order (``source`` is the rank), on this rank's GPU when it has one.
-
-    Raises:
-        CollectiveMismatchError: on every rank, when some rank could not contribute (that rank raises its
-            own error).
-        TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
-            step: end the job).
-    """
-    fn = "alltoall_array"
-    pc, comm_, _root, rt, _cfg, due = setup(fn, comm, None, timeout)
-    me, size = comm_.Get_rank(), comm_.Get_size()
-    parts = _per_rank(fn, objs, size, sync, rt)
-    heads = np.array([[len(c.blob), _nbytes(c)] for c in parts], np.int64)
-    theirs = np.empty((size, 2), np.int64)
-    steps = Joined(fn, pc, due)
-    steps("Alltoall", heads, theirs)
-    data, counts, displs = pack([c.blob for c in parts])
-    rcounts = [int(n) for n in theirs[:, 0]]
-    rdispls = [sum(rcounts[:i]) for i in range(size)]
-    incoming = bytearray(max(sum(rcounts), 1))
-    steps("Alltoallv", [data, (counts, displs), MPI.BYTE], [incoming, (rcounts, rdispls), MPI.BYTE])
-    described = [read(b) for b in unpack(incoming, rcounts)]
-    raise_failures(fn, described, parts[me], me)
-    infos = [d for d in described if isinstance(d, MessageInfo)]  # (all of them: no rank failed)
-    landings = [Landing.plan(info, None, rt.current_device(), r, NO_TAG, rt, direct=pc.aware.aware)
-                for r, info in enumerate(infos)]
-    pieces = [outgoing(c.source, rt, direct=pc.aware.aware) for c in parts]
-    steps.keep = (landings, pieces)
-    alltoallw(steps, [(p.address, p.nbytes) for p in pieces], [(land.address, land.nbytes) for land in landings])
-    for p in pieces:
-        p.release()
-    return [land.finish() for land in landings]

@@ -43,9 +43,10 @@ from .privcomm import PrivateComms
 
 __all__ = [
     "BLOCKING", "NONBLOCKING", "NOBODY", "PERSISTENT", "SLOT_BYTES", "SPECULATE_BYTES", "WORDS", "Ballot",
-    "Contribution", "Exchange", "Joined", "broadcast", "check_in_step", "collective", "describe_source", "disagree",
+    "Contribution", "Dealt", "Exchange", "Joined", "broadcast", "check_in_step", "collective", "describe_source",
+    "disagree", "exchange",
     "fingerprint", "pack", "posted", "prepared", "raise_failures",
-    "read", "reason", "settle", "unpack", "vote",
+    "read", "reason", "scatter", "settle", "unpack", "vote",
 ]
 
 #: Payloads of at most this many bytes (by the remembered signature) are posted with the vote, speculatively;
@@ -426,3 +427,116 @@ def broadcast(
         steps("Bcast", rest, root)
         described = [read(longer[0] + bytes(rest))]
     return Exchange(slot, described, sizes, starts, fused)
+
+
+#: (in the slots of ``scatter`` and ``exchange``: what the sender says of every slot it sends in the collective,
+#: so every rank that hears from it takes the same next steps) some slot of this sender's does not hold its whole
+#: contribution: a payload collective follows; some header (or failure text) of this sender's is longer than a slot:
+#: its rest follows
+_APART, _LONG = 2, 4
+
+
+class Dealt(Exchange):
+    """What a ``scatter`` or an ``exchange`` of slots told this rank: for each rank it heard from (``described`` and
+    the rest, by position), whether its slot held the whole contribution (``whole``: then ``payload(i)`` is in
+    ``slots``); whether each slot this rank sent held its whole (``sent``, by destination); and, the same on every
+    rank, whether any piece of the collective travels apart from its slot (``apart``: a payload collective
+    follows)."""
+
+    __slots__ = ("apart", "sent", "whole")
+
+    def __init__(self, slots: np.ndarray[Any, Any], described: list[MessageInfo | str], sizes: list[int],
+                 starts: list[int], whole: list[bool], sent: list[bool], apart: bool) -> None:
+        super().__init__(slots, described, sizes, starts, all(whole))
+        self.whole, self.sent, self.apart = whole, sent, apart
+
+
+def _deal(slots: np.ndarray[Any, Any], parts: Sequence[Contribution], sizes: Sequence[int],
+          payloads: Sequence[np.ndarray[Any, Any] | None]) -> tuple[list[bool], int]:
+    """One slot per destination (``_fill``), each then marked with what the sender says of all of them (``_APART``,
+    ``_LONG``): ``(which held their whole contribution, those marks)``."""
+    view = slots.data
+    sent = [_fill(view, i * SLOT_BYTES, c, n, p, False) for i, (c, n, p) in enumerate(zip(parts, sizes, payloads,
+                                                                                           strict=True))]
+    marks = (0 if all(sent) else _APART) | (_LONG if any(len(c.blob) > ROOM for c in parts) else 0)
+    if marks:
+        for i, whole in enumerate(sent):
+            _HEAD.pack_into(view, i * SLOT_BYTES, len(parts[i].blob), marks | (_FUSED if whole else 0), sizes[i])
+    return sent, marks
+
+
+def _rests(parts: Sequence[Contribution]) -> tuple[bytes, list[int], list[int]]:
+    """The rest of each header longer than a slot, back to back: ``(data, counts, displacements)``."""
+    return pack([c.blob[ROOM:] for c in parts])
+
+
+def _heard(slots: np.ndarray[Any, Any], count: int, rests: bytes | bytearray | None, rcounts: Sequence[int]) -> tuple[
+    list[MessageInfo | str], list[int], list[int], list[bool]
+]:
+    """``count`` slots received, read (with ``rests``: the rests of the long headers, ``rcounts`` bytes each)."""
+    described, longer, sizes, starts, _fused = _read_slots(slots.data, count)
+    if longer:
+        assert rests is not None
+        for i, rest in enumerate(unpack(rests, rcounts)):
+            if i in longer:
+                described[i] = read(longer[i] + rest)
+    whole = [bool(_HEAD.unpack_from(slots.data, i * SLOT_BYTES)[1] & _FUSED) for i in range(count)]
+    return described, sizes, starts, whole
+
+
+def _long_rest(slots: np.ndarray[Any, Any], i: int) -> int:
+    """How many bytes of the header in slot ``i`` did not fit it."""
+    return max(int(_HEAD.unpack_from(slots.data, i * SLOT_BYTES)[0]) - ROOM, 0)
+
+
+def scatter(steps: Joined, root: int, parts: Sequence[Contribution], sizes: Sequence[int],
+            payloads: Sequence[np.ndarray[Any, Any] | None]) -> Dealt:
+    """This rank's description from ``root`` (one entry), once a vote has agreed on the root: one ``Scatter`` of one
+    slot per rank (with its host payload, ``payloads[r]``, when it fits), and a ``Scatterv`` of the rests of headers
+    longer than a slot when the root has any. ``parts``, ``sizes`` and ``payloads`` (one per rank) on the root, empty
+    elsewhere. Every rank learns from its slot what the root did with all of them, so all make the same calls."""
+    me = steps.comm.Get_rank()
+    if me == root:  # (the root keeps its own slot where it wrote it: MPI_IN_PLACE)
+        slots = np.empty(len(parts) * SLOT_BYTES, np.uint8)
+        sent, marks = _deal(slots, parts, sizes, payloads)
+        steps("Scatter", [slots, SLOT_BYTES, MPI.BYTE], MPI.IN_PLACE, root)
+        if marks & _LONG:
+            data, counts, displs = _rests(parts)
+            steps("Scatterv", [data or bytearray(1), (counts, displs), MPI.BYTE], MPI.IN_PLACE, root)
+        at = root * SLOT_BYTES
+        return Dealt(slots, [read(parts[root].blob)], [sizes[root]], [at + _payload_at(len(parts[root].blob))],
+                     [sent[root]], sent, bool(marks & _APART))
+    slot = np.empty(SLOT_BYTES, np.uint8)
+    steps("Scatter", None, [slot, SLOT_BYTES, MPI.BYTE], root)
+    marks = _HEAD.unpack_from(slot.data, 0)[1]
+    rest = None
+    if marks & _LONG:
+        rest = bytearray(max(_long_rest(slot, 0), 1))
+        steps("Scatterv", None, [rest, _long_rest(slot, 0), MPI.BYTE], root)
+    described, nbytes, starts, whole = _heard(slot, 1, rest, [_long_rest(slot, 0)])
+    return Dealt(slot, described, nbytes, starts, whole, [], bool(marks & _APART))
+
+
+def exchange(steps: Joined, parts: Sequence[Contribution], sizes: Sequence[int],
+             payloads: Sequence[np.ndarray[Any, Any] | None]) -> Dealt:
+    """Every rank's description for this rank (one entry per source rank): one ``Alltoall`` of one slot per pair
+    (``parts[d]``, with its host payload ``payloads[d]`` when it fits, to rank d), and an ``Alltoallv`` of the rests
+    of headers longer than a slot when some rank has any. Every rank hears from every rank what it did with all of
+    its slots, so all make the same calls."""
+    count = len(parts)
+    mine = np.empty(count * SLOT_BYTES, np.uint8)
+    theirs = np.empty(count * SLOT_BYTES, np.uint8)
+    sent, _marks = _deal(mine, parts, sizes, payloads)
+    steps("Alltoall", [mine, SLOT_BYTES, MPI.BYTE], [theirs, SLOT_BYTES, MPI.BYTE])
+    marks = 0
+    for i in range(count):
+        marks |= _HEAD.unpack_from(theirs.data, i * SLOT_BYTES)[1]
+    rest, rcounts = None, [0] * count
+    if marks & _LONG:
+        data, counts, displs = _rests(parts)
+        rcounts = [_long_rest(theirs, i) for i in range(count)]
+        rest = bytearray(max(sum(rcounts), 1))
+        steps("Alltoallv", [data or bytearray(1), (counts, displs), MPI.BYTE],
+              [rest, (rcounts, [sum(rcounts[:i]) for i in range(count)]), MPI.BYTE])
+    described, nbytes, starts, whole = _heard(theirs, count, rest, rcounts)
+    return Dealt(theirs, described, nbytes, starts, whole, sent, bool(marks & _APART))

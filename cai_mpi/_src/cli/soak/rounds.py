@@ -21,10 +21,11 @@ from mpi4py import MPI
 
 from ....testing import FakeCudaArray
 from ...api.channel import RecvChannel, SendChannel, recv_channel, send_channel
-from ...api.collectives import alltoall_array, bcast_array, scatter_array
+from ...api.collectives import bcast_array
 from ...api.gathers import allgather_array, gather_array
 from ...api.p2p import ANY_SOURCE, ANY_TAG, irecv_array, isend_array, recv_array, send_array, sendrecv_array
 from ...api.reductions import allreduce_array, reduce_array
+from ...api.scatters import alltoall_array, scatter_array
 from ...errors import TimeoutError
 from .messages import HOST, Ident, Spec, content, digest, make, problem, receive_buffer, spec_for
 
