@@ -29,7 +29,7 @@ from mpi4py import MPI
 from ..arrays.array import Array
 from ..arrays.operands import Target
 from ..config import Config, config
-from ..progress.deadlines import Awaited, Deadline
+from ..progress.deadlines import Deadline
 from ..progress.driving import PENDING
 from ..progress.posted import PostedRequest
 from ..progress.requests import Request, drive, wait_until
@@ -86,7 +86,7 @@ def post_send(plan: SendPlan, pc: PrivateComms, dest: int, tag: int, poster: Pos
 
 def isend_plan(fn: str, plan: SendPlan, pc: PrivateComms, dest: int, tag: int, keep: Any) -> Request[None]:
     """Post ``plan`` nonblocking: a Request that completes when its MPI operations (and steps) have."""
-    about = Awaited(fn, True, dest, tag, pc.header)
+    about = (fn, True, dest, tag, pc.header)
     steps = plan.steps
     if steps is None:
         return PostedRequest(post_send(plan, pc, dest, tag, NONBLOCKING), None, keep=(keep, plan.payload),
@@ -179,7 +179,7 @@ class _ReceiveRequest(Request["Array"]):
 
     def __init__(self, fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None,
                  ordinal: int | None, rt: Runtime, keep: Any) -> None:
-        self._begin(None, None, keep, Awaited(fn, False, source, tag, pc.header))  # (settled if posting fails)
+        self._begin(None, None, keep, (fn, False, source, tag, pc.header))  # (settled if posting fails)
         self._landing: tuple[str, Inbox, Target | None, int | None, PrivateComms, Runtime] | None = None
         inbox, hreq = _post_header(pc, source, tag)
         self._gen = _HEADER_PHASE
