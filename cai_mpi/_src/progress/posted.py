@@ -7,9 +7,9 @@ from typing import Any, TypeVar
 
 from mpi4py import MPI
 
-from .deadlines import Awaited, Deadline
+from .deadlines import Deadline
 from .driving import PENDING, complete, complete_by, drive_others
-from .requests import Request
+from .requests import CLAIMING, About, Request
 from .waits import MPIWait
 
 __all__ = ["PostedRequest"]
@@ -31,7 +31,7 @@ class PostedRequest(Request[T]):
     __slots__ = ("_cancellable", "_reqs")
 
     def __init__(
-        self, reqs: list[MPI.Request], result: T, keep: Any = None, about: Awaited | None = None,
+        self, reqs: list[MPI.Request], result: T, keep: Any = None, about: About = None,
         cancellable: bool = False,
     ) -> None:
         self._begin(None, result, keep, about)  # (not Request.__init__: there are no steps to advance)
@@ -58,7 +58,7 @@ class PostedRequest(Request[T]):
         self.abandon(self._dropped)
 
     def _complete(self) -> None:
-        """Block until the MPI requests complete (the caller holds the lock)."""
+        """Block until the MPI requests complete (the caller has taken the request)."""
         reqs = self._reqs
         if reqs is not None:
             if PENDING:
@@ -69,7 +69,7 @@ class PostedRequest(Request[T]):
             PENDING.discard(self)  # (it is there only if a timeout abandoned it)
 
     def _test(self) -> bool:
-        """Complete the MPI requests if they can be without blocking (the caller holds the lock)."""
+        """Complete the MPI requests if they can be without blocking (the caller has taken the request)."""
         reqs = self._reqs
         if reqs is not None and MPI.Request.Testall(reqs):
             self._reqs = self._keep = None
@@ -78,7 +78,11 @@ class PostedRequest(Request[T]):
         return self._reqs is None
 
     def _wait_until(self, due: Deadline | None) -> T:
-        with self._lock:
+        with CLAIMING:  # (_take, inline: every wait takes its request)
+            shared, self._busy = self._busy, True
+        if shared:
+            self._take()
+        try:
             if due is None:
                 self._complete()
             elif self._reqs is not None and self._expired is None:
@@ -86,38 +90,47 @@ class PostedRequest(Request[T]):
                 if complete_by(waiting, due, self):
                     self._reqs = self._keep = None
                 else:
-                    about = self._about or Awaited("Request.wait", not self._cancellable, -1, -1, MPI.COMM_NULL)
+                    about = self._awaited(not self._cancellable)
                     if not self._cancellable:
                         self.abandon(about.expired(due, cancelled=False))
                     else:
                         if waiting.cancel():
                             self._expired = about.expired(due, cancelled=True)
                         self._reqs = self._keep = None  # cancelled, or a message completed it meanwhile
+        finally:
+            self._busy = False
         if self._expired is not None:
             raise self._expired
         result: T = self._result  # known in advance
         return result
 
     def _wait_quietly(self) -> None:
-        with self._lock:
+        self._take()
+        try:
             self._complete()  # nothing is raised later: there are no steps of ours to fail
+        finally:
+            self._busy = False
 
     def _poke(self) -> None:
-        if self._lock.acquire(blocking=False):
+        if self._claim():
             try:
                 self._test()
             finally:
-                self._lock.release()
+                self._busy = False
 
     def test(self) -> tuple[bool, T | None]:
         drive_others(self)
-        with self._lock:
+        self._take()
+        try:
             if not (self._test() or self._expired is not None):
                 return False, None
+        finally:
+            self._busy = False
         return True, self._outcome()
 
     def cancel(self) -> bool:
-        with self._lock:
+        self._take()
+        try:
             reqs = self._reqs
             if reqs is None or self._expired is not None or not self._cancellable:
                 return False
@@ -126,3 +139,5 @@ class PostedRequest(Request[T]):
                 self._result = None  # (typed T: a cancelled receive's wait() returns None, as documented)
             self._reqs = self._keep = None  # withdrawn, or completed by a message meanwhile: settled either way
             return withdrawn
+        finally:
+            self._busy = False

@@ -13,12 +13,13 @@ from typing import Any, ClassVar, Generic, TypeVar
 from mpi4py import MPI
 
 from ..errors import TimeoutError
+from .backoff import Backoff
 from .deadlines import Awaited, Deadline, deadline
 from .driving import PENDING, Driven, complete, complete_by, drive_others
 from .waits import Waitable
 
 __all__ = [
-    "Request", "RequestWait", "delivered", "drive", "keep_past_exit", "outcome", "outcomes", "settled",
+    "CLAIMING", "Request", "RequestWait", "delivered", "drive", "keep_past_exit", "outcome", "outcomes", "settled",
     "wait_quietly", "wait_until",
 ]
 
@@ -48,6 +49,14 @@ class RequestWait(Waitable):
 
 _DONE = object()
 _DROPPED = RuntimeError("the request was dropped before it completed")
+
+# Threads that share a request are the rare case, so no request has a lock of its own: a thread takes a request
+# (``Request._claim``) under this one lock, held only while it marks the request taken, never while it waits.
+CLAIMING = threading.Lock()
+
+#: What a request says it waited for when a timeout fires: an ``Awaited``, or the arguments that make one (a tuple
+#: costs no call to build; the text is built only when a timeout fires).
+About = Awaited | tuple[str, bool, int, int, MPI.Comm] | None
 
 # Interpreter exit: mpi4py finalizes MPI from Py_AtExit, after Python's teardown has freed what it could, in an order
 # nobody controls. MPI may read or write a pending request's memory until MPI_Finalize, so from cai_mpi's atexit hook
@@ -106,7 +115,7 @@ class Request(Driven, Generic[T]):
     with ``cai_mpi.waitall``, ``waitany`` and ``testall``, not MPI's.
     """
 
-    __slots__ = ("__weakref__", "_about", "_delivered", "_error", "_expired", "_gen", "_keep", "_lock", "_pending",
+    __slots__ = ("__weakref__", "_about", "_busy", "_delivered", "_error", "_expired", "_gen", "_keep", "_pending",
                  "_result")
     # What keeps memory safe in __del__ during teardown, which may have cleared this module's globals already
     # (withdrawing a receive may then fail: the request is kept instead).
@@ -115,14 +124,14 @@ class Request(Driven, Generic[T]):
     _mpi_finalized = staticmethod(MPI.Is_finalized)
     _dropped: ClassVar[BaseException] = _DROPPED
 
-    def __init__(self, gen: Generator[Waitable, None, T], keep: Any = None, about: Awaited | None = None) -> None:
+    def __init__(self, gen: Generator[Waitable, None, T], keep: Any = None, about: About = None) -> None:
         self._begin(gen, _DONE, keep, about)
         self._advance()
         pending = self._pending
         if pending is not None and not pending.final:
             PENDING.add(self)
 
-    def _begin(self, gen: Generator[Waitable, None, T] | None, result: Any, keep: Any, about: Awaited | None) -> None:
+    def _begin(self, gen: Generator[Waitable, None, T] | None, result: Any, keep: Any, about: About) -> None:
         """The state every request starts with (``PostedRequest`` too, which has no steps to advance)."""
         self._gen: Generator[Waitable, None, T] | None = gen
         self._result: Any = result
@@ -131,7 +140,7 @@ class Request(Driven, Generic[T]):
         self._expired: BaseException | None = None
         self._error: BaseException | None = None
         self._pending: Waitable | None = None
-        self._lock = threading.Lock()
+        self._busy = False  # a thread drives it now (see _claim)
         self._delivered = False  # its result (or error) was returned once: waitany skips it, as MPI skips null requests
 
     def _first_wait(self, first: Waitable) -> None:
@@ -184,10 +193,28 @@ class Request(Driven, Generic[T]):
         self._keep = None
         PENDING.discard(self)
 
+    def _claim(self) -> bool:
+        """Take this request to drive it: False while a thread (another, or this one further up) drives it. The
+        taker gives it back with ``_busy = False``."""
+        with CLAIMING:
+            if self._busy:
+                return False
+            self._busy = True
+            return True
+
+    def _take(self) -> None:
+        """Take this request, waiting while another thread drives it (a request shared by threads)."""
+        with CLAIMING:
+            shared, self._busy = self._busy, True
+        if shared:
+            pauses = Backoff()
+            while not self._claim():
+                pauses.pause()
+
     def _poke(self) -> None:
         """Advance without blocking; errors are kept for this request's own wait()."""
-        if not self._lock.acquire(blocking=False):
-            return  # another thread is driving it
+        if not self._claim():
+            return  # a thread is driving it
         try:
             while self._gen is not None:
                 assert self._pending is not None
@@ -196,7 +223,7 @@ class Request(Driven, Generic[T]):
         except BaseException:
             pass  # recorded by _finish; raised by wait()
         finally:
-            self._lock.release()
+            self._busy = False
 
     @property
     def done(self) -> bool:
@@ -234,13 +261,19 @@ class Request(Driven, Generic[T]):
         return result
 
     def _wait_until(self, due: Deadline | None) -> T:
-        with self._lock:
+        with CLAIMING:  # (_take, inline: every wait takes its request)
+            shared, self._busy = self._busy, True
+        if shared:
+            self._take()
+        try:
             while self._gen is not None and self._expired is None:
                 assert self._pending is not None
                 if due is None:
                     self._complete_pending()
                 else:
                     due = self._step_until(due)
+        finally:
+            self._busy = False
         if self._expired is not None:
             raise self._expired
         if self._error is not None:
@@ -255,7 +288,7 @@ class Request(Driven, Generic[T]):
         assert pending is not None
         if self._step(lambda: complete_by(pending, due, self)):
             return due.renewed() if pending.cancellable else due
-        about = self._about or Awaited("Request.wait", False, -1, -1, MPI.COMM_NULL)
+        about = self._awaited(False)
         if pending.cancellable:
             try:
                 withdrawn = pending.cancel()
@@ -271,6 +304,13 @@ class Request(Driven, Generic[T]):
             return due
         self.abandon(about.expired(due, cancelled=False, matched=True))
         return due
+
+    def _awaited(self, sends: bool) -> Awaited:
+        """What this request waited for, for a timeout's error (``sends``: what a request that says nothing does)."""
+        about = self._about
+        if about is None:
+            return Awaited("Request.wait", sends, -1, -1, MPI.COMM_NULL)
+        return about if isinstance(about, Awaited) else Awaited(*about)
 
     def abandon(self, error: BaseException) -> None:
         """Give the caller ``error`` now; MPI still owns this request's memory, so keep it and finish it later (at
@@ -299,23 +339,29 @@ class Request(Driven, Generic[T]):
 
     def _wait_quietly(self) -> None:
         """Block until completed, even in the background after a timeout; an error stays for ``wait()`` to raise."""
-        with self._lock:
+        self._take()
+        try:
             while self._gen is not None:
                 assert self._pending is not None
                 try:
                     self._complete_pending()
                 except BaseException:
                     return
+        finally:
+            self._busy = False
 
     def test(self) -> tuple[bool, T | None]:
         """Make progress without blocking: ``(True, result)`` once completed (what ``wait()`` returns, or raises),
         else ``(False, None)``, as mpi4py's lowercase ``Request.test``."""
         drive_others(self)
-        with self._lock:
+        self._take()
+        try:
             while self._gen is not None and self._expired is None:
                 assert self._pending is not None
                 if not self._step(self._pending.test):
                     return False, None
+        finally:
+            self._busy = False
         return True, self._outcome()
 
     def cancel(self) -> bool:
@@ -327,7 +373,8 @@ class Request(Driven, Generic[T]):
             ``(True, None)``. False when nothing was withdrawn and the request completes as usual: its message
             matched already, it completed, or it is a send (cai_mpi never withdraws a send; MPI deprecated it).
         """
-        with self._lock:
+        self._take()
+        try:
             pending = self._pending
             if self._gen is None or self._expired is not None or pending is None or not pending.cancellable:
                 return False
@@ -343,6 +390,8 @@ class Request(Driven, Generic[T]):
             self._gen.close()  # its cleanup runs now
             self._finish(None, None)
             return True
+        finally:
+            self._busy = False
 
     def __repr__(self) -> str:
         return f"<cai_mpi.Request {'done' if self.done else 'pending'}>"
@@ -410,3 +459,4 @@ def outcomes(fn: str, reqs: list[Request[Any] | None], due: Deadline | None) -> 
             f"requests[{index}]: {error}", error.seconds, all(e.cancelled for e in expired),
         ) from None
     raise error
+

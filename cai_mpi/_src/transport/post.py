@@ -24,12 +24,13 @@ import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from ..arrays.array import Array
 from ..arrays.operands import Target
 from ..config import Config, config
-from ..progress.deadlines import Awaited, Deadline
+from ..progress.deadlines import Deadline
 from ..progress.driving import PENDING
 from ..progress.posted import PostedRequest
 from ..progress.requests import Request, drive, wait_until
@@ -86,7 +87,7 @@ def post_send(plan: SendPlan, pc: PrivateComms, dest: int, tag: int, poster: Pos
 
 def isend_plan(fn: str, plan: SendPlan, pc: PrivateComms, dest: int, tag: int, keep: Any) -> Request[None]:
     """Post ``plan`` nonblocking: a Request that completes when its MPI operations (and steps) have."""
-    about = Awaited(fn, True, dest, tag, pc.header)
+    about = (fn, True, dest, tag, pc.header)
     steps = plan.steps
     if steps is None:
         return PostedRequest(post_send(plan, pc, dest, tag, NONBLOCKING), None, keep=(keep, plan.payload),
@@ -154,9 +155,10 @@ def ireceive(fn: str, pc: PrivateComms, source: int, tag: int, target: Target | 
     return _ReceiveRequest(fn, pc, source, tag, target, ordinal, rt, keep)
 
 
-class _HeaderPhase:
-    """A receive request's steps while its header has not landed: nothing to run or clean up yet (a withdrawn
-    header receive leaves its inbox to the garbage collector)."""
+class _Phase:
+    """A host receive's phase, kept as state where a generator would run steps: its header has not landed yet, or
+    its payload's MPI receives are all that is left. Nothing to run or clean up (a withdrawn header receive leaves
+    its inbox to the garbage collector)."""
 
     __slots__ = ()
 
@@ -164,7 +166,8 @@ class _HeaderPhase:
         pass
 
 
-_HEADER_PHASE: Any = _HeaderPhase()
+_HEADER_PHASE: Any = _Phase()
+_PAYLOAD_PHASE: Any = _Phase()
 
 
 # (Request["Array"], not Request[Array]: typing caches the alias Request[Array] with the module Request has when it is
@@ -172,14 +175,15 @@ _HEADER_PHASE: Any = _HeaderPhase()
 # signatures that name Request[Array] would show the private path)
 class _ReceiveRequest(Request["Array"]):
     """``irecv_array``'s request: the header receive is its first wait, and landing the header is plain calls
-    (``_land``), so a message that arrives whole in its header (an inline one) completes with no generator. Only a
-    payload left to wait for, or steps to drive, continues as a generator (``_rest``)."""
+    (``_land``), so a message that arrives whole in its header (an inline one) completes with no generator, and one
+    whose payload lands in host memory waits for its payload receives as state (``_PAYLOAD_PHASE``). Only steps to
+    drive (device copies, unpacking, a checked or discarded payload) continue as a generator (``_rest``)."""
 
     __slots__ = ("_landing",)
 
     def __init__(self, fn: str, pc: PrivateComms, source: int, tag: int, target: Target | None,
                  ordinal: int | None, rt: Runtime, keep: Any) -> None:
-        self._begin(None, None, keep, Awaited(fn, False, source, tag, pc.header))  # (settled if posting fails)
+        self._begin(None, None, keep, (fn, False, source, tag, pc.header))  # (settled if posting fails)
         self._landing: tuple[str, Inbox, Target | None, int | None, PrivateComms, Runtime] | None = None
         inbox, hreq = _post_header(pc, source, tag)
         self._gen = _HEADER_PHASE
@@ -191,7 +195,13 @@ class _ReceiveRequest(Request["Array"]):
         super()._finish(result, error)
 
     def _advance(self, failure: BaseException | None = None) -> None:
-        if self._gen is not _HEADER_PHASE:
+        phase = self._gen
+        if phase is _PAYLOAD_PHASE:  # the payload's receives completed: the result is known since the landing
+            self._finish(self._result if failure is None else None, failure)
+            if failure is not None:
+                raise failure
+            return
+        if phase is not _HEADER_PHASE:
             super()._advance(failure)
             return
         landing = self._landing
@@ -201,8 +211,11 @@ class _ReceiveRequest(Request["Array"]):
         try:
             if failure is not None:
                 raise header_failure(fn, failure, inbox.status) if isinstance(failure, MPI.Exception) else failure
-            with rt.context_scope():  # (one context query for the landing's device calls)
+            if type(target) is np.ndarray or (target is None and ordinal is None):  # host memory: no device call
                 plan, reqs = _land(fn, inbox, target, ordinal, pc, rt, NONBLOCKING, False)
+            else:
+                with rt.context_scope():  # (one context query for the landing's device calls)
+                    plan, reqs = _land(fn, inbox, target, ordinal, pc, rt, NONBLOCKING, False)
         except BaseException as exc:
             self._finish(None, exc)
             raise
@@ -210,9 +223,14 @@ class _ReceiveRequest(Request["Array"]):
             if not reqs:
                 self._finish(plan.result, None)
                 return
-            self._gen = _array_of(_rest(plan, reqs))
-        else:  # (device copies or unpacking between the waits: each part in one context scope)
-            self._gen = _array_of(in_context_scope(rt, _rest(plan, reqs)))
+            self._gen = _PAYLOAD_PHASE
+            self._result = plan.result
+            self._pending = MPIWait(list(reqs), final=True)
+            if self._expired is None:
+                PENDING.discard(self)  # (final: MPI completes it without us, as Request._advance decides)
+            return
+        # (device copies or unpacking between the waits: each part in one context scope)
+        self._gen = _array_of(in_context_scope(rt, _rest(plan, reqs)))
         super()._advance()
 
 
@@ -234,7 +252,7 @@ def _land(fn: str, inbox: Inbox, target: Target | None, ordinal: int | None, pc:
         plan = plan_recv(fn, inbox, target, ordinal, pc, config(), rt, channel=channel)
     finally:
         give_back_inbox(inbox)
-    reqs = post_recv(plan, pc, poster)
+    reqs = post_recv(plan, pc, poster) if plan.payload else NO_MESSAGES
     if poster.persistent and reqs:
         MPI.Prequest.Startall(list(reqs))
     return plan, reqs
