@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "scripts" / "mpicount" / "mpicount.c"
 CALLS = 20
 COLLECTIVES = ["allreduce_array", "reduce_array", "bcast_array", "scatter_array", "allgather_array", "gather_array",
-               "allreduce_arrays", "alltoall_array", "scatter_array_8KiB", "alltoall_array_8KiB", "scatter_array_timeout",
-               "alltoall_array_timeout"]
+               "allreduce_arrays", "alltoall_array", "scatter_array_8KiB", "alltoall_array_8KiB",
+               "scatter_array_timeout", "alltoall_array_timeout"]
 PROGRAM = r"""
 import ctypes, sys
 import numpy as np
