@@ -34,18 +34,20 @@ from mpi4py import MPI
 
 from ..arrays.operands import DeviceSource
 from ..core.header import MessageInfo, decode, encode_header
+from ..core.memo import Memo
 from ..errors import CollectiveMismatchError
 from ..progress.deadlines import Deadline, collective_expired
 from ..progress.driving import complete_by
 from ..progress.posted import PostedRequest
 from ..progress.waits import MPIWait
 from .privcomm import PrivateComms
+from .signature import NOBODY, VOTE, WORD_BYTES, WORDS
 
 __all__ = [
-    "BLOCKING", "NONBLOCKING", "NOBODY", "PERSISTENT", "SLOT_BYTES", "SPECULATE_BYTES", "WORDS", "Ballot",
-    "Contribution", "Exchange", "Joined", "broadcast", "check_in_step", "collective", "describe_source", "disagree",
-    "fingerprint", "pack", "posted", "prepared", "raise_failures",
-    "read", "reason", "settle", "unpack", "vote",
+    "BLOCKING", "NONBLOCKING", "NOBODY", "PERSISTENT", "SLOT_BYTES", "SPECULATE_BYTES", "WORDS", "WORD_BYTES",
+    "Ballot", "Contribution", "Exchange", "Joined", "broadcast", "check_in_step", "collective", "describe_source",
+    "described", "disagree", "fingerprint", "pack", "posted", "prepared", "raise_failures", "read", "reason",
+    "settle", "unpack", "vote",
 ]
 
 #: Payloads of at most this many bytes (by the remembered signature) are posted with the vote, speculatively;
@@ -94,14 +96,26 @@ def _fortran(src: np.ndarray[Any, Any]) -> bool:
 
 def describe_source(src: np.ndarray[Any, Any] | DeviceSource, meta: bytes = b"") -> bytes:
     """The header that describes ``src`` (its dtype, shape and wire order, plus ``meta``)."""
+    return described(src, meta)[0]
+
+
+def described(src: np.ndarray[Any, Any] | DeviceSource, meta: bytes = b"") -> tuple[bytes, int]:
+    """The header that describes ``src`` (``describe_source``) and its fingerprint, through the memo of
+    descriptions: a call like an earlier one neither encodes nor hashes."""
     if isinstance(src, np.ndarray):
-        dtype, shape = src.dtype, src.shape
-        fortran = _fortran(src)
+        key = (src.dtype, src.shape, _fortran(src), meta)
     else:
         desc = src.desc
-        dtype, shape = desc.dtype, desc.shape
-        fortran = not desc.is_c_contiguous and desc.is_f_contiguous
-    return encode_header(dtype, shape, fortran=fortran, payload_tag=0, meta_bytes=meta)
+        key = (desc.dtype, desc.shape, not desc.is_c_contiguous and desc.is_f_contiguous, meta)
+    got = _DESCRIBED.get(key)
+    if got is None:
+        blob = encode_header(key[0], key[1], fortran=key[2], payload_tag=0, meta_bytes=meta)
+        got = _DESCRIBED.remember(key, (blob, fingerprint(blob)))
+    return got
+
+
+# (dtype, shape, wire order, meta) -> (header, its fingerprint): the descriptions collectives contributed before
+_DESCRIBED: Memo[tuple[Any, ...], tuple[bytes, int]] = Memo()
 
 
 def read(blob: bytes) -> MessageInfo | str:
@@ -199,12 +213,6 @@ class Joined:
 
 # -- the vote -------------------------------------------------------------------------------------------------
 
-#: ``own`` of a rank that describes nothing in this vote (a non-root of ``bcast_array``): below every fingerprint
-NOBODY = -(1 << 62)
-#: How many integers ``Ballot.words`` are: what a payload collective carries per rank in place of a vote
-WORDS = 3
-
-
 def fingerprint(data: bytes | str) -> int:
     """A 61-bit hash of ``data``: its negation is a fingerprint too, and both stay above ``NOBODY``."""
     raw = data.encode() if isinstance(data, str) else data
@@ -212,33 +220,36 @@ def fingerprint(data: bytes | str) -> int:
 
 
 class Ballot:
-    """This rank's vote (``votes``), and after the vote (``seen``: the MAX over every rank) what every rank reads
-    from it."""
+    """This rank's vote (``votes``: six int64 words, as bytes MPI reduces in place), and after the vote (``seen``:
+    the MAX over every rank) what every rank reads from it."""
 
-    __slots__ = ("_words", "seen", "votes")
+    __slots__ = ("_seen", "_words", "votes")
 
     def __init__(self, common: int, own: int = NOBODY, failed: bool = False, device: bool = False) -> None:
         self._words = (common, own, int(failed))
-        self.votes = np.array([common, -common, own, -own if own != NOBODY else NOBODY, int(failed), int(device)],
-                              np.int64)
-        self.seen: list[int] = []
+        self.votes = bytearray(VOTE.pack(common, -common, own, -own if own != NOBODY else NOBODY, int(failed),
+                                          int(device)))
+        self._seen: tuple[int, ...] | list[int] | None = None
 
-    def counted(self) -> None:
-        """The vote is over: ``votes`` holds the MAX over every rank."""
-        self.seen = self.votes.tolist()
+    @property
+    def seen(self) -> Sequence[int]:
+        """The vote's six words, once counted (``votes`` holds the MAX over every rank), or tallied."""
+        if self._seen is None:
+            self._seen = VOTE.unpack(self.votes)
+        return self._seen
 
-    def words(self) -> tuple[int, int, int]:
-        """What this ballot says in ``WORDS`` integers (common, own, failed), for a collective that carries them
-        to every rank with its payload instead of voting."""
-        return self._words
+    def words(self) -> bytes:
+        """What this ballot says in ``WORDS`` integers (common, own, failed; ``WORD_BYTES``), for a collective that
+        carries them to every rank with its payload instead of voting."""
+        return WORD_BYTES.pack(*self._words)
 
     def tally(self, words: np.ndarray[Any, Any]) -> None:
         """Count every rank's ``words`` (one row per rank): ``seen`` is then what the vote would have said (every
         rank holds the same rows, so every rank reads the same answer), but for ``device``: words do not carry it."""
         common, own, failed = words[:, 0], words[:, 1], words[:, 2]
         negated = np.where(own != NOBODY, -own, NOBODY)
-        self.seen = [int(common.max()), int((-common).max()), int(own.max()), int(negated.max()),
-                     int(failed.max()), 0]
+        self._seen = [int(common.max()), int((-common).max()), int(own.max()), int(negated.max()),
+                      int(failed.max()), 0]
 
     @property
     def agreed(self) -> bool:
@@ -251,10 +262,12 @@ class Ballot:
         """Every rank had the same common fingerprint (some may have failed)."""
         return self.seen[0] == -self.seen[1]
 
-    def matches(self, common: int, own: int = NOBODY) -> bool:
-        """Every rank agreed on ``common`` and (unless ``NOBODY``) every described rank had ``own``."""
-        v = self.seen
-        return v[0] == common and v[1] == -common and v[4] == 0 and (own == NOBODY or (v[2] == own and v[3] == -own))
+    def matches(self, head: bytes) -> bool:
+        """Every rank voted what ``head`` (``vote_head``) says: the same common fingerprint, the same own one where
+        it is not ``NOBODY``, and no failure (after a vote; a tally compares its words)."""
+        if self._seen is None:
+            return self.votes.startswith(head)
+        return VOTE.pack(*self._seen).startswith(head)
 
     @property
     def alike(self) -> bool:
@@ -300,11 +313,10 @@ def vote(fn: str, pc: PrivateComms, ballot: Ballot, due: Deadline | None,
     collectives already posted completing with it."""
     comm = pc.header
     if not speculative and due is None:
-        comm.Allreduce(MPI.IN_PLACE, ballot.votes, MPI.MAX)
+        comm.Allreduce(MPI.IN_PLACE, [ballot.votes, MPI.INT64_T], MPI.MAX)
     else:
-        reqs = [*speculative, comm.Iallreduce(MPI.IN_PLACE, ballot.votes, MPI.MAX)]
+        reqs = [*speculative, comm.Iallreduce(MPI.IN_PLACE, [ballot.votes, MPI.INT64_T], MPI.MAX)]
         settle(fn, pc, reqs, due, (ballot, keep))
-    ballot.counted()
     return ballot
 
 
