@@ -116,7 +116,7 @@ def allreduce_arrays(
     if sig is not None:  # the steady state: ``engine.steady``, with the buckets filled when this call is the agreed one
         ours = None
         if error is None and host and plan.fp == sig.common:
-            ours = _Buckets(pool.take_array((b.count,), b.dtype, b.count * b.dtype.itemsize) for b in plan.buckets)
+            ours = _Buckets([pool.take_array((b.count,), b.dtype, b.count * b.dtype.itemsize) for b in plan.buckets])
             for bucket, buf in zip(plan.buckets, ours, strict=True):
                 plan.fill(bucket, buf, sources, rt)
         ours = steady(fn, pc, ballot, due, sig, ours, _calls)

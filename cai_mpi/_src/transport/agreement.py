@@ -160,14 +160,26 @@ def collective(comm: MPI.Comm, name: str, form: str, *args: Any) -> Any:
     """MPI's collective ``name`` on ``comm`` in ``form`` (``"Allreduce"``: ``comm.Allreduce``, ``comm.Iallreduce``,
     ``comm.Allreduce_init``): the posting table of every collective cai_mpi makes, the one place that names mpi4py's
     collective methods (the API modules name the collective and the form: tests/unit/test_wire_in_transport.py)."""
-    if form == BLOCKING:
-        method = name
-    elif form == NONBLOCKING:
-        method = "I" + name[0].lower() + name[1:]
-    else:
-        assert form == PERSISTENT, form
-        method = name + "_init"
+    method = _METHODS.get((name, form))
+    if method is None:
+        method = _method(name, form)
     return getattr(comm, method)(*args)
+
+
+def _method(name: str, form: str) -> str:
+    """mpi4py's method for collective ``name`` in ``form``."""
+    if form == BLOCKING:
+        return name
+    if form == NONBLOCKING:
+        return "I" + name[0].lower() + name[1:]
+    assert form == PERSISTENT, form
+    return name + "_init"
+
+
+#: The table itself, for the collectives cai_mpi makes (``_method`` spells any other)
+_METHODS = {(name, form): _method(name, form) for form in (BLOCKING, NONBLOCKING, PERSISTENT) for name in (
+    "Allgather", "Allgatherv", "Allreduce", "Alltoall", "Alltoallv", "Alltoallw", "Barrier", "Bcast", "Gather",
+    "Gatherv", "Reduce", "Scatter", "Scatterv")}
 
 
 def posted(comm: MPI.Comm, name: str, *args: Any) -> MPI.Request:
