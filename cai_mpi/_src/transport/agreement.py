@@ -11,11 +11,11 @@ the ranks disagree, or one failed, every rank joins the error path (``disagree``
 raises, naming who had what.
 
 In the steady state a call costs one round: every rank remembers the signature the previous call of the same
-kind agreed on (``PrivateComms.agreed``, the same on every rank because it was agreed), posts the payload
-collective shaped by it (its own data where its signature matches, scratch where it does not, so every rank
-makes the same MPI calls) together with the vote, and keeps the result when the vote says everyone matched. Where
-every rank receives every rank's payload (an allgather), the payload collective carries each rank's ballot
-(``Ballot.words``) instead, and each rank counts them itself (``Ballot.tally``): no vote.
+kind agreed on (``PrivateComms.agreed``: a ``signature.Signature``, the same on every rank because it was agreed),
+and ``engine.steady`` posts the payload collective shaped by it (its own data where its call matches, scratch where
+it does not, so every rank makes the same MPI calls) together with the vote, keeping the result when the vote says
+everyone matched. Where every rank receives every rank's payload (an allgather), the payload collective carries
+each rank's ballot (``Ballot.words``) instead, and each rank counts them itself (``Ballot.tally``): no vote.
 
 A collective that times out leaves its communicator out of step (MPI cannot withdraw a collective):
 ``settle`` marks it, and every later collective on it raises at once (``check_in_step``), naming the call
@@ -41,7 +41,7 @@ from ..progress.driving import complete_by
 from ..progress.posted import PostedRequest
 from ..progress.waits import MPIWait
 from .privcomm import PrivateComms
-from .signature import NOBODY, VOTE, WORD_BYTES, WORDS
+from .signature import NOBODY, WORD_BYTES, WORDS, Ballot
 
 __all__ = [
     "BLOCKING", "NONBLOCKING", "NOBODY", "PERSISTENT", "SLOT_BYTES", "SPECULATE_BYTES", "WORDS", "WORD_BYTES",
@@ -229,72 +229,6 @@ def fingerprint(data: bytes | str) -> int:
     """A 61-bit hash of ``data``: its negation is a fingerprint too, and both stay above ``NOBODY``."""
     raw = data.encode() if isinstance(data, str) else data
     return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little", signed=True) >> 3
-
-
-class Ballot:
-    """This rank's vote (``votes``: six int64 words, as bytes MPI reduces in place), and after the vote (``seen``:
-    the MAX over every rank) what every rank reads from it."""
-
-    __slots__ = ("_seen", "_words", "votes")
-
-    def __init__(self, common: int, own: int = NOBODY, failed: bool = False, device: bool = False) -> None:
-        self._words = (common, own, int(failed))
-        self.votes = bytearray(VOTE.pack(common, -common, own, -own if own != NOBODY else NOBODY, int(failed),
-                                          int(device)))
-        self._seen: tuple[int, ...] | list[int] | None = None
-
-    @property
-    def seen(self) -> Sequence[int]:
-        """The vote's six words, once counted (``votes`` holds the MAX over every rank), or tallied."""
-        if self._seen is None:
-            self._seen = VOTE.unpack(self.votes)
-        return self._seen
-
-    def words(self) -> bytes:
-        """What this ballot says in ``WORDS`` integers (common, own, failed; ``WORD_BYTES``), for a collective that
-        carries them to every rank with its payload instead of voting."""
-        return WORD_BYTES.pack(*self._words)
-
-    def tally(self, words: np.ndarray[Any, Any]) -> None:
-        """Count every rank's ``words`` (one row per rank): ``seen`` is then what the vote would have said (every
-        rank holds the same rows, so every rank reads the same answer), but for ``device``: words do not carry it."""
-        common, own, failed = words[:, 0], words[:, 1], words[:, 2]
-        negated = np.where(own != NOBODY, -own, NOBODY)
-        self._seen = [int(common.max()), int((-common).max()), int(own.max()), int(negated.max()),
-                      int(failed.max()), 0]
-
-    @property
-    def agreed(self) -> bool:
-        """Every rank had the same common fingerprint, and none failed."""
-        v = self.seen
-        return v[0] == -v[1] and v[4] == 0
-
-    @property
-    def same_common(self) -> bool:
-        """Every rank had the same common fingerprint (some may have failed)."""
-        return self.seen[0] == -self.seen[1]
-
-    def matches(self, head: bytes) -> bool:
-        """Every rank voted what ``head`` (``vote_head``) says: the same common fingerprint, the same own one where
-        it is not ``NOBODY``, and no failure (after a vote; a tally compares its words)."""
-        if self._seen is None:
-            return self.votes.startswith(head)
-        return VOTE.pack(*self._seen).startswith(head)
-
-    @property
-    def alike(self) -> bool:
-        """Every rank that described something described the same (after ``agreed``)."""
-        v = self.seen
-        return v[2] == -v[3] or (v[2] == NOBODY and v[3] == NOBODY)
-
-    @property
-    def own(self) -> int:
-        return self.seen[2]
-
-    @property
-    def device(self) -> bool:
-        """Some rank holds device memory."""
-        return bool(self.seen[5])
 
 
 def check_in_step(fn: str, pc: PrivateComms) -> None:

@@ -1,6 +1,6 @@
-"""What a collective call of a kind last agreed on, on a communicator (``Signature``), and the words of the vote
-that check a call against it (``transport.agreement``'s ``Ballot``): one typed signature for every one-shot
-collective, made with its vote words ready, so a call in the steady state compares bytes and hashes nothing.
+"""The words of a collective's vote (``transport.agreement``): this call's (``Ballot``) and what the last call of a
+kind agreed on, on a communicator (``Signature``): one typed signature for every one-shot collective, made with its
+vote words ready, so a call in the steady state compares bytes and hashes nothing.
 """
 
 from __future__ import annotations
@@ -8,12 +8,14 @@ from __future__ import annotations
 import copy
 import struct
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from ..core.header import MessageInfo
 
-__all__ = ["NOBODY", "VOTE", "WORDS", "WORD_BYTES", "Bucket", "Signature", "vote_head"]
+__all__ = ["NOBODY", "VOTE", "WORDS", "WORD_BYTES", "Ballot", "Bucket", "Signature", "vote_head"]
 
 #: ``own`` of a rank that describes nothing in this vote (a non-root of ``bcast_array``): below every fingerprint
 NOBODY = -(1 << 62)
@@ -30,6 +32,72 @@ def vote_head(common: int, own: int = NOBODY) -> bytes:
     """The first five words of the vote's result when every rank voted ``common`` and (where ``own`` is not
     ``NOBODY``) every described rank ``own``, and none failed: ``Ballot.matches`` compares the bytes."""
     return VOTE.pack(common, -common, own, -own if own != NOBODY else NOBODY, 0, 0)[:40]
+
+
+class Ballot:
+    """This rank's vote (``votes``: six int64 words, as bytes MPI reduces in place), and after the vote (``seen``:
+    the MAX over every rank) what every rank reads from it."""
+
+    __slots__ = ("_seen", "_words", "votes")
+
+    def __init__(self, common: int, own: int = NOBODY, failed: bool = False, device: bool = False) -> None:
+        self._words = (common, own, int(failed))
+        self.votes = bytearray(VOTE.pack(common, -common, own, -own if own != NOBODY else NOBODY, int(failed),
+                                          int(device)))
+        self._seen: tuple[int, ...] | list[int] | None = None
+
+    @property
+    def seen(self) -> Sequence[int]:
+        """The vote's six words, once counted (``votes`` holds the MAX over every rank), or tallied."""
+        if self._seen is None:
+            self._seen = VOTE.unpack(self.votes)
+        return self._seen
+
+    def words(self) -> bytes:
+        """What this ballot says in ``WORDS`` integers (common, own, failed; ``WORD_BYTES``), for a collective that
+        carries them to every rank with its payload instead of voting."""
+        return WORD_BYTES.pack(*self._words)
+
+    def tally(self, words: np.ndarray[Any, Any]) -> None:
+        """Count every rank's ``words`` (one row per rank): ``seen`` is then what the vote would have said (every
+        rank holds the same rows, so every rank reads the same answer), but for ``device``: words do not carry it."""
+        common, own, failed = words[:, 0], words[:, 1], words[:, 2]
+        negated = np.where(own != NOBODY, -own, NOBODY)
+        self._seen = [int(common.max()), int((-common).max()), int(own.max()), int(negated.max()),
+                      int(failed.max()), 0]
+
+    @property
+    def agreed(self) -> bool:
+        """Every rank had the same common fingerprint, and none failed."""
+        v = self.seen
+        return v[0] == -v[1] and v[4] == 0
+
+    @property
+    def same_common(self) -> bool:
+        """Every rank had the same common fingerprint (some may have failed)."""
+        return self.seen[0] == -self.seen[1]
+
+    def matches(self, head: bytes) -> bool:
+        """Every rank voted what ``head`` (``vote_head``) says: the same common fingerprint, the same own one where
+        it is not ``NOBODY``, and no failure (after a vote; a tally compares its words)."""
+        if self._seen is None:
+            return self.votes.startswith(head)
+        return VOTE.pack(*self._seen).startswith(head)
+
+    @property
+    def alike(self) -> bool:
+        """Every rank that described something described the same (after ``agreed``)."""
+        v = self.seen
+        return v[2] == -v[3] or (v[2] == NOBODY and v[3] == NOBODY)
+
+    @property
+    def own(self) -> int:
+        return self.seen[2]
+
+    @property
+    def device(self) -> bool:
+        """Some rank holds device memory."""
+        return bool(self.seen[5])
 
 
 #: One reduction of a signature: its element count, MPI datatype and MPI op
