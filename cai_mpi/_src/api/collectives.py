@@ -45,7 +45,7 @@ from ..transport.agreement import (
 )
 from ..transport.bigcount import alltoallw, bcast
 from ..transport.contiguous import Landing, Outgoing, outgoing
-from ..transport.engine import Call, steady, verdict
+from ..transport.engine import SLOT_PAYLOAD_BYTES, Call, slotted, steady, verdict
 from ..transport.pieces import counted
 from ..transport.privcomm import PrivateComms
 from ..transport.signature import Signature
@@ -155,7 +155,15 @@ def bcast_array(
     ballot = Ballot(common, own, failed=mine.error is not None)
     sig = pc.agreed.get(fn)
     target, ordinal, trouble = _receiver(fn, out, None, rt) if me != root else (None, None, None)
-    if sig is not None and sig.nbytes <= SPECULATE_BYTES:
+    ex: Exchange | None = None
+    steps: Joined | None = None
+    if sig is not None and sig.nbytes <= SLOT_PAYLOAD_BYTES:  # the steady state in one collective: the vote's slot
+        mine_agreed = me == root == sig.root and common == sig.common and own == sig.own
+        slot = slotted(fn, pc, ballot, due, sig, _slot_bytes(src, sig, rt) if mine_agreed else None)
+        if slot is not None:
+            info = sig.fresh_info()
+            ex = Exchange(np.frombuffer(slot, np.uint8), [info], [sig.nbytes], [0], True)
+    elif sig is not None and sig.nbytes <= SPECULATE_BYTES:
         ours = None  # (the steady state: ``engine.steady``, the root's data or this rank's landing when its call
         if common == sig.common:  # is the agreed one)
             if me != sig.root:
@@ -177,13 +185,16 @@ def bcast_array(
             return result
     else:
         vote(fn, pc, ballot, due)
-    steps = verdict(fn, pc, ballot, due, f"root={root}", mine.error, "every rank must name the same root",
-                    failures=False)
-    if sig is not None and ballot.matches(sig.head):  # (large: the vote went first)
+    if ex is not None:
+        fused = True
+    elif sig is not None and ballot.matches(sig.head):  # (large: the vote went first)
+        steps = verdict(fn, pc, ballot, due, f"root={root}", mine.error, "every rank must name the same root",
+                        failures=False)
         info = sig.fresh_info()
         fused = False
-        ex = None
     else:
+        steps = verdict(fn, pc, ballot, due, f"root={root}", mine.error, "every rank must name the same root",
+                        failures=False)
         ex = broadcast(steps, root, mine, _nbytes(mine), payload=src if isinstance(src, np.ndarray) else None)
         described_ = ex.described[0]
         if isinstance(described_, str):
@@ -194,6 +205,7 @@ def bcast_array(
         pc.agreed[fn] = Signature(common, ballot.own, info=info._replace(meta=copy.deepcopy(info.meta)), root=root)
     if me == root:
         if not fused:
+            assert steps is not None
             piece = steps.keep = outgoing(src, rt, direct=pc.aware.aware)
             bcast(steps, piece.address, piece.nbytes, root, cfg.max_message_bytes)
             piece.release()
@@ -206,11 +218,23 @@ def bcast_array(
         assert ex is not None
         _put(landing, ex.payload(0), rt, ordinal if target is None else getattr(target, "ordinal", None))
     else:
+        assert steps is not None
         steps.keep = landing
         bcast(steps, landing.address, landing.nbytes, root, cfg.max_message_bytes)
     if trouble is not None:
         raise trouble
     return landing.finish()
+
+
+def _slot_bytes(src: np.ndarray[Any, Any] | DeviceSource, sig: Signature, rt: Runtime) -> bytes:
+    """The root's payload in the wire order its agreed description says, as bytes for the vote's slot."""
+    if isinstance(src, np.ndarray):
+        return src.tobytes("F" if sig.described().fortran else "C")
+    piece = outgoing(src, rt, direct=False)  # (host memory, in wire order)
+    try:
+        return ctypes.string_at(piece.address, piece.nbytes)
+    finally:
+        piece.release()
 
 
 class _Bcasting:

@@ -21,7 +21,12 @@ from .agreement import Ballot, Joined, disagree, posted, reason, vote
 from .privcomm import PrivateComms
 from .signature import Signature
 
-__all__ = ["Call", "Own", "steady", "verdict"]
+__all__ = ["SLOT_PAYLOAD_BYTES", "Call", "Own", "slotted", "steady", "verdict"]
+
+#: A bcast whose agreed payload has at most this many bytes travels in its vote (``slotted``). A constant, not a
+#: setting: every rank must make the same choice.
+SLOT_PAYLOAD_BYTES = 128
+_LOWEST = (1 << 63).to_bytes(8, "little")  # INT64_MIN, little-endian: below (or equal to) every word of a payload
 
 #: A payload collective to post: its name in the posting table (``agreement.collective``) and its arguments
 Call = tuple[str, tuple[Any, ...]]
@@ -49,6 +54,24 @@ def steady(fn: str, pc: PrivateComms, ballot: Ballot, due: Deadline | None, sig:
         if ballot.matches(sig.head):
             return own
         own.release()
+    return None
+
+
+def slotted(fn: str, pc: PrivateComms, ballot: Ballot, due: Deadline | None, sig: Signature,
+            payload: bytes | None) -> memoryview | None:
+    """bcast's steady state up to ``SLOT_PAYLOAD_BYTES``, in one collective: the vote's ``Allreduce(MAX)`` carries
+    a slot of ``sig.nbytes`` bytes (in int64 words) after the ballot's words, where the root writes its ``payload``
+    (when its call is the agreed one) and every other rank ``INT64_MIN``, so the MAX is the root's bytes exactly.
+    Returns them when every rank's call was the agreed one; else None (the vote's verdict in ``ballot``)."""
+    words = -(-sig.nbytes // 8)
+    if payload is None:
+        ballot.votes += _LOWEST * words
+    else:
+        ballot.votes += payload
+        ballot.votes += bytes(words * 8 - len(payload))
+    vote(fn, pc, ballot, due)
+    if ballot.matches(sig.head):
+        return memoryview(ballot.votes)[len(ballot.votes) - words * 8 :]
     return None
 
 

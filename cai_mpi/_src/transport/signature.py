@@ -50,7 +50,7 @@ class Ballot:
     def seen(self) -> Sequence[int]:
         """The vote's six words, once counted (``votes`` holds the MAX over every rank), or tallied."""
         if self._seen is None:
-            self._seen = VOTE.unpack(self.votes)
+            self._seen = VOTE.unpack_from(self.votes)
         return self._seen
 
     def words(self) -> bytes:
