@@ -33,6 +33,7 @@ def payloads() -> dict[str, np.ndarray[Any, Any]]:
         "one byte over the slot": (255 - np.arange(129) % 256).astype(np.uint8),
         "F order": np.asfortranarray(-np.arange(12, dtype=np.float64).reshape(3, 4)),
         "negative floats": np.array([-0.0, -np.inf, -1.5, np.nan], np.float64),
+        "empty": np.empty((0, 3), np.int64),
     }
 
 
@@ -59,3 +60,11 @@ def test_a_small_bcast_that_changes_between_calls_delivers_each_one(comm: MPI.In
                               np.arange(4, dtype=np.int32) - 9, np.arange(4, dtype=np.int64) - 9]):
         got = cai_mpi.bcast_array(x if rank == 0 else None, root=0, comm=comm, timeout=WAIT).numpy()
         assert got.dtype == x.dtype and got.tobytes() == x.tobytes(), (step, got, x)
+
+
+def test_a_repeated_small_bcast_of_a_strided_array_delivers_its_elements(comm: MPI.Intracomm) -> None:
+    big = -np.arange(40, dtype=np.int64).reshape(4, 10)
+    x = big[1:, ::3]  # (neither C- nor F-contiguous: travels in C order)
+    for step in range(4):
+        got = cai_mpi.bcast_array(x if rank == 0 else None, root=0, comm=comm, timeout=WAIT).numpy()
+        assert got.shape == x.shape and got.tobytes("C") == x.tobytes("C"), (step, got, x)
