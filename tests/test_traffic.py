@@ -4,7 +4,8 @@ bytes each rank receives and the MPI calls each call makes in the steady state. 
 allreduce_arrays stay within 256 B of their 2-rank traffic; gather grows by the payload only, allgather by the
 payload and the agreement's words it carries (24 B per rank), alltoall by one description slot per rank; a repeated
 call makes its MPI calls concurrently (nonblocking, completed together: one round), or one MPI call (allgather: one
-Allgather; alltoall: one Alltoall), and scatter and alltoall add a payload collective only for pieces over a slot."""
+Allgather; alltoall: one Alltoall; a small bcast: one Allreduce whose slot carries the root's bytes), and scatter and
+alltoall add a payload collective only for pieces over a slot."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_alltoall_grows_by_one_slot_per_rank(counted: dict[int, dict[str, dict[s
 
     ("allreduce_array", {"Iallreduce": 2}),
     ("reduce_array", {"Iallreduce": 1, "Ireduce": 1}),
-    ("bcast_array", {"Iallreduce": 1, "Ibcast": 1}),
+    ("bcast_array", {"Allreduce": 1}),  # (the root's bytes travel in the vote's slot: one collective)
     ("allgather_array", {"Allgather": 1}),  # (every rank's words with its payload: every rank checks them all)
     ("gather_array", {"Iallreduce": 1, "Igather": 1}),
     ("allreduce_arrays", {"Iallreduce": 2}),  # (16 float64 arrays: one bucket)

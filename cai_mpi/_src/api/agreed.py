@@ -10,7 +10,8 @@ from mpi4py import MPI
 
 from ..progress.requests import Request
 from ..progress.waits import Waitable
-from ..transport.agreement import Ballot, Joined, check_in_step, disagree, fingerprint, reason, vote
+from ..transport.agreement import Ballot, check_in_step, fingerprint, reason, vote
+from ..transport.engine import verdict
 from ..transport.privcomm import PrivateComms
 
 __all__ = ["Started", "agree", "background"]
@@ -29,9 +30,7 @@ def agree(fn: str, pc: PrivateComms, due: Any, attempt: Callable[[], tuple[str, 
     except Exception as exc:
         text, value, device, error = reason(exc), None, False, exc
     ballot = vote(fn, pc, Ballot(fingerprint(text), failed=error is not None, device=device), due)
-    if not ballot.agreed:
-        disagree(fn, Joined(fn, pc, due), text, error,
-                 "every rank must create it alike (same shape, dtype, op and root)")
+    verdict(fn, pc, ballot, due, text, error, "every rank must create it alike (same shape, dtype, op and root)")
     return value, ballot.device
 
 

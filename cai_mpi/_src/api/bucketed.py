@@ -24,20 +24,12 @@ from ..arrays.array import NO_SOURCE, NO_TAG, Array
 from ..arrays.operands import DeviceSource, send_source
 from ..core.memo import Memo
 from ..runtime.base import Runtime
-from ..transport.agreement import (
-    SPECULATE_BYTES,
-    Ballot,
-    Joined,
-    disagree,
-    fingerprint,
-    posted,
-    prepared,
-    reason,
-    vote,
-)
+from ..transport.agreement import SPECULATE_BYTES, Ballot, Joined, fingerprint, prepared, reason, vote
 from ..transport.bigcount import INT_MAX, reduce
+from ..transport.engine import Call, steady, verdict
 from ..transport.pieces import counted
 from ..transport.pool import host_receive_pool
+from ..transport.signature import Signature
 from .agreed import agree
 from .bucket_plan import DIRECT_BYTES, Direct, Plan, is_container
 from .collective_call import setup
@@ -120,35 +112,27 @@ def allreduce_arrays(
         error = exc
         ballot = Ballot(fingerprint(reason(exc)), failed=True)
     pool = host_receive_pool()  # (pooled: a result's memory serves a later call once the result is finalized)
-    agreed: _Agreed | None = pc.agreed.get(fn)
-    if agreed is not None:
-        # The steady state: the buckets' Allreduces of the last agreed call go with the vote (scratch on a rank whose
-        # call differs, so every rank makes the same MPI calls whatever the vote says).
-        mine = error is None and host and plan.fp == agreed.fp
-        buffers = [pool.take_array((b.count,), b.dtype, b.count * b.dtype.itemsize) for b in plan.buckets] if mine \
-            else [np.empty(n * dt.Get_size(), np.uint8) for n, dt, _op in agreed.buckets]
-        if mine:
-            for bucket, buf in zip(plan.buckets, buffers, strict=True):
+    sig = pc.agreed.get(fn)
+    if sig is not None:  # the steady state: ``engine.steady``, with the buckets filled when this call is the agreed one
+        ours = None
+        if error is None and host and plan.fp == sig.common:
+            ours = _Buckets([pool.take_array((b.count,), b.dtype, b.count * b.dtype.itemsize) for b in plan.buckets])
+            for bucket, buf in zip(plan.buckets, ours, strict=True):
                 plan.fill(bucket, buf, sources, rt)
-        speculated = [posted(comm_, "Allreduce", MPI.IN_PLACE, counted(buf, n, dt), mpi_op)
-                      for buf, (n, dt, mpi_op) in zip(buffers, agreed.buckets, strict=True)]
-        vote(fn, pc, ballot, due, speculated, keep=buffers)
-        if mine and ballot.matches(agreed.fp) and not ballot.device:
-            return _results(plan, buffers, [], comm_.Get_size(), rt)
+        ours = steady(fn, pc, ballot, due, sig, ours, _calls)
+        if ours is not None and not ballot.device:
+            return _results(plan, ours, [], comm_.Get_size(), rt)
     else:
         vote(fn, pc, ballot, due)
-    steps = Joined(fn, pc, due)
-    if error is not None:
-        disagree(fn, steps, reason(error), error, "")  # (raises this rank's own error, after every rank heard of it)
-    if not ballot.agreed:
-        disagree(fn, steps, plan.text, None, "every rank must reduce the same keys, shapes, dtypes and op")
+    steps = verdict(fn, pc, ballot, due, "" if error is not None else plan.text, error,
+                    "every rank must reduce the same keys, shapes, dtypes and op")
     if ballot.device and plan.direct:  # (every rank alike: which arrays go alone must not depend on where they lie)
         plan = Plan(fn, objs, op, sync, rt)
         sources = plan.sources
     small = not ballot.device and not plan.direct and sum(b.count * b.dtype.itemsize for b in plan.buckets) \
         <= SPECULATE_BYTES
     if small:  # (every rank alike: the vote agreed on the plan and on where the arrays lie)
-        pc.agreed[fn] = _Agreed(plan.fp, [(b.count, b.datatype, b.op) for b in plan.buckets])
+        pc.agreed[fn] = Signature(plan.fp, buckets=[(b.count, b.datatype, b.op) for b in plan.buckets])
     else:
         pc.agreed.pop(fn, None)
     alone = [pool.take_array(d.shape, d.dtype, d.dtype.itemsize * prod(d.shape)) for d in plan.direct]
@@ -168,14 +152,18 @@ def allreduce_arrays(
     return _results(plan, reduced, alone, comm_.Get_size(), rt)
 
 
-class _Agreed:
-    """The plan the last ``allreduce_arrays`` on a communicator agreed on (small, host only): its fingerprint and
-    each bucket's count, MPI datatype and op, enough to post the next call's Allreduces with its vote."""
+class _Buckets(list[np.ndarray[Any, Any]]):
+    """This rank's filled buckets in a steady-state call (pooled memory: nothing to give back by hand)."""
 
-    __slots__ = ("buckets", "fp")
+    def release(self) -> None:
+        pass
 
-    def __init__(self, fp: int, buckets: list[tuple[int, MPI.Datatype, MPI.Op]]) -> None:
-        self.fp, self.buckets = fp, buckets
+
+def _calls(sig: Signature, ours: _Buckets | None, comm: MPI.Comm) -> list[Call]:
+    """The steady state's Allreduces of ``sig``'s buckets, in place: in ``ours``, or in scratch of their sizes."""
+    bufs = ours if ours is not None else [np.empty(n * dt.Get_size(), np.uint8) for n, dt, _op in sig.buckets]
+    return [("Allreduce", (MPI.IN_PLACE, counted(buf, n, dt), op))
+            for buf, (n, dt, op) in zip(bufs, sig.buckets, strict=True)]
 
 
 def _results(plan: Plan, buffers: list[np.ndarray[Any, Any]], alone: list[np.ndarray[Any, Any]], size: int,

@@ -1,20 +1,17 @@
 """What every collective call of the API does first: check the arguments they share (the communicator, the
 root, the timeout) and find the runtime and the settings. The data-moving collectives (``collectives``,
 ``gathers``) and the reductions (``reductions``) all start here; the exchange that follows is
-``transport.agreement``'s. Also what the data-moving ones share: the signature a call of a kind last agreed on
-and the fingerprint of its operation and root.
+``transport.engine``'s. Also what the data-moving ones share: the fingerprint of their operation and root.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from mpi4py import MPI
 
 from ..arrays.array import NO_TAG
 from ..config import Config, config
-from ..core.header import MessageInfo
 from ..core.memo import Memo
 from ..progress.deadlines import Deadline, deadline
 from ..runtime import get_runtime
@@ -23,7 +20,7 @@ from ..transport.agreement import check_in_step, fingerprint
 from ..transport.privcomm import PrivateComms
 from .validation import PROC_NULL, check_comm, check_rank
 
-__all__ = ["NO_TAG", "AgreedSignature", "bytes_at", "checked_root", "common_fingerprint", "setup"]
+__all__ = ["NO_TAG", "bytes_at", "checked_root", "common_fingerprint", "setup"]
 
 # (NO_TAG: collectives have no tag, so the Arrays they return carry MPI's ANY_TAG, -1 on every MPI library)
 
@@ -59,21 +56,6 @@ def checked_root(fn: str, root: Any, pc: PrivateComms) -> tuple[int, Exception |
         return _root(fn, root, pc), None
     except (TypeError, ValueError) as exc:
         return -1, exc
-
-
-class AgreedSignature:
-    """The signature the last call of a kind agreed on, on a communicator (the same on every rank): its common
-    fingerprint, the description every contributing rank had (``own``, ``info``), the payload size, the root."""
-
-    __slots__ = ("common", "info", "nbytes", "own", "root")
-
-    def __init__(self, common: int, own: int, info: MessageInfo, root: int) -> None:
-        self.common, self.own, self.info, self.nbytes, self.root = common, own, info, info.payload_nbytes, root
-
-    def fresh_info(self) -> MessageInfo:
-        """``info`` with a meta dict of its own (each result's is the caller's to change)."""
-        info = self.info
-        return info if info.meta is None else info._replace(meta=copy.deepcopy(info.meta))
 
 
 # (a Memo, as every cache of descriptions: one entry per operation and root a program uses, bounded by

@@ -4,13 +4,15 @@ It starts with a vote (``transport.agreement``: one small Allreduce whatever the
 rank must share (the operation and its root), so a rank that names another root, or cannot take part, is an error
 on every rank. The root's description (with its meta, and its payload when it fits) travels in one slot; a larger
 payload follows in MPI's own ``Bcast`` as one contiguous piece (``transport.contiguous``) on cai_mpi's private
-duplicate of ``comm``. A bcast like the last one on the communicator posts its payload collective with the vote
-(one round). Scatter and alltoall are ``scatters.py``, gathers ``gathers.py``.
+duplicate of ``comm``. A bcast like the last one on the communicator is one round (``transport.engine``): up to a small
+slot, one collective (the vote's, carrying the root's bytes); above it, its payload collective posted with the
+vote. Scatter and alltoall are ``scatters.py``, gathers ``gathers.py``.
 """
 
 from __future__ import annotations
 
 import copy
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -19,29 +21,29 @@ from mpi4py import MPI
 from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, send_source
 from ..errors import CollectiveMismatchError
+from ..runtime.base import Runtime
 from ..transport.agreement import (
     NOBODY,
     SPECULATE_BYTES,
     Ballot,
     Contribution,
+    Exchange,
     Joined,
     broadcast,
-    describe_source,
-    disagree,
-    fingerprint,
-    posted,
-    reason,
+    described,
     vote,
 )
 from ..transport.bigcount import bcast
-from ..transport.contiguous import outgoing
+from ..transport.contiguous import Landing, Outgoing, outgoing
+from ..transport.engine import SLOT_PAYLOAD_BYTES, Call, slotted, steady, verdict
 from ..transport.pieces import counted
+from ..transport.signature import Signature
 from .arrival import land as _land
 from .arrival import put as _put
 from .arrival import receiver as _receiver
 from .arrival import slot_view as _view
 from .arrival import source_nbytes as _nbytes
-from .collective_call import NO_TAG, AgreedSignature, bytes_at, checked_root, common_fingerprint, setup
+from .collective_call import NO_TAG, bytes_at, checked_root, common_fingerprint, setup
 from .validation import check_meta, check_sync
 
 __all__ = ["bcast_array"]
@@ -92,68 +94,65 @@ def bcast_array(
     if me == root:
         try:
             src = send_source(fn, obj, check_sync(fn, sync), rt)
-            mine = Contribution(describe_source(src, check_meta(fn, meta)), src)
-            own = fingerprint(mine.blob)
+            blob, own = described(src, check_meta(fn, meta))
+            mine = Contribution(blob, src)
         except Exception as exc:
             mine = Contribution.failed(exc)
     src = mine.source
     ballot = Ballot(common, own, failed=mine.error is not None)
-    agreed: AgreedSignature | None = pc.agreed.get(fn)
+    sig = pc.agreed.get(fn)
     target, ordinal, trouble = _receiver(fn, out, None, rt) if me != root else (None, None, None)
-    if agreed is not None and agreed.nbytes <= SPECULATE_BYTES:
-        # The steady state: the payload of the last agreed signature goes with the vote (the root's data when it
-        # is that signature's, scratch otherwise; every rank makes the same MPI calls whatever the vote says).
-        expected = common == agreed.common
-        piece = landing = spec_trouble = None
-        buf: Any = None
-        if me == agreed.root:
-            if expected and own == agreed.own:
-                if isinstance(src, np.ndarray) and src.flags.c_contiguous:
-                    buf = src  # (MPI reads the array itself)
-                else:
-                    piece = outgoing(src, rt, direct=pc.aware.aware)
-                    buf = bytes_at(piece.address, piece.nbytes)
-        elif expected:
-            landing, spec_trouble = _land(fn, agreed.fresh_info(), target, ordinal, trouble, root, pc, rt, True)
-            buf = bytes_at(landing.address, landing.nbytes)
-        if buf is None:
-            buf = np.empty(agreed.nbytes, np.uint8)
-        speculated = [posted(comm_, "Bcast", counted(buf, agreed.nbytes, MPI.BYTE), agreed.root)] if agreed.nbytes \
-            else []
-        vote(fn, pc, ballot, due, speculated, keep=(piece, landing, buf))
-        if piece is not None:
-            piece.release()
-        if ballot.matches(agreed.common, agreed.own):
+    ex: Exchange | None = None
+    steps: Joined | None = None
+    if sig is not None and sig.nbytes <= SLOT_PAYLOAD_BYTES:  # the steady state in one collective: the vote's slot
+        mine_agreed = me == root == sig.root and common == sig.common and own == sig.own
+        slot = slotted(fn, pc, ballot, due, sig, _slot_bytes(src, sig, rt) if mine_agreed else None)
+        if slot is not None:
+            info = sig.fresh_info()
+            ex = Exchange(np.frombuffer(slot, np.uint8), [info], [sig.nbytes], [0], True)
+    elif sig is not None and sig.nbytes <= SPECULATE_BYTES:
+        ours = None  # (the steady state: ``engine.steady``, the root's data or this rank's landing when its call
+        if common == sig.common:  # is the agreed one)
+            if me != sig.root:
+                landing, spec_trouble = _land(fn, sig.fresh_info(), target, ordinal, trouble, root, pc, rt, True)
+                ours = _Bcasting(bytes_at(landing.address, landing.nbytes), None, landing, spec_trouble)
+            elif own == sig.own:
+                ours = _Bcasting(src, None) if isinstance(src, np.ndarray) and src.flags.c_contiguous else \
+                    _Bcasting.of(outgoing(src, rt, direct=pc.aware.aware))
+        ours = steady(fn, pc, ballot, due, sig, ours, _bcast_calls)
+        if ours is not None:
+            if ours.piece is not None:
+                ours.piece.release()
             if me == root:
-                return _own_array(src, obj, root, agreed.fresh_info().meta)
-            assert landing is not None
-            result = landing.finish()
-            if spec_trouble is not None:
-                raise spec_trouble
+                return _own_array(src, obj, root, sig.fresh_info().meta)
+            assert ours.landing is not None
+            result = ours.landing.finish()
+            if ours.trouble is not None:
+                raise ours.trouble
             return result
-        if landing is not None:
-            landing.discard()
     else:
         vote(fn, pc, ballot, due)
-    steps = Joined(fn, pc, due)
-    if not ballot.same_common:
-        text = f"root={root}" if mine.error is None else reason(mine.error)
-        disagree(fn, steps, text, mine.error, "every rank must name the same root")
-    if agreed is not None and ballot.matches(agreed.common, agreed.own):  # (large: the vote went first)
-        info = agreed.fresh_info()
+    if ex is not None:
+        fused = True
+    elif sig is not None and ballot.matches(sig.head):  # (large: the vote went first)
+        steps = verdict(fn, pc, ballot, due, f"root={root}", mine.error, "every rank must name the same root",
+                        failures=False)
+        info = sig.fresh_info()
         fused = False
-        ex = None
     else:
+        steps = verdict(fn, pc, ballot, due, f"root={root}", mine.error, "every rank must name the same root",
+                        failures=False)
         ex = broadcast(steps, root, mine, _nbytes(mine), payload=src if isinstance(src, np.ndarray) else None)
-        described = ex.described[0]
-        if isinstance(described, str):
+        described_ = ex.described[0]
+        if isinstance(described_, str):
             if mine.error is not None:
                 raise mine.error
-            raise CollectiveMismatchError(f"{fn}: the root, rank {root}, could not send: {described}")
-        info, fused = described, ex.fused
-        pc.agreed[fn] = AgreedSignature(common, ballot.own, info._replace(meta=copy.deepcopy(info.meta)), root)
+            raise CollectiveMismatchError(f"{fn}: the root, rank {root}, could not send: {described_}")
+        info, fused = described_, ex.fused
+        pc.agreed[fn] = Signature(common, ballot.own, info=info._replace(meta=copy.deepcopy(info.meta)), root=root)
     if me == root:
         if not fused:
+            assert steps is not None
             piece = steps.keep = outgoing(src, rt, direct=pc.aware.aware)
             bcast(steps, piece.address, piece.nbytes, root, cfg.max_message_bytes)
             piece.release()
@@ -166,8 +165,50 @@ def bcast_array(
         assert ex is not None
         _put(landing, ex.payload(0), rt, ordinal if target is None else getattr(target, "ordinal", None))
     else:
+        assert steps is not None
         steps.keep = landing
         bcast(steps, landing.address, landing.nbytes, root, cfg.max_message_bytes)
     if trouble is not None:
         raise trouble
     return landing.finish()
+
+
+def _slot_bytes(src: np.ndarray[Any, Any] | DeviceSource, sig: Signature, rt: Runtime) -> bytes:
+    """The root's payload in the wire order its agreed description says, as bytes for the vote's slot."""
+    if isinstance(src, np.ndarray):
+        return src.tobytes("F" if sig.described().fortran else "C")
+    piece = outgoing(src, rt, direct=False)  # (host memory, in wire order)
+    try:
+        return ctypes.string_at(piece.address, piece.nbytes)
+    finally:
+        piece.release()
+
+
+class _Bcasting:
+    """This rank's buffer of a steady-state bcast whose call is the agreed one: the root's data (``buf``; its
+    ``piece`` when staged or packed), or where a non-root's copy lands (``landing``, with the error of a bad
+    ``out=``, ``trouble``, raised once the call is over)."""
+
+    __slots__ = ("buf", "landing", "piece", "trouble")
+
+    def __init__(self, buf: Any, piece: Outgoing | None, landing: Landing | None = None,
+                 trouble: Exception | None = None) -> None:
+        self.buf, self.piece, self.landing, self.trouble = buf, piece, landing, trouble
+
+    @classmethod
+    def of(cls, piece: Outgoing) -> _Bcasting:
+        return cls(bytes_at(piece.address, piece.nbytes), piece)
+
+    def release(self) -> None:
+        if self.piece is not None:
+            self.piece.release()
+        if self.landing is not None:
+            self.landing.discard()
+
+
+def _bcast_calls(sig: Signature, ours: _Bcasting | None, comm: MPI.Comm) -> list[Call]:
+    """The steady state's Bcast of ``sig``: of ``ours``, or of scratch of its size."""
+    if not sig.nbytes:
+        return []
+    buf = np.empty(sig.nbytes, np.uint8) if ours is None else ours.buf
+    return [("Bcast", (counted(buf, sig.nbytes, MPI.BYTE), sig.root))]

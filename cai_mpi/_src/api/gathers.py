@@ -12,7 +12,6 @@ every rank reads every rank's (``_one_round``).
 from __future__ import annotations
 
 import ctypes
-import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,32 +25,34 @@ from ..runtime.base import Runtime
 from ..transport.agreement import (
     NOBODY,
     SPECULATE_BYTES,
+    WORD_BYTES,
     WORDS,
     Ballot,
     Contribution,
     Joined,
-    describe_source,
-    disagree,
-    fingerprint,
-    posted,
+    described,
     read,
-    reason,
     vote,
 )
 from ..transport.bigcount import INT_MAX, allgatherv, gatherv
 from ..transport.contiguous import ALIGN, Gathered, Outgoing, outgoing
+from ..transport.engine import Call, steady, verdict
 from ..transport.pieces import counted
 from ..transport.privcomm import PrivateComms
-from .collective_call import NO_TAG, AgreedSignature, bytes_at, checked_root, common_fingerprint, setup
+from ..transport.signature import Signature
+from .collective_call import NO_TAG, bytes_at, checked_root, common_fingerprint, setup
 from .validation import check_sync
 
 __all__ = ["allgather_array", "gather_array"]
 
-_WORDS = struct.Struct(f"<{WORDS}q")
-
-
-def _contribute(fn: str, obj: Any, sync: Any, rt: Runtime) -> Contribution:
-    return Contribution.attempt(lambda: (describe_source(src := send_source(fn, obj, check_sync(fn, sync), rt)), src))
+def _contribute(fn: str, obj: Any, sync: Any, rt: Runtime) -> tuple[Contribution, int]:
+    """This rank's contribution and its own fingerprint (``NOBODY`` when it has none)."""
+    try:
+        src = send_source(fn, obj, check_sync(fn, sync), rt)
+        blob, own = described(src)
+    except Exception as exc:
+        return Contribution.failed(exc), NOBODY
+    return Contribution(blob, src), own
 
 
 def _small(sizes: Any, infos: Sequence[MessageInfo]) -> bool:
@@ -88,20 +89,21 @@ def _record(nbytes: int) -> int:
     return -(-nbytes // 8) * 8 + 8 * WORDS
 
 
-def _one_round(fn: str, pc: PrivateComms, mine: Contribution, ballot: Ballot, agreed: AgreedSignature, due: Any,
+def _one_round(fn: str, pc: PrivateComms, mine: Contribution, ballot: Ballot, sig: Signature, due: Any,
                rt: Runtime, ordinal: int | None) -> list[Array] | None:
-    """allgather's steady state: one Allgather of a record per rank, shaped by the last agreed signature: this
-    rank's payload (when its call is the agreed one; nothing usable otherwise), then its ballot's words. Every rank
-    then holds every rank's words, so each reads the vote's verdict from the same bytes without a vote. The
-    Arrays when every rank's call was the agreed one; else None, and ``ballot`` says what the vote would have."""
+    """allgather's steady state, the gather form of ``engine.steady``: one Allgather of a record per rank, shaped by
+    the last agreed signature: this rank's payload (when its call is the agreed one; nothing usable otherwise), then
+    its ballot's words. Every rank then holds every rank's words, so each reads the vote's verdict from the same
+    bytes without a vote. The Arrays when every rank's call was the agreed one; else None, and ``ballot`` says what
+    the vote would have."""
     comm = pc.header
     me, size = comm.Get_rank(), comm.Get_size()
-    n, record = agreed.nbytes, _record(agreed.nbytes)
-    at = record - _WORDS.size  # (where the words start in a record)
+    n, record = sig.nbytes, _record(sig.nbytes)
+    at = record - WORD_BYTES.size  # (where the words start in a record)
     # (host memory whatever the data's: the words are read here, and device results are copied from it)
-    place = Gathered([agreed.info] * size, ordinal, rt, direct=False, packed=True, stride=record)
+    place = Gathered([sig.described()] * size, ordinal, rt, direct=False, packed=True, stride=record)
     block = memoryview(bytes_at(place.address, record * size))
-    agreed_words, words = _WORDS.pack(agreed.common, agreed.own, 0), _WORDS.pack(*ballot.words())
+    agreed_words, words = sig.words, ballot.words()
     mine_at = me * record
     if n and words == agreed_words:
         src = mine.source
@@ -113,14 +115,44 @@ def _one_round(fn: str, pc: PrivateComms, mine: Contribution, ballot: Ballot, ag
             piece.release()
     block[mine_at + at : mine_at + record] = words
     Joined(fn, pc, due, keep=place)("Allgather", MPI.IN_PLACE, counted(block, record, MPI.BYTE, size))
-    if all(block[w : w + _WORDS.size] == agreed_words for w in range(at, record * size, record)):
+    if all(block[w : w + WORD_BYTES.size] == agreed_words for w in range(at, record * size, record)):
         return place.finish(rt, NO_TAG)  # (every rank's words are the agreed ones: what ``ballot.matches`` reads)
     ballot.tally(np.ndarray((size, WORDS), np.int64, block, at, (record, 8)))
     place.discard(rt)
     return None
 
 
-def _gathered(fn: str, pc: PrivateComms, mine: Contribution, root: int | None, due: Any, rt: Runtime,
+class _Mine:
+    """This rank's buffers of a steady-state gather whose call is the agreed one: what it sends (``send``; its
+    ``piece`` when staged or packed) and, on a gathering rank, where every piece lands (``place``)."""
+
+    __slots__ = ("piece", "place", "rt", "send")
+
+    def __init__(self, send: Any, piece: Outgoing | None, place: Gathered | None, rt: Runtime) -> None:
+        self.send, self.piece, self.place, self.rt = send, piece, place, rt
+
+    def release(self) -> None:
+        if self.piece is not None:
+            self.piece.release()
+        if self.place is not None:
+            self.place.finish(self.rt, NO_TAG)  # (discarded: the staging given back)
+
+
+def _calls(sig: Signature, mine: _Mine | None, comm: MPI.Comm) -> list[Call]:
+    """The steady state's Gather or Allgather of ``sig``: from and into ``mine``, or scratch of its sizes."""
+    n, root = sig.nbytes, None if sig.root == -1 else sig.root
+    if not n:
+        return []
+    if mine is None:
+        gets = root is None or comm.Get_rank() == root
+        return [_gather_call(comm, np.empty(n, np.uint8), np.empty(n * comm.Get_size(), np.uint8) if gets else None,
+                             n, root)]
+    place = mine.place
+    return [_gather_call(comm, mine.send, None if place is None else bytes_at(place.address, n * comm.Get_size()),
+                         n, root)]
+
+
+def _gathered(fn: str, pc: PrivateComms, mine: Contribution, own: int, root: int | None, due: Any, rt: Runtime,
               max_message: int) -> list[Array] | None:
     """gather (at ``root``) or allgather (``root`` None) of every rank's contribution: the vote (with the payloads
     of the last agreed signature, in the steady state), then the payloads."""
@@ -128,50 +160,37 @@ def _gathered(fn: str, pc: PrivateComms, mine: Contribution, root: int | None, d
     assert isinstance(comm, MPI.Intracomm)
     me, size = comm.Get_rank(), comm.Get_size()
     common = common_fingerprint(fn, -1 if root is None else root)
-    own = NOBODY if mine.error is not None else fingerprint(mine.blob)
     ballot = Ballot(common, own, failed=mine.error is not None)
     gets = root is None or me == root
     ordinal = rt.current_device() if gets else None
-    agreed: AgreedSignature | None = pc.agreed.get(fn)
-    if agreed is not None and agreed.root == -1 and not pc.aware.aware and agreed.nbytes <= SPECULATE_BYTES \
-            and _record(agreed.nbytes) * size <= INT_MAX:
+    sig = pc.agreed.get(fn)
+    if sig is not None and sig.root == -1 and not pc.aware.aware and sig.nbytes <= SPECULATE_BYTES \
+            and _record(sig.nbytes) * size <= INT_MAX:
         # (the records are host memory: a CUDA-aware MPI, agreed on by every rank, keeps a device payload's direct
         # route below, with its vote)
-        got = _one_round(fn, pc, mine, ballot, agreed, due, rt, ordinal)
+        got = _one_round(fn, pc, mine, ballot, sig, due, rt, ordinal)
         if got is not None:
             return got
-    elif agreed is not None and agreed.nbytes <= SPECULATE_BYTES and agreed.nbytes * size <= INT_MAX:
-        # The steady state of a gather (and of an allgather on a CUDA-aware MPI): the payloads of the last agreed
-        # signature go with the vote (scratch on a rank whose call differs, so every rank makes the same MPI calls
-        # whatever the vote says).
-        n, expected = agreed.nbytes, common == agreed.common and own == agreed.own
-        spec_root = None if agreed.root == -1 else agreed.root
-        spec_gets = spec_root is None or me == spec_root
-        place = Gathered([agreed.info] * size, ordinal, rt, direct=pc.aware.aware, packed=True) \
-            if spec_gets and expected else None
-        send, piece = _sending(mine.source, rt, pc) if expected else (np.empty(n, np.uint8), None)
-        recv = None if not spec_gets else bytes_at(place.address, n * size) if place is not None \
-            else np.empty(n * size, np.uint8)
-        name, args = _gather_call(comm, send, recv, n, spec_root)
-        reqs = [posted(comm, name, *args)] if n else []
-        vote(fn, pc, ballot, due, reqs, keep=(piece, place, send, recv))
-        if piece is not None:
-            piece.release()
-        if ballot.matches(agreed.common, agreed.own):
-            return place.finish(rt, NO_TAG) if place is not None else None
-        if place is not None:
-            place.finish(rt, NO_TAG)  # (discarded: the staging given back)
+    elif sig is not None and sig.nbytes <= SPECULATE_BYTES and sig.nbytes * size <= INT_MAX:
+        # The steady state of a gather (and of an allgather on a CUDA-aware MPI): ``engine.steady``
+        ours = None
+        if common == sig.common and own == sig.own:
+            place = Gathered([sig.described()] * size, ordinal, rt, direct=pc.aware.aware, packed=True) \
+                if sig.root == -1 or me == sig.root else None
+            ours = _Mine(*_sending(mine.source, rt, pc), place, rt)
+        ours = steady(fn, pc, ballot, due, sig, ours, _calls)
+        if ours is not None:
+            if ours.piece is not None:
+                ours.piece.release()
+            return None if ours.place is None else ours.place.finish(rt, NO_TAG)
     else:
         vote(fn, pc, ballot, due)
-    steps = Joined(fn, pc, due)
-    if not ballot.agreed:
-        text = f"root={root}" if mine.error is None else reason(mine.error)
-        disagree(fn, steps, text, mine.error, "every rank must name the same root")
+    steps = verdict(fn, pc, ballot, due, f"root={root}", mine.error, "every rank must name the same root")
     if ballot.alike:  # every rank described what this one did: the pieces go back to back
         info = read(mine.blob)
         assert isinstance(info, MessageInfo)
         infos = [info] * size
-        pc.agreed[fn] = AgreedSignature(common, own, info, -1 if root is None else root)
+        pc.agreed[fn] = Signature(common, own, info=info, root=-1 if root is None else root)
     else:  # descriptions differ: they travel (every rank needs the sizes), and nothing is remembered
         infos = [info for info in map(read, steps.allgather(mine.blob)) if isinstance(info, MessageInfo)]
         pc.agreed.pop(fn, None)
@@ -223,8 +242,8 @@ def gather_array(
     fn = "gather_array"
     pc, _comm, _none, rt, cfg, due = setup(fn, comm, None, timeout)
     root, bad_root = checked_root(fn, root, pc)
-    mine = _contribute(fn, obj, sync, rt) if bad_root is None else Contribution.failed(bad_root)
-    return _gathered(fn, pc, mine, root, due, rt, cfg.max_message_bytes)
+    mine, own = _contribute(fn, obj, sync, rt) if bad_root is None else (Contribution.failed(bad_root), NOBODY)
+    return _gathered(fn, pc, mine, own, root, due, rt, cfg.max_message_bytes)
 
 
 def allgather_array(
@@ -250,6 +269,6 @@ def allgather_array(
     """
     fn = "allgather_array"
     pc, _comm, _root, rt, cfg, due = setup(fn, comm, None, timeout)
-    got = _gathered(fn, pc, _contribute(fn, obj, sync, rt), None, due, rt, cfg.max_message_bytes)
+    got = _gathered(fn, pc, *_contribute(fn, obj, sync, rt), None, due, rt, cfg.max_message_bytes)
     assert got is not None
     return got

@@ -12,7 +12,6 @@ where it lies, otherwise on the host and copied back.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,13 +22,15 @@ from ..arrays.operands import DeviceSource, RecvTarget, Target, describe_target,
 from ..core.header import MessageInfo
 from ..core.memo import Memo
 from ..runtime.base import Runtime
-from ..transport.agreement import SPECULATE_BYTES, Ballot, Joined, disagree, fingerprint, posted, reason, vote
+from ..transport.agreement import SPECULATE_BYTES, Ballot, fingerprint, reason, vote
 from ..transport.bigcount import INT_MAX, reduce
 from ..transport.contiguous import Landing, Outgoing, outgoing
+from ..transport.engine import Call, steady, verdict
 from ..transport.pieces import counted
 from ..transport.pool import host_receive_pool
 from ..transport.privcomm import PrivateComms
-from .collective_call import checked_root, setup
+from ..transport.signature import Bucket, Signature
+from .collective_call import bytes_at, checked_root, setup
 from .reduce_ops import ReduceOp, divide, native_dtype, parse_op, reduce_datatype
 from .validation import check_sync
 
@@ -37,27 +38,18 @@ __all__ = ["allreduce_array", "reduce_array"]
 
 
 class _Plan:
-    """What reducing a (shape, dtype) with an op means, once checked: the description every rank votes on
-    (``text``, ``fp``), the result's ``info``, the op and the MPI datatype. Shared by calls alike."""
+    """What reducing a (shape, dtype) with an op at a root means, once checked: the description every rank votes on
+    (``text``, ``fp``: its common fingerprint), the result's ``info``, the op, and the reduction MPI makes
+    (``bucket``). Shared by calls alike."""
 
-    __slots__ = ("datatype", "fp", "info", "op", "text")
+    __slots__ = ("bucket", "fp", "info", "op", "root", "text")
 
-    def __init__(self, info: MessageInfo, op: ReduceOp, datatype: MPI.Datatype) -> None:
-        self.info, self.op, self.datatype = info, op, datatype
-        self.text = f"shape={info.shape} dtype={info.dtype.str} op={op.name}"
+    def __init__(self, info: MessageInfo, op: ReduceOp, datatype: MPI.Datatype, root: int | None) -> None:
+        self.info, self.op, self.root = info, op, -1 if root is None else root
+        self.text = f"shape={info.shape} dtype={info.dtype.str} op={op.name}" + ("" if root is None else
+                                                                                f" root={root}")
         self.fp = fingerprint(self.text)
-
-
-class _Agreed:
-    """The signature the last reduction of a kind agreed on, on a communicator (the same on every rank):
-    enough to post the next one's payload reduction before its vote."""
-
-    __slots__ = ("common", "count", "datatype", "mpi", "nbytes", "root")
-
-    def __init__(self, common: int, count: int, datatype: MPI.Datatype, mpi: MPI.Op, nbytes: int,
-                 root: int | None) -> None:
-        self.common, self.count, self.datatype, self.mpi, self.nbytes = common, count, datatype, mpi, nbytes
-        self.root = root
+        self.bucket: Bucket = (info.payload_nbytes // max(datatype.Get_size(), 1), datatype, op.mpi)
 
 
 def _native(fn: str, src: np.ndarray[Any, Any] | DeviceSource) -> np.ndarray[Any, Any] | DeviceSource:
@@ -69,11 +61,12 @@ def _native(fn: str, src: np.ndarray[Any, Any] | DeviceSource) -> np.ndarray[Any
     return src
 
 
-def _plan(fn: str, obj: Any, op: Any, sync: Any, rt: Runtime) -> tuple[np.ndarray[Any, Any] | DeviceSource, _Plan]:
+def _plan(fn: str, obj: Any, op: Any, sync: Any, rt: Runtime, root: int | None
+          ) -> tuple[np.ndarray[Any, Any] | DeviceSource, _Plan]:
     """This rank's source (native byte order) and plan; raises on a bad argument."""
     src = _native(fn, send_source(fn, obj, check_sync(fn, sync), rt))
     shape, dtype = (src.shape, src.dtype) if isinstance(src, np.ndarray) else (src.desc.shape, src.desc.dtype)
-    key = (op if isinstance(op, str) else op.py2f() if isinstance(op, MPI.Op) else None, dtype, shape)
+    key = (op if isinstance(op, str) else op.py2f() if isinstance(op, MPI.Op) else None, dtype, shape, root)
     plan = _known.get(key)
     if plan is None:
         how = parse_op(fn, op)
@@ -83,13 +76,14 @@ def _plan(fn: str, obj: Any, op: Any, sync: Any, rt: Runtime) -> tuple[np.ndarra
         size = 1
         for n in shape:
             size *= n
-        plan = _Plan(MessageInfo(dtype, shape, False, size * dtype.itemsize, 0, None, False, False, 0), how, datatype)
+        plan = _Plan(MessageInfo(dtype, shape, False, size * dtype.itemsize, 0, None, False, False, 0), how, datatype,
+                     root)
         if key[0] is not None:
             _known.remember(key, plan)
     return src, plan
 
 
-# (op, dtype, shape) -> _Plan: what checking the arguments found, for the next call with the same (a step of a
+# (op, dtype, shape, root) -> _Plan: what checking the arguments found, for the next call with the same (a step of a
 # solver or a training loop reduces the same arrays every time).
 _known: Memo[tuple[Any, ...], _Plan] = Memo()
 
@@ -147,10 +141,6 @@ class _Buffers:
         return self.result if self.landing is None else self.landing.finish()
 
 
-def _raw(address: int, nbytes: int, readonly: bool = False) -> Any:
-    return MPI.buffer.fromaddress(address if nbytes else 0, nbytes, readonly=readonly)
-
-
 def _buffers(src: np.ndarray[Any, Any] | DeviceSource, plan: _Plan, target: Target | None, gets_result: bool,
              trouble: Exception | None, pc: PrivateComms, rt: Runtime, held: bool) -> _Buffers:
     """This rank's buffers; ``held``: MPI's write may be discarded or complete after a timeout, so it does not land
@@ -179,14 +169,14 @@ def _buffers(src: np.ndarray[Any, Any] | DeviceSource, plan: _Plan, target: Targ
     direct = (pc.aware.aware and isinstance(src, DeviceSource) and (on_device or not gets_result)
               and not (plan.op.mean and gets_result))
     piece = outgoing(src, rt, direct=direct, c_order=True)
-    send = _raw(piece.address, piece.nbytes, readonly=True)
+    send = bytes_at(piece.address, piece.nbytes, readonly=True)
     if not gets_result:
         return _Buffers(send, None, piece=piece)
     if trouble is not None:
         return _Buffers(send, np.empty(max(info.payload_nbytes, 1), np.uint8), piece=piece)
     ordinal = src.ordinal if target is None and isinstance(src, DeviceSource) else None
     landing = Landing.plan(info, target, ordinal, NO_SOURCE, NO_TAG, rt, direct=direct, held=held)
-    return _Buffers(send, _raw(landing.address, landing.nbytes), piece=piece, landing=landing,
+    return _Buffers(send, bytes_at(landing.address, landing.nbytes), piece=piece, landing=landing,
                     in_place=landing.nbytes > 0 and landing.address == piece.address)
 
 
@@ -194,38 +184,22 @@ def _address(buf: Any) -> int:
     return int(buf.ctypes.data) if isinstance(buf, np.ndarray) else int(buf.address)
 
 
-def _call(send: Any, recv: Any, in_place: bool, agreed: _Agreed) -> tuple[str, tuple[Any, ...]]:
-    """MPI's reduction of the ``agreed`` signature (``recv`` None off the root): its name and its arguments."""
-    n, dt = agreed.count, agreed.datatype
+def _call(send: Any, recv: Any, in_place: bool, bucket: Bucket, root: int) -> Call:
+    """MPI's reduction of ``bucket`` at ``root`` (-1: every rank; ``recv`` None off the root): its name and its
+    arguments."""
+    n, dt, op = bucket
     src: Any = MPI.IN_PLACE if in_place else counted(send, n, dt)
     out = None if recv is None else counted(recv, n, dt)
-    if agreed.root is None:
-        return "Allreduce", (src, out, agreed.mpi)
-    return "Reduce", (src, out, agreed.mpi, agreed.root)
+    return ("Allreduce", (src, out, op)) if root < 0 else ("Reduce", (src, out, op, root))
 
 
-def _speculate(fn: str, pc: PrivateComms, ballot: Ballot, due: Any, agreed: _Agreed,
-               mine: Callable[[], _Buffers] | None) -> _Buffers | None:
-    """The steady state: the payload reduction of the last ``agreed`` signature goes with the vote, into this
-    rank's own buffers (``mine()``) when its call is the agreed one, else into scratch, so that every rank makes
-    the same MPI calls whatever the vote says. Returns this rank's buffers, to finish, when every rank's call was
-    the agreed one; None when the reduction must be made again (buffers of its own given back)."""
-    comm = pc.header
-    gets_result = agreed.root is None or comm.Get_rank() == agreed.root
-    bufs = mine() if mine is not None else None
+def _calls(sig: Signature, bufs: _Buffers | None, comm: MPI.Comm) -> list[Call]:
+    """The steady state's reduction of ``sig``: into ``bufs``, or scratch of its size (``engine.steady``)."""
     if bufs is None:
-        scratch = np.empty((2, agreed.nbytes), np.uint8)
-        name, args = _call(scratch[0], scratch[1] if gets_result else None, False, agreed)
-    else:
-        scratch = None
-        name, args = _call(bufs.send, bufs.recv, bufs.in_place, agreed)
-    req = posted(comm, name, *args)
-    vote(fn, pc, ballot, due, [req], keep=(bufs, scratch))
-    if bufs is not None and ballot.matches(agreed.common):
-        return bufs
-    if bufs is not None:
-        bufs.release()
-    return None
+        scratch = np.empty((2, sig.nbytes), np.uint8)
+        gets_result = sig.root < 0 or comm.Get_rank() == sig.root
+        return [_call(scratch[0], scratch[1] if gets_result else None, False, sig.buckets[0], sig.root)]
+    return [_call(bufs.send, bufs.recv, bufs.in_place, sig.buckets[0], sig.root)]
 
 
 def _reduce(
@@ -235,54 +209,51 @@ def _reduce(
     bad_root = None
     if root is not None:
         root, bad_root = checked_root(fn, root, pc)
-    me, size = comm_.Get_rank(), comm_.Get_size()
-    gets_result = root is None or me == root
+    gets_result = root is None or comm_.Get_rank() == root
+    plan: _Plan | None = None
+    error: Exception | None = None
     try:
         if bad_root is not None:
             raise bad_root
-        src, plan = _plan(fn, obj, op, sync, rt)
-        error: Exception | None = None
-        common = plan.fp if root is None else fingerprint(f"{plan.text} root={root}")
+        src, plan = _plan(fn, obj, op, sync, rt, root)
+        common = plan.fp
         target, trouble = _out(fn, out, plan, rt) if out is not None and gets_result else (None, None)
     except Exception as exc:
         error, common = exc, fingerprint(reason(exc))
     ballot = Ballot(common, failed=error is not None)
-    agreed = pc.agreed.get(fn)
-    if agreed is not None and 0 < agreed.nbytes <= SPECULATE_BYTES:
-        mine = None
-        if error is None and common == agreed.common:
-            mine = lambda: _buffers(src, plan, target, gets_result, trouble, pc, rt, True)  # noqa: E731
-        bufs = _speculate(fn, pc, ballot, due, agreed, mine)
+    sig = pc.agreed.get(fn)
+    if sig is not None and 0 < sig.nbytes <= SPECULATE_BYTES:
+        own = _buffers(src, plan, target, gets_result, trouble, pc, rt, True) if plan is not None and \
+            error is None and plan.fp == sig.common else None
+        bufs = steady(fn, pc, ballot, due, sig, own, _calls)
         if bufs is not None:
-            result = bufs.finish(plan, size)
-            if trouble is not None:
-                raise trouble
-            return result
+            assert plan is not None
+            return _finished(bufs, plan, comm_.Get_size(), trouble)
     else:
         vote(fn, pc, ballot, due)
-    steps = Joined(fn, pc, due)
-    if error is not None:
-        disagree(fn, steps, reason(error), error, "")  # (raises this rank's own error, after every rank heard of it)
-    if not ballot.agreed:
-        text = plan.text if root is None else f"{plan.text} root={root}"
-        disagree(fn, steps, text, None, "the ranks must reduce arrays of one shape and dtype with one op"
-                 + ("" if root is None else " and root"))
-    info = plan.info
-    count = info.payload_nbytes // max(plan.datatype.Get_size(), 1)
-    if plan.op.mpi.is_predefined:  # (a user's op may be freed before the next call: never posted ahead)
-        pc.agreed[fn] = _Agreed(common, count, plan.datatype, plan.op.mpi, info.payload_nbytes, root)
+    steps = verdict(fn, pc, ballot, due, "" if plan is None else plan.text, error,
+                    "the ranks must reduce arrays of one shape and dtype with one op" + ("" if root is None else
+                                                                                          " and root"))
+    assert plan is not None
+    info, (count, datatype, mpi_op) = plan.info, plan.bucket
+    if mpi_op.is_predefined:  # (a user's op may be freed before the next call: never posted ahead)
+        pc.agreed[fn] = Signature(plan.fp, info=info, root=plan.root, buckets=[plan.bucket])
     else:
         pc.agreed.pop(fn, None)
     bufs = steps.keep = _buffers(src, plan, target, gets_result, trouble, pc, rt, due is not None)
     if info.payload_nbytes <= cfg.max_message_bytes and count <= INT_MAX:
         if count:
-            name, args = _call(bufs.send, bufs.recv, bufs.in_place, _Agreed(common, count, plan.datatype,
-                               plan.op.mpi, info.payload_nbytes, root))
+            name, args = _call(bufs.send, bufs.recv, bufs.in_place, plan.bucket, plan.root)
             steps(name, *args)
     else:
         send = _address(bufs.send)
         reduce(steps, send, send if bufs.in_place else _address(bufs.recv) if bufs.recv is not None else send,
-               count, plan.datatype, plan.op.mpi, root, cfg.max_message_bytes)
+               count, datatype, mpi_op, root, cfg.max_message_bytes)
+    return _finished(bufs, plan, comm_.Get_size(), trouble)
+
+
+def _finished(bufs: _Buffers, plan: _Plan, size: int, trouble: Exception | None) -> Array | None:
+    """The result, or this rank's own error (a bad ``out=``) once the reduction is over."""
     result = bufs.finish(plan, size)
     if trouble is not None:
         raise trouble

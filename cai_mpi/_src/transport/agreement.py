@@ -11,11 +11,11 @@ the ranks disagree, or one failed, every rank joins the error path (``disagree``
 raises, naming who had what.
 
 In the steady state a call costs one round: every rank remembers the signature the previous call of the same
-kind agreed on (``PrivateComms.agreed``, the same on every rank because it was agreed), posts the payload
-collective shaped by it (its own data where its signature matches, scratch where it does not, so every rank
-makes the same MPI calls) together with the vote, and keeps the result when the vote says everyone matched. Where
-every rank receives every rank's payload (an allgather), the payload collective carries each rank's ballot
-(``Ballot.words``) instead, and each rank counts them itself (``Ballot.tally``): no vote.
+kind agreed on (``PrivateComms.agreed``: a ``signature.Signature``, the same on every rank because it was agreed),
+and ``engine.steady`` posts the payload collective shaped by it (its own data where its call matches, scratch where
+it does not, so every rank makes the same MPI calls) together with the vote, keeping the result when the vote says
+everyone matched. Where every rank receives every rank's payload (an allgather), the payload collective carries
+each rank's ballot (``Ballot.words``) instead, and each rank counts them itself (``Ballot.tally``): no vote.
 
 A collective that times out leaves its communicator out of step (MPI cannot withdraw a collective):
 ``settle`` marks it, and every later collective on it raises at once (``check_in_step``), naming the call
@@ -34,19 +34,20 @@ from mpi4py import MPI
 
 from ..arrays.operands import DeviceSource
 from ..core.header import MessageInfo, decode, encode_header
+from ..core.memo import Memo
 from ..errors import CollectiveMismatchError
 from ..progress.deadlines import Deadline, collective_expired
 from ..progress.driving import complete_by
 from ..progress.posted import PostedRequest
 from ..progress.waits import MPIWait
 from .privcomm import PrivateComms
+from .signature import NOBODY, WORD_BYTES, WORDS, Ballot
 
 __all__ = [
-    "BLOCKING", "NONBLOCKING", "NOBODY", "PERSISTENT", "SLOT_BYTES", "SPECULATE_BYTES", "WORDS", "Ballot",
-    "Contribution", "Dealt", "Exchange", "Joined", "broadcast", "check_in_step", "collective", "describe_source",
-    "disagree", "exchange",
-    "fingerprint", "pack", "posted", "prepared", "raise_failures",
-    "read", "reason", "scatter", "settle", "unpack", "vote",
+    "BLOCKING", "NONBLOCKING", "NOBODY", "PERSISTENT", "SLOT_BYTES", "SPECULATE_BYTES", "WORDS", "WORD_BYTES",
+    "Ballot", "Contribution", "Dealt", "Exchange", "Joined", "broadcast", "check_in_step", "collective",
+    "describe_source", "described", "disagree", "exchange", "fingerprint", "pack", "posted", "prepared",
+    "raise_failures", "read", "reason", "scatter", "settle", "unpack", "vote",
 ]
 
 #: Payloads of at most this many bytes (by the remembered signature) are posted with the vote, speculatively;
@@ -95,14 +96,26 @@ def _fortran(src: np.ndarray[Any, Any]) -> bool:
 
 def describe_source(src: np.ndarray[Any, Any] | DeviceSource, meta: bytes = b"") -> bytes:
     """The header that describes ``src`` (its dtype, shape and wire order, plus ``meta``)."""
+    return described(src, meta)[0]
+
+
+def described(src: np.ndarray[Any, Any] | DeviceSource, meta: bytes = b"") -> tuple[bytes, int]:
+    """The header that describes ``src`` (``describe_source``) and its fingerprint, through the memo of
+    descriptions: a call like an earlier one neither encodes nor hashes."""
     if isinstance(src, np.ndarray):
-        dtype, shape = src.dtype, src.shape
-        fortran = _fortran(src)
+        key = (src.dtype, src.shape, _fortran(src), meta)
     else:
         desc = src.desc
-        dtype, shape = desc.dtype, desc.shape
-        fortran = not desc.is_c_contiguous and desc.is_f_contiguous
-    return encode_header(dtype, shape, fortran=fortran, payload_tag=0, meta_bytes=meta)
+        key = (desc.dtype, desc.shape, not desc.is_c_contiguous and desc.is_f_contiguous, meta)
+    got = _DESCRIBED.get(key)
+    if got is None:
+        blob = encode_header(key[0], key[1], fortran=key[2], payload_tag=0, meta_bytes=meta)
+        got = _DESCRIBED.remember(key, (blob, fingerprint(blob)))
+    return got
+
+
+# (dtype, shape, wire order, meta) -> (header, its fingerprint): the descriptions collectives contributed before
+_DESCRIBED: Memo[tuple[Any, ...], tuple[bytes, int]] = Memo()
 
 
 def read(blob: bytes) -> MessageInfo | str:
@@ -147,14 +160,26 @@ def collective(comm: MPI.Comm, name: str, form: str, *args: Any) -> Any:
     """MPI's collective ``name`` on ``comm`` in ``form`` (``"Allreduce"``: ``comm.Allreduce``, ``comm.Iallreduce``,
     ``comm.Allreduce_init``): the posting table of every collective cai_mpi makes, the one place that names mpi4py's
     collective methods (the API modules name the collective and the form: tests/unit/test_wire_in_transport.py)."""
-    if form == BLOCKING:
-        method = name
-    elif form == NONBLOCKING:
-        method = "I" + name[0].lower() + name[1:]
-    else:
-        assert form == PERSISTENT, form
-        method = name + "_init"
+    method = _METHODS.get((name, form))
+    if method is None:
+        method = _method(name, form)
     return getattr(comm, method)(*args)
+
+
+def _method(name: str, form: str) -> str:
+    """mpi4py's method for collective ``name`` in ``form``."""
+    if form == BLOCKING:
+        return name
+    if form == NONBLOCKING:
+        return "I" + name[0].lower() + name[1:]
+    assert form == PERSISTENT, form
+    return name + "_init"
+
+
+#: The table itself, for the collectives cai_mpi makes (``_method`` spells any other)
+_METHODS = {(name, form): _method(name, form) for form in (BLOCKING, NONBLOCKING, PERSISTENT) for name in (
+    "Allgather", "Allgatherv", "Allreduce", "Alltoall", "Alltoallv", "Alltoallw", "Barrier", "Bcast", "Gather",
+    "Gatherv", "Reduce", "Scatter", "Scatterv")}
 
 
 def posted(comm: MPI.Comm, name: str, *args: Any) -> MPI.Request:
@@ -200,77 +225,10 @@ class Joined:
 
 # -- the vote -------------------------------------------------------------------------------------------------
 
-#: ``own`` of a rank that describes nothing in this vote (a non-root of ``bcast_array``): below every fingerprint
-NOBODY = -(1 << 62)
-#: How many integers ``Ballot.words`` are: what a payload collective carries per rank in place of a vote
-WORDS = 3
-
-
 def fingerprint(data: bytes | str) -> int:
     """A 61-bit hash of ``data``: its negation is a fingerprint too, and both stay above ``NOBODY``."""
     raw = data.encode() if isinstance(data, str) else data
     return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little", signed=True) >> 3
-
-
-class Ballot:
-    """This rank's vote (``votes``), and after the vote (``seen``: the MAX over every rank) what every rank reads
-    from it."""
-
-    __slots__ = ("_words", "seen", "votes")
-
-    def __init__(self, common: int, own: int = NOBODY, failed: bool = False, device: bool = False) -> None:
-        self._words = (common, own, int(failed))
-        self.votes = np.array([common, -common, own, -own if own != NOBODY else NOBODY, int(failed), int(device)],
-                              np.int64)
-        self.seen: list[int] = []
-
-    def counted(self) -> None:
-        """The vote is over: ``votes`` holds the MAX over every rank."""
-        self.seen = self.votes.tolist()
-
-    def words(self) -> tuple[int, int, int]:
-        """What this ballot says in ``WORDS`` integers (common, own, failed), for a collective that carries them
-        to every rank with its payload instead of voting."""
-        return self._words
-
-    def tally(self, words: np.ndarray[Any, Any]) -> None:
-        """Count every rank's ``words`` (one row per rank): ``seen`` is then what the vote would have said (every
-        rank holds the same rows, so every rank reads the same answer), but for ``device``: words do not carry it."""
-        common, own, failed = words[:, 0], words[:, 1], words[:, 2]
-        negated = np.where(own != NOBODY, -own, NOBODY)
-        self.seen = [int(common.max()), int((-common).max()), int(own.max()), int(negated.max()),
-                     int(failed.max()), 0]
-
-    @property
-    def agreed(self) -> bool:
-        """Every rank had the same common fingerprint, and none failed."""
-        v = self.seen
-        return v[0] == -v[1] and v[4] == 0
-
-    @property
-    def same_common(self) -> bool:
-        """Every rank had the same common fingerprint (some may have failed)."""
-        return self.seen[0] == -self.seen[1]
-
-    def matches(self, common: int, own: int = NOBODY) -> bool:
-        """Every rank agreed on ``common`` and (unless ``NOBODY``) every described rank had ``own``."""
-        v = self.seen
-        return v[0] == common and v[1] == -common and v[4] == 0 and (own == NOBODY or (v[2] == own and v[3] == -own))
-
-    @property
-    def alike(self) -> bool:
-        """Every rank that described something described the same (after ``agreed``)."""
-        v = self.seen
-        return v[2] == -v[3] or (v[2] == NOBODY and v[3] == NOBODY)
-
-    @property
-    def own(self) -> int:
-        return self.seen[2]
-
-    @property
-    def device(self) -> bool:
-        """Some rank holds device memory."""
-        return bool(self.seen[5])
 
 
 def check_in_step(fn: str, pc: PrivateComms) -> None:
@@ -301,11 +259,10 @@ def vote(fn: str, pc: PrivateComms, ballot: Ballot, due: Deadline | None,
     collectives already posted completing with it."""
     comm = pc.header
     if not speculative and due is None:
-        comm.Allreduce(MPI.IN_PLACE, ballot.votes, MPI.MAX)
+        comm.Allreduce(MPI.IN_PLACE, [ballot.votes, MPI.INT64_T], MPI.MAX)
     else:
-        reqs = [*speculative, comm.Iallreduce(MPI.IN_PLACE, ballot.votes, MPI.MAX)]
+        reqs = [*speculative, comm.Iallreduce(MPI.IN_PLACE, [ballot.votes, MPI.INT64_T], MPI.MAX)]
         settle(fn, pc, reqs, due, (ballot, keep))
-    ballot.counted()
     return ballot
 
 

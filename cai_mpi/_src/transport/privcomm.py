@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 
 from .detect import CudaAwareness, agree, detect_local
+
+if TYPE_CHECKING:
+    from .signature import Signature
 
 __all__ = ["WORLD", "PrivateComms", "cuda_aware", "init_world", "private_comms"]
 
@@ -37,9 +40,9 @@ class PrivateComms:
         comm_for_agreement = self.header if not self.header.Is_inter() else None
         local = detect_local()
         self.aware: CudaAwareness = agree(comm_for_agreement, local) if comm_for_agreement else local
-        #: the signature each kind of one-shot collective last agreed on, by kind (``transport.agreement``): the
+        #: the signature each kind of one-shot collective last agreed on, by kind (``transport.engine``): the
         #: same on every rank, since it was agreed
-        self.agreed: dict[str, Any] = {}
+        self.agreed: dict[str, Signature] = {}
         #: why this communicator's collectives are out of step (a collective timed out on this rank), or None
         self.out_of_step: str | None = None
 
