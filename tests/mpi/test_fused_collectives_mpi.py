@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.core.header import encode_header
-from cai_mpi._src.transport.agreement import SLOT_BYTES, describe_source, payload_room
+from cai_mpi._src.transport.agreement import PIECE_SLOT_BYTES, SLOT_BYTES, describe_source, payload_room
 from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, use_runtime
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -71,9 +71,9 @@ def same(got: Any, expected: np.ndarray[Any, Any], *, signed_zeros: bool = True)
         assert np.array_equal(g, expected), (g, expected)
 
 
-def fits(arr: np.ndarray[Any, Any]) -> bool:
-    """Does ``arr`` travel in its slot (as the data collectives describe it)?"""
-    return arr.nbytes <= payload_room(len(describe_source(arr)))
+def fits(arr: np.ndarray[Any, Any], slot: int = SLOT_BYTES) -> bool:
+    """Does ``arr`` travel in its slot of ``slot`` bytes (as the data collectives describe it)?"""
+    return arr.nbytes <= payload_room(len(describe_source(arr)), slot)
 
 
 def reduction_fits(arr: np.ndarray[Any, Any]) -> bool:
@@ -114,10 +114,10 @@ def test_data_collectives_against_numpy(shape: tuple[int, ...], dtype: str,
         same(a, e)
 
 
-def padded_bytes(used: int, seed: int) -> np.ndarray[Any, Any]:
-    """A uint8 vector that fills ``used`` bytes of a slot (prefix, header, alignment and payload)."""
+def padded_bytes(used: int, seed: int, slot: int = SLOT_BYTES) -> np.ndarray[Any, Any]:
+    """A uint8 vector that fills ``used`` bytes of a slot of ``slot`` bytes (prefix, header, alignment, payload)."""
     header = len(describe_source(np.zeros(1, np.uint8)))  # (the same for every length: shape fields are fixed)
-    n = used - (SLOT_BYTES - payload_room(header))
+    n = used - (slot - payload_room(header, slot))
     return values("u1", (n,), seed)
 
 
@@ -192,13 +192,16 @@ def test_scatter_and_alltoall_against_numpy(shape: tuple[int, ...], dtype: str, 
     check_alltoall(lambda src, dst: laid_out(values(dtype, shape, 100 * src + dst), kind))
 
 
-@pytest.mark.parametrize("used", [SLOT_BYTES - 1, SLOT_BYTES, SLOT_BYTES + 1], ids=["slot-1", "slot", "slot+1"])
+PIECE = PIECE_SLOT_BYTES  # (scatter's and alltoall's slot: one per piece)
+
+
+@pytest.mark.parametrize("used", [PIECE - 1, PIECE, PIECE + 1], ids=["slot-1", "slot", "slot+1"])
 def test_scatter_and_alltoall_at_the_slot_boundary(used: int) -> None:
-    every = [padded_bytes(used, r) for r in range(size)]
-    assert all(fits(a) for a in every) == (used <= SLOT_BYTES)
+    every = [padded_bytes(used, r, PIECE) for r in range(size)]
+    assert all(fits(a, PIECE) for a in every) == (used <= PIECE)
     for root in range(size):
         check_scatter(every, root)
-    check_alltoall(lambda src, dst: padded_bytes(used, 100 * src + dst))
+    check_alltoall(lambda src, dst: padded_bytes(used, 100 * src + dst, PIECE))
 
 
 @pytest.mark.parametrize("big", range(4), ids=lambda r: f"rank{r}-over")
@@ -206,14 +209,14 @@ def test_pieces_in_and_over_their_slots_in_one_scatter_or_alltoall(big: int) -> 
     """One destination's piece (or one sender's pieces, or one pair's) over its slot, the rest in theirs: every rank
     joins the payload collective, and each piece arrives from where it travelled."""
     # (timeout= first: ranks that disagree on whether a payload collective follows fail it, rather than hang)
-    every = [padded_bytes(SLOT_BYTES + (r == big), r) for r in range(size)]
+    every = [padded_bytes(PIECE + (r == big), r, PIECE) for r in range(size)]
     for root in range(size):
         check_scatter(every, root, out=True, timeout=30.0)
         check_scatter(every, root)
-    check_alltoall(lambda src, dst: padded_bytes(SLOT_BYTES + (src == big and dst == (big + 1) % size),
-                                                 100 * src + dst), timeout=30.0)
-    check_alltoall(lambda src, dst: padded_bytes(SLOT_BYTES + (dst == big), 100 * src + dst), timeout=30.0)
-    check_alltoall(lambda src, dst: padded_bytes(SLOT_BYTES + (src == big), 100 * src + dst))
+    check_alltoall(lambda src, dst: padded_bytes(PIECE + (src == big and dst == (big + 1) % size),
+                                                 100 * src + dst, PIECE), timeout=30.0)
+    check_alltoall(lambda src, dst: padded_bytes(PIECE + (dst == big), 100 * src + dst, PIECE), timeout=30.0)
+    check_alltoall(lambda src, dst: padded_bytes(PIECE + (src == big), 100 * src + dst, PIECE))
 
 
 def mixed(src: int, dst: int) -> np.ndarray[Any, Any]:

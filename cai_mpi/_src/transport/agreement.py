@@ -44,7 +44,8 @@ from .privcomm import PrivateComms
 from .signature import NOBODY, WORD_BYTES, WORDS, Ballot
 
 __all__ = [
-    "BLOCKING", "NONBLOCKING", "NOBODY", "PERSISTENT", "SLOT_BYTES", "SPECULATE_BYTES", "WORDS", "WORD_BYTES",
+    "BLOCKING", "NONBLOCKING", "NOBODY", "PERSISTENT", "PIECE_SLOT_BYTES", "SLOT_BYTES", "SPECULATE_BYTES", "WORDS",
+    "WORD_BYTES",
     "Ballot", "Contribution", "Dealt", "Exchange", "Joined", "broadcast", "check_in_step", "collective",
     "describe_source", "described", "disagree", "exchange", "fingerprint", "pack", "posted", "prepared",
     "raise_failures", "read", "reason", "scatter", "settle", "unpack", "vote",
@@ -59,6 +60,9 @@ _UNLIMITED = 1 << 62
 #: Bytes per rank of the exchange: a contribution whose prefix, header and payload fit travels whole in it.
 #: The same on every rank (a constant, not a setting); docs/benchmarks-history.md has the measurement that chose it.
 SLOT_BYTES = 1024
+#: The slot of each piece of a ``scatter`` or an ``exchange`` (an alltoall): one per rank or per pair, so its size
+#: multiplies with the world's; it carries a header (51 B for a vector) and a payload of up to 48 B with it.
+PIECE_SLOT_BYTES = 128
 _HEAD = struct.Struct("<iiq")  # the length of the header (or failure text), flags, the payload's bytes
 _FUSED = 1  # the slot holds all of this rank's contribution: its header and its payload
 _ALIGN = 16  # a payload in a slot starts at a multiple of this (any dtype's alignment; slots are 64-aligned)
@@ -294,24 +298,25 @@ def _payload_at(nblob: int) -> int:
     return -(-(_HEAD.size + nblob) // _ALIGN) * _ALIGN
 
 
-def payload_room(header_nbytes: int) -> int:
-    """The most payload bytes a slot carries with a header of ``header_nbytes`` (a larger payload, or a longer
-    header, takes the path of MPI's own collective)."""
-    return SLOT_BYTES - _payload_at(header_nbytes)
+def payload_room(header_nbytes: int, slot: int = SLOT_BYTES) -> int:
+    """The most payload bytes a slot of ``slot`` bytes carries with a header of ``header_nbytes`` (a larger
+    payload, or a longer header, takes the path of MPI's own collective)."""
+    return slot - _payload_at(header_nbytes)
 
 
 def _fill(slots: memoryview, at: int, mine: Contribution, nbytes: int, payload: np.ndarray[Any, Any] | None,
-          c_order: bool) -> bool:
-    """Write ``mine`` into the slot at byte ``at``: its prefix, its header's start and, when the whole fits and a
-    host ``payload`` is given, the payload's bytes in wire order (``describe_source``'s, or C order). Returns
-    whether the whole did fit."""
+          c_order: bool, slot: int = SLOT_BYTES) -> bool:
+    """Write ``mine`` into the slot of ``slot`` bytes at byte ``at``: its prefix, its header's start and, when the
+    whole fits and a host ``payload`` is given, the payload's bytes in wire order (``describe_source``'s, or C
+    order). Returns whether the whole did fit."""
     blob = mine.blob
     nblob = len(blob)
     start = _payload_at(nblob)
-    fused = (mine.error is not None and nblob <= ROOM) or (payload is not None and start + nbytes <= SLOT_BYTES)
+    room = slot - _HEAD.size
+    fused = (mine.error is not None and nblob <= room) or (payload is not None and start + nbytes <= slot)
     _HEAD.pack_into(slots, at, nblob, _FUSED if fused else 0, nbytes)
     head = at + _HEAD.size
-    slots[head : head + min(nblob, ROOM)] = blob if nblob <= ROOM else blob[:ROOM]
+    slots[head : head + min(nblob, room)] = blob if nblob <= room else blob[:room]
     if fused and payload is not None and nbytes:
         slots[at + start : at + start + nbytes] = payload.tobytes("F" if not c_order and _fortran(payload) else "C")
     return fused
@@ -344,7 +349,7 @@ class Exchange:
         return cast("list[MessageInfo]", self.described)
 
 
-def _read_slots(slots: memoryview, count: int) -> tuple[
+def _read_slots(slots: memoryview, count: int, slot: int = SLOT_BYTES) -> tuple[
     list[MessageInfo | str], dict[int, bytes], list[int], list[int], bool
 ]:
     """Each slot's description (the start of it, by rank, where a header is longer than a slot), payload size and
@@ -352,13 +357,13 @@ def _read_slots(slots: memoryview, count: int) -> tuple[
     described: list[MessageInfo | str] = []
     longer: dict[int, bytes] = {}
     sizes, starts, fused = [], [], True
-    unpack_from, head = _HEAD.unpack_from, _HEAD.size
-    for at in range(0, count * SLOT_BYTES, SLOT_BYTES):
+    unpack_from, head, room = _HEAD.unpack_from, _HEAD.size, slot - _HEAD.size
+    for at in range(0, count * slot, slot):
         nblob, flags, nbytes = unpack_from(slots, at)
-        blob = bytes(slots[at + head : at + head + min(nblob, ROOM)])
-        if nblob > ROOM:
+        blob = bytes(slots[at + head : at + head + min(nblob, room)])
+        if nblob > room:
             longer[len(described)] = blob
-        described.append(read(blob) if nblob <= ROOM else "")
+        described.append(read(blob) if nblob <= room else "")
         sizes.append(nbytes)
         starts.append(at + _payload_at(nblob))
         fused = fused and flags == _FUSED
@@ -391,6 +396,7 @@ def broadcast(
 #: contribution: a payload collective follows; some header (or failure text) of this sender's is longer than a slot:
 #: its rest follows
 _APART, _LONG = 2, 4
+_SLOT, _ROOM = PIECE_SLOT_BYTES, PIECE_SLOT_BYTES - _HEAD.size  # (a piece's slot, and the header bytes it carries)
 
 
 class Dealt(Exchange):
@@ -413,37 +419,37 @@ def _deal(slots: np.ndarray[Any, Any], parts: Sequence[Contribution], sizes: Seq
     """One slot per destination (``_fill``), each then marked with what the sender says of all of them (``_APART``,
     ``_LONG``): ``(which held their whole contribution, those marks)``."""
     view = slots.data
-    sent = [_fill(view, i * SLOT_BYTES, c, n, p, False) for i, (c, n, p) in enumerate(zip(parts, sizes, payloads,
-                                                                                           strict=True))]
-    marks = (0 if all(sent) else _APART) | (_LONG if any(len(c.blob) > ROOM for c in parts) else 0)
+    sent = [_fill(view, i * _SLOT, c, n, p, False, _SLOT)
+            for i, (c, n, p) in enumerate(zip(parts, sizes, payloads, strict=True))]
+    marks = (0 if all(sent) else _APART) | (_LONG if any(len(c.blob) > _ROOM for c in parts) else 0)
     if marks:
         for i, whole in enumerate(sent):
-            _HEAD.pack_into(view, i * SLOT_BYTES, len(parts[i].blob), marks | (_FUSED if whole else 0), sizes[i])
+            _HEAD.pack_into(view, i * _SLOT, len(parts[i].blob), marks | (_FUSED if whole else 0), sizes[i])
     return sent, marks
 
 
 def _rests(parts: Sequence[Contribution]) -> tuple[bytes, list[int], list[int]]:
     """The rest of each header longer than a slot, back to back: ``(data, counts, displacements)``."""
-    return pack([c.blob[ROOM:] for c in parts])
+    return pack([c.blob[_ROOM:] for c in parts])
 
 
 def _heard(slots: np.ndarray[Any, Any], count: int, rests: bytes | bytearray | None, rcounts: Sequence[int]) -> tuple[
     list[MessageInfo | str], list[int], list[int], list[bool]
 ]:
     """``count`` slots received, read (with ``rests``: the rests of the long headers, ``rcounts`` bytes each)."""
-    described, longer, sizes, starts, _fused = _read_slots(slots.data, count)
+    described, longer, sizes, starts, _fused = _read_slots(slots.data, count, _SLOT)
     if longer:
         assert rests is not None
         for i, rest in enumerate(unpack(rests, rcounts)):
             if i in longer:
                 described[i] = read(longer[i] + rest)
-    whole = [bool(_HEAD.unpack_from(slots.data, i * SLOT_BYTES)[1] & _FUSED) for i in range(count)]
+    whole = [bool(_HEAD.unpack_from(slots.data, i * _SLOT)[1] & _FUSED) for i in range(count)]
     return described, sizes, starts, whole
 
 
 def _long_rest(slots: np.ndarray[Any, Any], i: int) -> int:
     """How many bytes of the header in slot ``i`` did not fit it."""
-    return max(int(_HEAD.unpack_from(slots.data, i * SLOT_BYTES)[0]) - ROOM, 0)
+    return max(int(_HEAD.unpack_from(slots.data, i * _SLOT)[0]) - _ROOM, 0)
 
 
 def scatter(steps: Joined, root: int, parts: Sequence[Contribution], sizes: Sequence[int],
@@ -454,17 +460,17 @@ def scatter(steps: Joined, root: int, parts: Sequence[Contribution], sizes: Sequ
     elsewhere. Every rank learns from its slot what the root did with all of them, so all make the same calls."""
     me = steps.comm.Get_rank()
     if me == root:  # (the root keeps its own slot where it wrote it: MPI_IN_PLACE)
-        slots = np.empty(len(parts) * SLOT_BYTES, np.uint8)
+        slots = np.empty(len(parts) * _SLOT, np.uint8)
         sent, marks = _deal(slots, parts, sizes, payloads)
-        steps("Scatter", [slots, SLOT_BYTES, MPI.BYTE], MPI.IN_PLACE, root)
+        steps("Scatter", [slots, _SLOT, MPI.BYTE], MPI.IN_PLACE, root)
         if marks & _LONG:
             data, counts, displs = _rests(parts)
             steps("Scatterv", [data or bytearray(1), (counts, displs), MPI.BYTE], MPI.IN_PLACE, root)
-        at = root * SLOT_BYTES
+        at = root * _SLOT
         return Dealt(slots, [read(parts[root].blob)], [sizes[root]], [at + _payload_at(len(parts[root].blob))],
                      [sent[root]], sent, bool(marks & _APART))
-    slot = np.empty(SLOT_BYTES, np.uint8)
-    steps("Scatter", None, [slot, SLOT_BYTES, MPI.BYTE], root)
+    slot = np.empty(_SLOT, np.uint8)
+    steps("Scatter", None, [slot, _SLOT, MPI.BYTE], root)
     marks = _HEAD.unpack_from(slot.data, 0)[1]
     rest = None
     if marks & _LONG:
@@ -481,13 +487,13 @@ def exchange(steps: Joined, parts: Sequence[Contribution], sizes: Sequence[int],
     of headers longer than a slot when some rank has any. Every rank hears from every rank what it did with all of
     its slots, so all make the same calls."""
     count = len(parts)
-    mine = np.empty(count * SLOT_BYTES, np.uint8)
-    theirs = np.empty(count * SLOT_BYTES, np.uint8)
+    mine = np.empty(count * _SLOT, np.uint8)
+    theirs = np.empty(count * _SLOT, np.uint8)
     sent, _marks = _deal(mine, parts, sizes, payloads)
-    steps("Alltoall", [mine, SLOT_BYTES, MPI.BYTE], [theirs, SLOT_BYTES, MPI.BYTE])
+    steps("Alltoall", [mine, _SLOT, MPI.BYTE], [theirs, _SLOT, MPI.BYTE])
     marks = 0
     for i in range(count):
-        marks |= _HEAD.unpack_from(theirs.data, i * SLOT_BYTES)[1]
+        marks |= _HEAD.unpack_from(theirs.data, i * _SLOT)[1]
     rest, rcounts = None, [0] * count
     if marks & _LONG:
         data, counts, displs = _rests(parts)
