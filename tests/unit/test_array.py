@@ -141,3 +141,30 @@ def test_every_constructor_sets_every_slot() -> None:
         assert not unset, unset
         assert a.descriptor.shape == (2, 3) and a.device == "host"
         np.testing.assert_array_equal(np.asarray(a), host)
+
+
+# numpy reads a host Array through __array_interface__ and never calls __array__; other consumers call the
+# protocol method itself, so these call it directly.
+def test_the_array_protocol_converts_only_when_a_dtype_is_asked() -> None:
+    a = Array.from_host(np.arange(4, dtype=np.int32))
+    same = a.__array__()
+    assert same.dtype == np.int32 and np.shares_memory(same, np.asarray(a))
+    converted = a.__array__(np.float64)
+    assert converted.dtype == np.float64 and converted.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert a.__array__(np.int32, copy=False).dtype == np.int32
+
+
+def test_the_array_protocol_refuses_another_dtype_without_a_copy() -> None:
+    a = Array.from_host(np.arange(3.0))
+    for dtype in (np.int8, np.float32, np.complex128):
+        with pytest.raises(ValueError, match=r"^cai_mpi.Array: a float64 array cannot become .* without a copy"):
+            a.__array__(dtype, copy=False)
+    assert a.__array__(np.float64, copy=False).tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("values", [[5.0], [1.0, 2.0, 3.0]], ids=["one-element", "several"])
+def test_the_array_protocol_copies_when_asked(values: list[float]) -> None:
+    host = np.array(values)
+    copied = Array.from_host(host).__array__(copy=True)
+    assert copied.tolist() == values and not np.shares_memory(copied, host)
+    assert np.array(Array.from_host(host), copy=True).tolist() == values

@@ -129,3 +129,22 @@ def test_a_failing_wait_is_raised_inside_the_steps_so_they_clean_up_first(how: s
     assert req.done and not is_pending(req), "a request whose wait failed is left pending"
     with pytest.raises(MPI.Exception):  # the same error again, not a hang
         req.wait()
+
+
+def test_a_real_receive_past_its_time_names_the_user_s_communicator() -> None:
+    """The receive waits on cai_mpi's private duplicate; the message names the communicator the user passed,
+    exactly (not the duplicate's own name, nor a piece of it)."""
+    me = MPI.COMM_WORLD.Get_rank()
+    with pytest.raises(cai_mpi.TimeoutError) as info:
+        cai_mpi.recv_array(me, 5, timeout=0.05)
+    assert info.value.cancelled
+    assert str(info.value).startswith(
+        f"recv_array: the message from rank {me} with tag 5 on MPI_COMM_WORLD did not arrive within 0.05 s")
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        comm.Set_name("solver")
+        with pytest.raises(cai_mpi.TimeoutError, match=f"^recv_array: the message from rank {me} with any tag on "
+                                                       "solver did not arrive"):
+            cai_mpi.recv_array(me, comm=comm, timeout=0.05)
+    finally:
+        comm.Free()

@@ -73,3 +73,16 @@ def test_a_timeout_is_named_by_sendrecv_array() -> None:
     with pytest.raises(cai_mpi.TimeoutError, match=r"^sendrecv_array: the message from rank") as info:
         cai_mpi.sendrecv_array(np.arange(3), MPI.PROC_NULL, 0, me, 9, timeout=0.05)
     assert info.value.cancelled
+
+
+def test_an_out_that_overlaps_the_array_sent_says_how() -> None:
+    """Shifted by two elements over the same extent is "partly"; the same bytes seen transposed are "in another
+    layout". Either way nothing is sent and the memory is untouched."""
+    buf = np.arange(8.0)
+    with pytest.raises(ValueError, match=r"^sendrecv_array: out= shares memory with the array sent, partly \(") as info:
+        cai_mpi.sendrecv_array(buf[0:4], me, 3, me, 3, out=buf[2:6])
+    assert "element 0 +16 bytes from the sent one's" in str(info.value)
+    with pytest.raises(ValueError, match=r"^sendrecv_array: out= shares memory with the array sent, in another layout"):
+        cai_mpi.sendrecv_array(buf[0:6], me, 3, me, 3, out=buf[0:6].reshape(2, 3).T)
+    assert buf.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    assert not MPI.COMM_WORLD.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
