@@ -52,6 +52,12 @@ calls = {
     "allreduce_array": lambda c: cai_mpi.allreduce_array(np.arange(3), comm=c, timeout=0.5),
     "allreduce_arrays": lambda c: cai_mpi.allreduce_arrays([np.arange(3), np.ones(2, np.float32)], comm=c,
                                                            timeout=0.5),
+    # the persistent forms' creation agrees on what every rank creates: bounded by its timeout= too
+    "allreduce_init": lambda c: cai_mpi.allreduce_init(np.arange(3.0), comm=c, timeout=0.5),
+    "bcast_init": lambda c: cai_mpi.bcast_init(np.arange(3.0), root=1, comm=c, timeout=0.5),
+    "allgather_init": lambda c: cai_mpi.allgather_init(np.arange(3.0), comm=c, timeout=0.5),
+    "reduce_init": lambda c: cai_mpi.reduce_init(np.arange(3.0), root=0, comm=c, timeout=0.5),
+    "bucketed allreduce_init": lambda c: cai_mpi.allreduce_init({"w": np.ones(2)}, comm=c, timeout=0.5),
 }
 comms = {name: world.Dup() for name in calls}  # one per collective: a timed-out one leaves its own out of step
 for c in comms.values():
@@ -66,6 +72,8 @@ else:
             say(f"{name}: returned")
         except cai_mpi.TimeoutError as exc:
             say(f"{name}: TimeoutError after {time.monotonic() - start:.1f} s: {exc}")
+        except Exception as exc:  # (said, so that the test fails by its assertion, naming it)
+            say(f"{name}: {type(exc).__name__}: {exc}")
     world.Abort(3)
 """
 
@@ -75,12 +83,13 @@ def test_collectives_that_a_rank_never_joins_time_out(tmp_path: Path) -> None:
     assert done.returncode != 0 and done.seconds < 60, done.output
     lines = [line for line in out.splitlines() if ": " in line]
     for name in ("bcast_array", "gather_array", "allgather_array", "scatter_array", "alltoall_array", "reduce_array",
-                 "allreduce_array", "allreduce_arrays"):
+                 "allreduce_array", "allreduce_arrays", "allreduce_init", "bcast_init", "allgather_init", "reduce_init",
+                 "bucketed allreduce_init"):
         said = next((line for line in lines if line.startswith(name + ":")), None)
-        assert said is not None, done.output
+        assert said is not None and "TimeoutError after " in said, said or done.output
         waited = float(said.split("TimeoutError after ")[1].split(" s")[0])
         assert 0.45 <= waited < 10, said
-        assert f"{name}: not every rank of" in said and "joined within 0.5 s" in said and "abort" in said, said
+        assert f"{name.split()[-1]}: not every rank of" in said and "joined within 0.5 s" in said and "abort" in said, said
 
 
 @pytest.mark.parametrize("seconds", ["0.5"])

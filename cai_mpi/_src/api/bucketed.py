@@ -220,10 +220,10 @@ class BucketedAllreduce(PersistentLifecycle):
 
     __slots__ = ("_alone", "_bound", "_device", "_objs", "_plan", "_recv", "_result", "_rt", "_send")
 
-    def __init__(self, objs: Any, op: Any, comm: Any, sync: Any) -> None:
+    def __init__(self, objs: Any, op: Any, comm: Any, sync: Any, timeout: Any = None) -> None:
         fn = "allreduce_init"
         self._begin_life(fn, "bucketed allreduce")
-        pc, comm_, _root, rt, _cfg, due = setup(fn, comm, None, None)
+        pc, comm_, _root, rt, _cfg, due = setup(fn, comm, None, timeout)
         self._comm, self._rt = comm_, rt
         plan, device = agree(fn, pc, due, lambda: _attempt(fn, objs, op, sync, rt))
         if device and plan.direct:  # (every rank alike: which arrays go alone must not depend on where they lie)

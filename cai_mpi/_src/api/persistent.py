@@ -72,11 +72,11 @@ class PersistentCollective(PersistentLifecycle):
     _unpack: Any
 
     def __init__(self, fn: str, kind: str, obj: Any, op: Any, root: int | None, comm: Any, out: Any,
-                 sync: Any) -> None:
+                 sync: Any, timeout: Any = None) -> None:
         self._begin_life(fn, f"{fn.removesuffix('_init')} collective")
         self._req: MPI.Request | None = None
         self._fast = False
-        pc, comm_, root_, rt, _cfg, due = setup(fn, comm, root, None)
+        pc, comm_, root_, rt, _cfg, due = setup(fn, comm, root, timeout)
         self._kind, self._obj, self._comm, self._rt, self._root = kind, obj, comm_, rt, root_
         me, size = comm_.Get_rank(), comm_.Get_size()
         _, on_device = agree(fn, pc, due, lambda: self._plan(obj, op, out, sync, me, size, pc.aware.aware))
@@ -343,6 +343,6 @@ def _row(whole: Array, r: int) -> Array:
     return Array(sub, device=whole.device, owner=whole, source=r, tag=NO_TAG)
 
 
-def single_allreduce_init(obj: Any, op: Any, comm: Any, out: Any, sync: Any) -> PersistentCollective:
+def single_allreduce_init(obj: Any, op: Any, comm: Any, out: Any, sync: Any, timeout: Any) -> PersistentCollective:
     """``allreduce_init`` of one array (see ``bucketed.allreduce_init``, which also takes lists and dicts)."""
-    return PersistentCollective("allreduce_init", "allreduce", obj, op, None, comm, out, sync)
+    return PersistentCollective("allreduce_init", "allreduce", obj, op, None, comm, out, sync, timeout)

@@ -14,7 +14,8 @@ __all__ = ["allgather_init", "allreduce_init", "bcast_init", "reduce_init"]
 
 
 def allreduce_init(
-    obj: Any, op: Any = "sum", comm: MPI.Comm | None = None, *, out: Any = None, sync: bool | None = None
+    obj: Any, op: Any = "sum", comm: MPI.Comm | None = None, *, out: Any = None, sync: bool | None = None,
+    timeout: float | None = None,
 ) -> PersistentCollective | BucketedAllreduce:
     """A persistent allreduce: create once (collective), then reduce the input's current contents at each use.
 
@@ -38,6 +39,8 @@ def allreduce_init(
             reduces in place); without it, a buffer allocated once here.
         sync: None follows ``CAI_MPI_SYNC`` (default on): the producer stream of a device input is
             synchronized before every ``start()``; False skips it.
+        timeout: seconds the creation waits at most for every rank to join it (None: ``CAI_MPI_TIMEOUT``, off by
+            default); each use takes its own (``wait(timeout=)``).
 
     Returns:
         A ``PersistentCollective`` (a ``BucketedAllreduce`` for a list or dict) whose ``wait()`` returns an
@@ -47,7 +50,8 @@ def allreduce_init(
     Raises:
         CollectiveMismatchError: on every rank, when shapes, dtypes or ops differ (naming every rank's), or a
             rank could not take part (that rank raises its own error).
-        TimeoutError: some rank did not join within ``CAI_MPI_TIMEOUT``.
+        TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
+            step: later ones on it raise ``CollectiveMismatchError``).
         ValueError: at a use, when the input was reshaped or reallocated since creation (for a list or dict: an
             entry rebound to another array, ``grads[k] = new``, or a key added or removed; the error names them),
             or after ``close()``. Nothing is started on the rank that raises.
@@ -56,12 +60,12 @@ def allreduce_init(
         if out is not None:
             raise TypeError("allreduce_init: out= is for one array; a list or dict gets its results in buffers "
                             "allocated once at creation")
-        return BucketedAllreduce(obj, op, comm, sync)
-    return single_allreduce_init(obj, op, comm, out, sync)
+        return BucketedAllreduce(obj, op, comm, sync, timeout)
+    return single_allreduce_init(obj, op, comm, out, sync, timeout)
 
 
-def bcast_init(obj: Any, root: int = 0, comm: MPI.Comm | None = None, *,
-               sync: bool | None = None) -> PersistentCollective:
+def bcast_init(obj: Any, root: int = 0, comm: MPI.Comm | None = None, *, sync: bool | None = None,
+               timeout: float | None = None) -> PersistentCollective:
     """A persistent broadcast of the root's ``obj`` into every other rank's ``obj``. Collective.
 
     Every rank passes its own buffer, as with MPI's ``Bcast``: the root's is sent (its current contents at each
@@ -76,6 +80,8 @@ def bcast_init(obj: Any, root: int = 0, comm: MPI.Comm | None = None, *,
         comm: None for COMM_WORLD; any intracommunicator.
         sync: None follows ``CAI_MPI_SYNC`` (default on): the producer stream of a device input is
             synchronized before every ``start()``; False skips it.
+        timeout: seconds the creation waits at most for every rank to join it (None: ``CAI_MPI_TIMEOUT``, off by
+            default); each use takes its own (``wait(timeout=)``).
 
     Returns:
         A ``PersistentCollective`` whose ``wait()`` returns an Array over this rank's own buffer (the same
@@ -84,12 +90,14 @@ def bcast_init(obj: Any, root: int = 0, comm: MPI.Comm | None = None, *,
     Raises:
         CollectiveMismatchError: on every rank, when shapes, dtypes or roots differ (naming every rank's), or a
             rank could not take part (that rank raises its own error).
-        TimeoutError: some rank did not join within ``CAI_MPI_TIMEOUT``.
+        TimeoutError: some rank did not join within ``timeout`` (the collectives of ``comm`` are then out of
+            step: later ones on it raise ``CollectiveMismatchError``).
     """
-    return PersistentCollective("bcast_init", "bcast", obj, None, root, comm, None, sync)
+    return PersistentCollective("bcast_init", "bcast", obj, None, root, comm, None, sync, timeout)
 
 
-def allgather_init(obj: Any, comm: MPI.Comm | None = None, *, sync: bool | None = None) -> PersistentCollective:
+def allgather_init(obj: Any, comm: MPI.Comm | None = None, *, sync: bool | None = None,
+                   timeout: float | None = None) -> PersistentCollective:
     """A persistent allgather: every rank's ``obj``, on every rank. Collective.
 
     Built on MPI's ``Allgather_init`` (host memory on every rank), or ``Iallgather`` per start where a rank holds
@@ -100,6 +108,8 @@ def allgather_init(obj: Any, comm: MPI.Comm | None = None, *, sync: bool | None 
         comm: None for COMM_WORLD; any intracommunicator.
         sync: None follows ``CAI_MPI_SYNC`` (default on): the producer stream of a device input is
             synchronized before every ``start()``; False skips it.
+        timeout: seconds the creation waits at most for every rank to join it (None: ``CAI_MPI_TIMEOUT``, off by
+            default); each use takes its own (``wait(timeout=)``).
 
     Returns:
         A ``PersistentCollective`` whose ``wait()`` returns a list of one Array per rank (``source`` is the rank),
@@ -109,11 +119,11 @@ def allgather_init(obj: Any, comm: MPI.Comm | None = None, *, sync: bool | None 
     Raises:
         CollectiveMismatchError, TimeoutError: as in ``bcast_init``.
     """
-    return PersistentCollective("allgather_init", "allgather", obj, None, None, comm, None, sync)
+    return PersistentCollective("allgather_init", "allgather", obj, None, None, comm, None, sync, timeout)
 
 
 def reduce_init(obj: Any, op: Any = "sum", root: int = 0, comm: MPI.Comm | None = None, *, out: Any = None,
-                sync: bool | None = None) -> PersistentCollective:
+                sync: bool | None = None, timeout: float | None = None) -> PersistentCollective:
     """A persistent reduction of every rank's ``obj`` onto ``root``. Collective.
 
     Built on MPI's ``Reduce_init`` (host memory on every rank), or ``Ireduce`` per start where a rank holds
@@ -131,6 +141,8 @@ def reduce_init(obj: Any, op: Any = "sum", root: int = 0, comm: MPI.Comm | None 
             buffer allocated once here.
         sync: None follows ``CAI_MPI_SYNC`` (default on): the producer stream of a device input is
             synchronized before every ``start()``; False skips it.
+        timeout: seconds the creation waits at most for every rank to join it (None: ``CAI_MPI_TIMEOUT``, off by
+            default); each use takes its own (``wait(timeout=)``).
 
     Returns:
         A ``PersistentCollective`` whose ``wait()`` returns, on the root, an Array over ``out=`` or the buffer
@@ -139,4 +151,4 @@ def reduce_init(obj: Any, op: Any = "sum", root: int = 0, comm: MPI.Comm | None 
     Raises:
         CollectiveMismatchError, TimeoutError: as in ``bcast_init``; a mismatched ``op`` too.
     """
-    return PersistentCollective("reduce_init", "reduce", obj, op, root, comm, out, sync)
+    return PersistentCollective("reduce_init", "reduce", obj, op, root, comm, out, sync, timeout)
