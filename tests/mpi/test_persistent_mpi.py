@@ -245,20 +245,20 @@ def test_shape_change_after_creation_refused() -> None:
 def test_mismatched_creation_on_one_rank_is_an_error_on_every_rank() -> None:
     shape = (3,) if rank == 1 else (4,)
     with pytest.raises(cai_mpi.CollectiveMismatchError, match="rank 1: allreduce shape=\\(3,\\)"):
-        cai_mpi.allreduce_init(np.zeros(shape))
+        cai_mpi.allreduce_init(np.zeros(shape), timeout=LIMIT)
     op = "max" if rank == 0 else "sum"
     with pytest.raises(cai_mpi.CollectiveMismatchError, match="op="):
-        cai_mpi.reduce_init(np.zeros(4), op=op)
+        cai_mpi.reduce_init(np.zeros(4), op=op, timeout=LIMIT)
     # different collectives on different ranks
     with pytest.raises(cai_mpi.CollectiveMismatchError):
         if rank == 0:
-            cai_mpi.bcast_init(np.zeros(4))
+            cai_mpi.bcast_init(np.zeros(4), timeout=LIMIT)
         else:
-            cai_mpi.allgather_init(np.zeros(4))
+            cai_mpi.allgather_init(np.zeros(4), timeout=LIMIT)
     # a rank that cannot take part raises its own error, the others name it
     bad: Any = np.zeros(2, "i4,f8") if rank == size - 1 else np.zeros(2)
     with pytest.raises((TypeError, cai_mpi.CollectiveMismatchError)) as info:
-        cai_mpi.allreduce_init(bad)
+        cai_mpi.allreduce_init(bad, timeout=LIMIT)
     assert isinstance(info.value, TypeError if rank == size - 1 else cai_mpi.CollectiveMismatchError)
     same(cai_mpi.allreduce_array(np.ones(2), timeout=LIMIT), np.full(2, float(size)))  # still in step
 
