@@ -177,3 +177,21 @@ def test_a_masked_array_is_refused_rather_than_sent_without_its_mask() -> None:
         cai_mpi.recv_array(me, 6, out=masked)
     # Nothing was sent: the next message is the next one received.
     assert np.asarray(self_round_trip(np.arange(3))).tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("tag_type", [int, np.int64, np.int32, np.uint8], ids=lambda t: t.__name__)
+@pytest.mark.parametrize("tag", [0, 1, 7])
+def test_a_tag_of_any_integer_type_is_taken_from_zero_up(tag_type: Any, tag: int) -> None:
+    """Tags are 0..TAG_UB whatever integer type carries them (a numpy integer from an array of tags, say): the
+    default tag 0 too, on both ends."""
+    x = np.arange(4.0)
+    try:
+        req = cai_mpi.isend_array(x, me, tag=tag_type(tag))
+    except ValueError as exc:
+        pytest.fail(f"isend_array refused tag {tag_type.__name__}({tag}): {exc}")
+    try:
+        got = cai_mpi.recv_array(me, tag_type(tag))
+    except ValueError as exc:
+        pytest.fail(f"recv_array refused tag {tag_type.__name__}({tag}): {exc}")
+    req.wait()
+    assert np.array_equal(np.asarray(got), x) and got.tag == tag
