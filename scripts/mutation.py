@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -174,8 +176,7 @@ def measure(test_file: str, root: Path = ROOT, bin_dir: Path = BIN) -> dict[str,
             command = [*python, test_file]
         start = time.monotonic()
         try:
-            outcome = subprocess.run(command, cwd=root, env=env, timeout=MAP_TIMEOUT, start_new_session=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            outcome = run_group(command, MAP_TIMEOUT, cwd=root, env=env)
             status = "passed" if outcome.returncode == 0 else f"exit {outcome.returncode}"
         except subprocess.TimeoutExpired:
             status = "timed out"
@@ -336,8 +337,7 @@ def test(module: str) -> int:
     print(f"mutant at {mutated}: {len(commands)} stage(s)" if mutated else f"{len(commands)} stage(s)", flush=True)
     for command in commands:
         try:
-            run = subprocess.run(command, env=env, timeout=STAGE_TIMEOUT, start_new_session=True,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            run = run_group(command, STAGE_TIMEOUT, env=env)
         except subprocess.TimeoutExpired:
             print(f"stage timed out after {STAGE_TIMEOUT} s: {command[0].rsplit('/', 1)[-1]} with "
                   f"{sum(word.startswith('tests/') for word in command)} test file(s)")
@@ -349,6 +349,26 @@ def test(module: str) -> int:
             print("\n".join(run.stdout.splitlines()[-30:]))  # (last: what a saved state keeps is the tail)
             return 1
     return 0
+
+
+def run_group(command: list[str], timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` in a process group of its own, its output captured; when it ends or runs past ``timeout``
+    (``subprocess.TimeoutExpired``), whatever it left running in the group is killed: a test's own ``mpiexec``
+    outlived its stage and busy-polled a core for an hour when only the stage's first process was killed. (Output
+    goes to a file, not a pipe, which what is left running would hold open.)"""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(command, start_new_session=True, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                **kwargs)
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        out.seek(0)
+        return subprocess.CompletedProcess(command, proc.returncode, out.read())
 
 
 def revision() -> str:

@@ -134,3 +134,23 @@ def test_the_map_counts_what_a_test_executes_in_its_subprocesses_and_its_ranks(t
     assert executed("tests/unit/test_alone.py") == {"cai_mpi/_src/alone.py"}
     assert executed("tests/test_child.py") == {"cai_mpi/_src/in_a_child.py"}
     assert executed("tests/mpi/test_ranks.py") == {"cai_mpi/_src/in_the_ranks.py"}
+
+
+def test_a_stage_leaves_nothing_running(tmp_path: Path) -> None:
+    """What a stage starts in the background (a test's own mpiexec) ends with it, also when the stage ran past its
+    time: left running, it busy-polled a core through every later mutant."""
+    import subprocess
+    import time
+
+    script = mutation()
+    marker = tmp_path / "alive"
+    # a background loop that keeps touching a file for as long as it lives, and holds the stage's output open
+    loop = f"(while true; do touch {marker}; sleep 0.05; done &) ; echo started"
+    done = script.run_group(["sh", "-c", loop], 10)
+    assert (done.returncode, done.stdout.strip()) == (0, "started")
+    with pytest.raises(subprocess.TimeoutExpired):
+        script.run_group(["sh", "-c", loop + "; sleep 30"], 0.5)
+    time.sleep(0.3)
+    marker.unlink(missing_ok=True)
+    time.sleep(0.5)
+    assert not marker.exists(), "a stage's background process outlived it"
