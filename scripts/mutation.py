@@ -88,6 +88,10 @@ def uncovered() -> list[str]:
 # (pipeline.py's earlier judgements went when it was split into pipeline, pipeline_wire and pipeline_leave: their
 # occurrences named other code after the split; docs/testing.md lists what they were.)
 JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
+    ("cai_mpi/_src/api/scatters.py", "core/ReplaceComparisonOperator_Eq_Is", 1):
+        "untestable here: ranks are ints, and CPython shares those up to 256, so 'me is root' holds exactly when "
+        "'me == root' does in any world this suite can start; from rank 257 on, the root of a scatter that failed "
+        "on it would raise CollectiveMismatchError instead of its own error",
     ("cai_mpi/_src/arrays/sync.py", "core/NumberReplacer", 1):
         "version >= 2: a descriptor below version 3 never holds a stream (descriptor_from_dict drops it with a "
         "warning), so 'stream is not None' decides alone",
