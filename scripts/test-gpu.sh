@@ -165,9 +165,10 @@ say "MPI library that mpi4py loads: $(printf '%s\n' "$mpi_lib" | head -n1)"
 launch=("$mpiexec")
 # Open MPI's mpiexec counts cores as slots; a node with one core would refuse 2 ranks.
 case "$("$mpiexec" --version 2>&1 || true)" in *"Open MPI"*) launch+=(--oversubscribe) ;; esac
-worlds=$(timeout 60 "${launch[@]}" -n 2 "$PY" -c 'from mpi4py import MPI; print(MPI.COMM_WORLD.Get_size())' 2>&1) \
+# (each size in brackets: the launcher may forward the two ranks' lines run together, "22" for "2" and "2")
+worlds=$(timeout 60 "${launch[@]}" -n 2 "$PY" -c 'from mpi4py import MPI; print(f"[{MPI.COMM_WORLD.Get_size()}]")' 2>&1) \
   || die "$mpiexec -n 2 could not start Python: $worlds"
-sizes=$(printf '%s\n' "$worlds" | grep -x '[0-9][0-9]*' | paste -sd ' ' - || true)
+sizes=$(printf '%s\n' "$worlds" | grep -o '\[[0-9][0-9]*\]' | tr -d '[]' | paste -sd ' ' - || true)
 [ "$sizes" = "2 2" ] || die "$mpiexec -n 2 did not start one job of 2 ranks (world sizes seen: ${sizes:-none}): \
 it belongs to another MPI than the library mpi4py loads; use that library's mpiexec"
 say "mpiexec: $mpiexec"
