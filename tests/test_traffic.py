@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cai_mpi._src.transport.agreement import PIECE_SLOT_BYTES
+from cai_mpi._src.transport.slots import PIECE
 
 PAYLOAD = 8  # bytes per rank in every call the program makes
 
@@ -47,7 +47,7 @@ def test_alltoall_grows_by_one_slot_per_rank(counted: dict[int, dict[str, dict[s
     what an all-to-all must grow by, and no more."""
     sizes = {p: counted[p]["alltoall_array"]["bytes"] for p in counted}
     for p, received in sizes.items():
-        assert received == PIECE_SLOT_BYTES * p, f"alltoall_array: bytes received per call: {sizes}"
+        assert received == PIECE.size * p, f"alltoall_array: bytes received per call: {sizes}"
 
 
 @pytest.mark.parametrize("name, calls", [

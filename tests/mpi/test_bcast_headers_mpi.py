@@ -1,6 +1,6 @@
 """bcast_array from every root, for every length of the header the root broadcasts first.
 
-The root broadcasts one fixed slot (``agreement.SLOT_BYTES``: a prefix, the header's start, and a small payload
+The root broadcasts one fixed slot (``slots.BROADCAST``: a prefix, the header's start, and a small payload
 when the whole fits); a header longer than the slot's room sends its rest in a second broadcast, which must come
 from the root too. A bug there passed the whole suite once, because only root 0 had a long header. Here every
 rank is the root in turn, with headers of each class: small payloads (inside the slot when they fit), one slot
@@ -20,14 +20,14 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.core.header import encode_meta
-from cai_mpi._src.transport import agreement
 from cai_mpi._src.transport.agreement import describe_source
+from cai_mpi._src.transport.slots import BROADCAST
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
-ROOM = agreement.ROOM  # header bytes the first broadcast carries
+ROOM = BROADCAST.room  # header bytes the first broadcast carries
 SMALL = (5,)  # 40 bytes: travels in the slot
 LARGE = (100, 7)  # 5600 bytes: over the inline limit of a broadcast, a payload of its own
 FIELDS = np.dtype([(f"field{i}", "<f4") for i in range(80)])  # a structured dtype: a header of ~1.7 KiB
@@ -99,7 +99,7 @@ class Unsendable:
     """An object whose type name makes the root's error longer than the first broadcast block."""
 
 
-Unsendable.__name__ = "Unsendable" + "X" * (2 * agreement.SLOT_BYTES)
+Unsendable.__name__ = "Unsendable" + "X" * (2 * BROADCAST.size)
 
 
 def test_a_root_error_longer_than_the_block_reaches_every_rank() -> None:

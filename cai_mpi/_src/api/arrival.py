@@ -15,9 +15,10 @@ from ..core.header import MessageInfo
 from ..errors import RecvMismatchError
 from ..runtime.base import Runtime
 from ..transport import internal_stream
-from ..transport.agreement import Contribution, Exchange
+from ..transport.agreement import Contribution
 from ..transport.contiguous import Landing
 from ..transport.privcomm import PrivateComms
+from ..transport.slots import Exchange
 from .collective_call import NO_TAG
 from .validation import receive_device
 

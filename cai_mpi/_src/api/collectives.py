@@ -27,9 +27,7 @@ from ..transport.agreement import (
     SPECULATE_BYTES,
     Ballot,
     Contribution,
-    Exchange,
     Joined,
-    broadcast,
     described,
     vote,
 )
@@ -38,11 +36,8 @@ from ..transport.contiguous import Landing, Outgoing, outgoing
 from ..transport.engine import SLOT_PAYLOAD_BYTES, Call, slotted, steady, verdict
 from ..transport.pieces import counted
 from ..transport.signature import Signature
-from .arrival import land as _land
-from .arrival import put as _put
-from .arrival import receiver as _receiver
-from .arrival import slot_view as _view
-from .arrival import source_nbytes as _nbytes
+from ..transport.slots import Exchange, broadcast
+from .arrival import land, put, receiver, slot_view, source_nbytes
 from .collective_call import NO_TAG, bytes_at, checked_root, common_fingerprint, setup
 from .validation import check_meta, check_sync
 
@@ -101,7 +96,7 @@ def bcast_array(
     src = mine.source
     ballot = Ballot(common, own, failed=mine.error is not None)
     sig = pc.agreed.get(fn)
-    target, ordinal, trouble = _receiver(fn, out, None, rt) if me != root else (None, None, None)
+    target, ordinal, trouble = receiver(fn, out, None, rt) if me != root else (None, None, None)
     ex: Exchange | None = None
     steps: Joined | None = None
     if sig is not None and sig.nbytes <= SLOT_PAYLOAD_BYTES:  # the steady state in one collective: the vote's slot
@@ -114,7 +109,7 @@ def bcast_array(
         ours = None  # (the steady state: ``engine.steady``, the root's data or this rank's landing when its call
         if common == sig.common:  # is the agreed one)
             if me != sig.root:
-                landing, spec_trouble = _land(fn, sig.fresh_info(), target, ordinal, trouble, root, pc, rt, True)
+                landing, spec_trouble = land(fn, sig.fresh_info(), target, ordinal, trouble, root, pc, rt, True)
                 ours = _Bcasting(bytes_at(landing.address, landing.nbytes), None, landing, spec_trouble)
             elif own == sig.own:
                 ours = _Bcasting(src, None) if isinstance(src, np.ndarray) and src.flags.c_contiguous else \
@@ -142,7 +137,7 @@ def bcast_array(
     else:
         steps = verdict(fn, pc, ballot, due, f"root={root}", mine.error, "every rank must name the same root",
                         failures=False)
-        ex = broadcast(steps, root, mine, _nbytes(mine), payload=src if isinstance(src, np.ndarray) else None)
+        ex = broadcast(steps, root, mine, source_nbytes(mine), payload=src if isinstance(src, np.ndarray) else None)
         described_ = ex.described[0]
         if isinstance(described_, str):
             if mine.error is not None:
@@ -159,11 +154,11 @@ def bcast_array(
         return _own_array(src, obj, root, info.meta)
     if fused and target is None and ordinal is None and trouble is None:
         assert ex is not None
-        return Array.over_host(_view(ex, 0, info), root, NO_TAG, info.meta)  # over the broadcast slot
-    landing, trouble = _land(fn, info, target, ordinal, trouble, root, pc, rt, due is not None and not fused)
+        return Array.over_host(slot_view(ex, 0, info), root, NO_TAG, info.meta)  # over the broadcast slot
+    landing, trouble = land(fn, info, target, ordinal, trouble, root, pc, rt, due is not None and not fused)
     if fused:
         assert ex is not None
-        _put(landing, ex.payload(0), rt, ordinal if target is None else getattr(target, "ordinal", None))
+        put(landing, ex.payload(0), rt, ordinal if target is None else getattr(target, "ordinal", None))
     else:
         assert steps is not None
         steps.keep = landing

@@ -2,7 +2,7 @@
 ``alltoall_array`` (from every rank).
 
 Each piece's description (a header, or the text of why its sender could not send) travels in a fixed-size slot,
-with its payload when that is host memory and fits (``transport.agreement.scatter`` and ``exchange``), so a call
+with its payload when that is host memory and fits (``transport.slots.scatter`` and ``exchange``), so a call
 of small pieces costs one collective of slots: a ``Scatter`` after the vote on the root, or one ``Alltoall``
 (nothing to vote on: alltoall has no root, and every rank hears every rank's failure in its slot). Pieces that do
 not fit (and device memory) follow in one ``Alltoallw`` (``transport.bigcount``: any size), which every rank
@@ -25,19 +25,17 @@ from ..runtime.base import Runtime
 from ..transport.agreement import (
     Ballot,
     Contribution,
-    Dealt,
     Joined,
     describe_source,
     disagree,
-    exchange,
     raise_failures,
     reason,
-    scatter,
     vote,
 )
 from ..transport.bigcount import alltoallw
 from ..transport.contiguous import Landing, Outgoing, outgoing
 from ..transport.privcomm import PrivateComms
+from ..transport.slots import Dealt, exchange, scatter
 from .arrival import land, put, receiver, slot_view, source_nbytes
 from .collective_call import NO_TAG, checked_root, common_fingerprint, setup
 from .validation import check_sync

@@ -25,7 +25,6 @@ that timed out. Point-to-point on the same communicator is unaffected.
 from __future__ import annotations
 
 import hashlib
-import struct
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, cast
 
@@ -44,11 +43,10 @@ from .privcomm import PrivateComms
 from .signature import NOBODY, WORD_BYTES, WORDS, Ballot
 
 __all__ = [
-    "BLOCKING", "NONBLOCKING", "NOBODY", "PERSISTENT", "PIECE_SLOT_BYTES", "SLOT_BYTES", "SPECULATE_BYTES", "WORDS",
-    "WORD_BYTES",
-    "Ballot", "Contribution", "Dealt", "Exchange", "Joined", "broadcast", "check_in_step", "collective",
-    "describe_source", "described", "disagree", "exchange", "fingerprint", "pack", "posted", "prepared",
-    "raise_failures", "read", "reason", "scatter", "settle", "unpack", "vote",
+    "BLOCKING", "NONBLOCKING", "NOBODY", "PERSISTENT", "SPECULATE_BYTES", "WORDS", "WORD_BYTES",
+    "Ballot", "Contribution", "Joined", "check_in_step", "collective", "describe_source", "described", "disagree",
+    "fingerprint", "fortran_order", "pack", "posted", "prepared", "raise_failures", "read", "reason", "settle",
+    "unpack", "vote",
 ]
 
 #: Payloads of at most this many bytes (by the remembered signature) are posted with the vote, speculatively;
@@ -57,16 +55,6 @@ __all__ = [
 SPECULATE_BYTES = 64 * 1024
 _ERROR = b"\x00ERR"  # starts a failure's text; the headers exchanged here have payload tag 0: four NULs
 _UNLIMITED = 1 << 62
-#: Bytes per rank of the exchange: a contribution whose prefix, header and payload fit travels whole in it.
-#: The same on every rank (a constant, not a setting); docs/benchmarks-history.md has the measurement that chose it.
-SLOT_BYTES = 1024
-#: The slot of each piece of a ``scatter`` or an ``exchange`` (an alltoall): one per rank or per pair, so its size
-#: multiplies with the world's; it carries a header (51 B for a vector) and a payload of up to 48 B with it.
-PIECE_SLOT_BYTES = 128
-_HEAD = struct.Struct("<iiq")  # the length of the header (or failure text), flags, the payload's bytes
-_FUSED = 1  # the slot holds all of this rank's contribution: its header and its payload
-_ALIGN = 16  # a payload in a slot starts at a multiple of this (any dtype's alignment; slots are 64-aligned)
-ROOM = SLOT_BYTES - _HEAD.size  # header bytes a slot carries
 
 
 class Contribution:
@@ -93,7 +81,7 @@ class Contribution:
         return cls(_ERROR + f"{type(exc).__name__}: {exc}".encode(errors="replace"), None, exc)
 
 
-def _fortran(src: np.ndarray[Any, Any]) -> bool:
+def fortran_order(src: np.ndarray[Any, Any]) -> bool:
     """Does host array ``src`` travel in F order (F-contiguous and not C-contiguous; C order otherwise)?"""
     return src.ndim > 1 and not src.flags.c_contiguous and src.flags.f_contiguous
 
@@ -107,7 +95,7 @@ def described(src: np.ndarray[Any, Any] | DeviceSource, meta: bytes = b"") -> tu
     """The header that describes ``src`` (``describe_source``) and its fingerprint, through the memo of
     descriptions: a call like an earlier one neither encodes nor hashes."""
     if isinstance(src, np.ndarray):
-        key = (src.dtype, src.shape, _fortran(src), meta)
+        key = (src.dtype, src.shape, fortran_order(src), meta)
     else:
         desc = src.desc
         key = (desc.dtype, desc.shape, not desc.is_c_contiguous and desc.is_f_contiguous, meta)
@@ -288,218 +276,3 @@ def disagree(fn: str, steps: Joined, text: str, error: BaseException | None, wha
 def reason(exc: BaseException) -> str:
     """What ``disagree`` tells the other ranks of this rank's failure."""
     return f"{type(exc).__name__}: {exc}"
-
-
-# -- slots ----------------------------------------------------------------------------------------------------
-
-
-def _payload_at(nblob: int) -> int:
-    """Where a payload starts in a slot whose header is ``nblob`` bytes long."""
-    return -(-(_HEAD.size + nblob) // _ALIGN) * _ALIGN
-
-
-def payload_room(header_nbytes: int, slot: int = SLOT_BYTES) -> int:
-    """The most payload bytes a slot of ``slot`` bytes carries with a header of ``header_nbytes`` (a larger
-    payload, or a longer header, takes the path of MPI's own collective)."""
-    return slot - _payload_at(header_nbytes)
-
-
-def _fill(slots: memoryview, at: int, mine: Contribution, nbytes: int, payload: np.ndarray[Any, Any] | None,
-          c_order: bool, slot: int = SLOT_BYTES) -> bool:
-    """Write ``mine`` into the slot of ``slot`` bytes at byte ``at``: its prefix, its header's start and, when the
-    whole fits and a host ``payload`` is given, the payload's bytes in wire order (``describe_source``'s, or C
-    order). Returns whether the whole did fit."""
-    blob = mine.blob
-    nblob = len(blob)
-    start = _payload_at(nblob)
-    room = slot - _HEAD.size
-    fused = (mine.error is not None and nblob <= room) or (payload is not None and start + nbytes <= slot)
-    _HEAD.pack_into(slots, at, nblob, _FUSED if fused else 0, nbytes)
-    head = at + _HEAD.size
-    slots[head : head + min(nblob, room)] = blob if nblob <= room else blob[:room]
-    if fused and payload is not None and nbytes:
-        slots[at + start : at + start + nbytes] = payload.tobytes("F" if not c_order and _fortran(payload) else "C")
-    return fused
-
-
-class Exchange:
-    """What one exchange told every rank: each rank's description (``described``: a MessageInfo, or a failure's
-    text), its payload size, and whether every contribution travelled whole (``fused``): then ``payload(r)``
-    is rank r's payload bytes, in the slots this exchange received."""
-
-    __slots__ = ("_starts", "alike", "described", "fused", "sizes", "slots")
-
-    def __init__(self, slots: np.ndarray[Any, Any], described: list[MessageInfo | str], sizes: list[int],
-                 starts: list[int], fused: bool, alike: bool = False) -> None:
-        self.slots, self.described, self.sizes, self._starts, self.fused = slots, described, sizes, starts, fused
-        #: every rank's slot starts with this rank's bytes: one header (no failure, no meta), one payload size
-        self.alike = alike
-
-    def payload(self, rank: int) -> np.ndarray[Any, Any]:
-        """Rank ``rank``'s payload bytes."""
-        at = self._starts[rank]
-        return self.slots[at : at + self.sizes[rank]]
-
-    def start(self, rank: int) -> int:
-        """Where rank ``rank``'s payload starts in ``slots``."""
-        return self._starts[rank]
-
-    def infos(self) -> list[MessageInfo]:
-        """The descriptions, once ``raise_failures`` has found no failure among them."""
-        return cast("list[MessageInfo]", self.described)
-
-
-def _read_slots(slots: memoryview, count: int, slot: int = SLOT_BYTES) -> tuple[
-    list[MessageInfo | str], dict[int, bytes], list[int], list[int], bool
-]:
-    """Each slot's description (the start of it, by rank, where a header is longer than a slot), payload size and
-    payload offset; and whether every slot holds its whole contribution."""
-    described: list[MessageInfo | str] = []
-    longer: dict[int, bytes] = {}
-    sizes, starts, fused = [], [], True
-    unpack_from, head, room = _HEAD.unpack_from, _HEAD.size, slot - _HEAD.size
-    for at in range(0, count * slot, slot):
-        nblob, flags, nbytes = unpack_from(slots, at)
-        blob = bytes(slots[at + head : at + head + min(nblob, room)])
-        if nblob > room:
-            longer[len(described)] = blob
-        described.append(read(blob) if nblob <= room else "")
-        sizes.append(nbytes)
-        starts.append(at + _payload_at(nblob))
-        fused = fused and flags == _FUSED
-    return described, longer, sizes, starts, fused
-
-
-def broadcast(
-    steps: Joined, root: int, mine: Contribution, nbytes: int, *, payload: np.ndarray[Any, Any] | None = None,
-) -> Exchange:
-    """The root's description, everywhere, once a vote has seen every rank arrive: one ``Bcast`` of the root's slot
-    (with its host ``payload`` when it fits), and a second of the rest of a header longer than a slot, if it is."""
-    slot = np.empty(SLOT_BYTES, np.uint8)
-    if steps.comm.Get_rank() == root:  # (the root knows what it sends: it reads nothing back)
-        fused = _fill(slot.data, 0, mine, nbytes, payload, False)
-        steps("Bcast", [slot, SLOT_BYTES, MPI.BYTE], root)
-        if len(mine.blob) > ROOM:
-            steps("Bcast", bytearray(mine.blob[ROOM:]), root)
-        return Exchange(slot, [read(mine.blob)], [nbytes], [_payload_at(len(mine.blob))], fused)
-    steps("Bcast", [slot, SLOT_BYTES, MPI.BYTE], root)
-    described, longer, sizes, starts, fused = _read_slots(slot.data, 1)
-    if longer:
-        rest = bytearray(_HEAD.unpack_from(slot.data, 0)[0] - ROOM)
-        steps("Bcast", rest, root)
-        described = [read(longer[0] + bytes(rest))]
-    return Exchange(slot, described, sizes, starts, fused)
-
-
-#: (in the slots of ``scatter`` and ``exchange``: what the sender says of every slot it sends in the collective,
-#: so every rank that hears from it takes the same next steps) some slot of this sender's does not hold its whole
-#: contribution: a payload collective follows; some header (or failure text) of this sender's is longer than a slot:
-#: its rest follows
-_APART, _LONG = 2, 4
-_SLOT, _ROOM = PIECE_SLOT_BYTES, PIECE_SLOT_BYTES - _HEAD.size  # (a piece's slot, and the header bytes it carries)
-
-
-class Dealt(Exchange):
-    """What a ``scatter`` or an ``exchange`` of slots told this rank: for each rank it heard from (``described`` and
-    the rest, by position), whether its slot held the whole contribution (``whole``: then ``payload(i)`` is in
-    ``slots``); whether each slot this rank sent held its whole (``sent``, by destination); and, the same on every
-    rank, whether any piece of the collective travels apart from its slot (``apart``: a payload collective
-    follows)."""
-
-    __slots__ = ("apart", "sent", "whole")
-
-    def __init__(self, slots: np.ndarray[Any, Any], described: list[MessageInfo | str], sizes: list[int],
-                 starts: list[int], whole: list[bool], sent: list[bool], apart: bool) -> None:
-        super().__init__(slots, described, sizes, starts, all(whole))
-        self.whole, self.sent, self.apart = whole, sent, apart
-
-
-def _deal(slots: np.ndarray[Any, Any], parts: Sequence[Contribution], sizes: Sequence[int],
-          payloads: Sequence[np.ndarray[Any, Any] | None]) -> tuple[list[bool], int]:
-    """One slot per destination (``_fill``), each then marked with what the sender says of all of them (``_APART``,
-    ``_LONG``): ``(which held their whole contribution, those marks)``."""
-    view = slots.data
-    sent = [_fill(view, i * _SLOT, c, n, p, False, _SLOT)
-            for i, (c, n, p) in enumerate(zip(parts, sizes, payloads, strict=True))]
-    marks = (0 if all(sent) else _APART) | (_LONG if any(len(c.blob) > _ROOM for c in parts) else 0)
-    if marks:
-        for i, whole in enumerate(sent):
-            _HEAD.pack_into(view, i * _SLOT, len(parts[i].blob), marks | (_FUSED if whole else 0), sizes[i])
-    return sent, marks
-
-
-def _rests(parts: Sequence[Contribution]) -> tuple[bytes, list[int], list[int]]:
-    """The rest of each header longer than a slot, back to back: ``(data, counts, displacements)``."""
-    return pack([c.blob[_ROOM:] for c in parts])
-
-
-def _heard(slots: np.ndarray[Any, Any], count: int, rests: bytes | bytearray | None, rcounts: Sequence[int]) -> tuple[
-    list[MessageInfo | str], list[int], list[int], list[bool]
-]:
-    """``count`` slots received, read (with ``rests``: the rests of the long headers, ``rcounts`` bytes each)."""
-    described, longer, sizes, starts, _fused = _read_slots(slots.data, count, _SLOT)
-    if longer:
-        assert rests is not None
-        for i, rest in enumerate(unpack(rests, rcounts)):
-            if i in longer:
-                described[i] = read(longer[i] + rest)
-    whole = [bool(_HEAD.unpack_from(slots.data, i * _SLOT)[1] & _FUSED) for i in range(count)]
-    return described, sizes, starts, whole
-
-
-def _long_rest(slots: np.ndarray[Any, Any], i: int) -> int:
-    """How many bytes of the header in slot ``i`` did not fit it."""
-    return max(int(_HEAD.unpack_from(slots.data, i * _SLOT)[0]) - _ROOM, 0)
-
-
-def scatter(steps: Joined, root: int, parts: Sequence[Contribution], sizes: Sequence[int],
-            payloads: Sequence[np.ndarray[Any, Any] | None]) -> Dealt:
-    """This rank's description from ``root`` (one entry), once a vote has agreed on the root: one ``Scatter`` of one
-    slot per rank (with its host payload, ``payloads[r]``, when it fits), and a ``Scatterv`` of the rests of headers
-    longer than a slot when the root has any. ``parts``, ``sizes`` and ``payloads`` (one per rank) on the root, empty
-    elsewhere. Every rank learns from its slot what the root did with all of them, so all make the same calls."""
-    me = steps.comm.Get_rank()
-    if me == root:  # (the root keeps its own slot where it wrote it: MPI_IN_PLACE)
-        slots = np.empty(len(parts) * _SLOT, np.uint8)
-        sent, marks = _deal(slots, parts, sizes, payloads)
-        steps("Scatter", [slots, _SLOT, MPI.BYTE], MPI.IN_PLACE, root)
-        if marks & _LONG:
-            data, counts, displs = _rests(parts)
-            steps("Scatterv", [data or bytearray(1), (counts, displs), MPI.BYTE], MPI.IN_PLACE, root)
-        at = root * _SLOT
-        return Dealt(slots, [read(parts[root].blob)], [sizes[root]], [at + _payload_at(len(parts[root].blob))],
-                     [sent[root]], sent, bool(marks & _APART))
-    slot = np.empty(_SLOT, np.uint8)
-    steps("Scatter", None, [slot, _SLOT, MPI.BYTE], root)
-    marks = _HEAD.unpack_from(slot.data, 0)[1]
-    rest = None
-    if marks & _LONG:
-        rest = bytearray(max(_long_rest(slot, 0), 1))
-        steps("Scatterv", None, [rest, _long_rest(slot, 0), MPI.BYTE], root)
-    described, nbytes, starts, whole = _heard(slot, 1, rest, [_long_rest(slot, 0)])
-    return Dealt(slot, described, nbytes, starts, whole, [], bool(marks & _APART))
-
-
-def exchange(steps: Joined, parts: Sequence[Contribution], sizes: Sequence[int],
-             payloads: Sequence[np.ndarray[Any, Any] | None]) -> Dealt:
-    """Every rank's description for this rank (one entry per source rank): one ``Alltoall`` of one slot per pair
-    (``parts[d]``, with its host payload ``payloads[d]`` when it fits, to rank d), and an ``Alltoallv`` of the rests
-    of headers longer than a slot when some rank has any. Every rank hears from every rank what it did with all of
-    its slots, so all make the same calls."""
-    count = len(parts)
-    mine = np.empty(count * _SLOT, np.uint8)
-    theirs = np.empty(count * _SLOT, np.uint8)
-    sent, _marks = _deal(mine, parts, sizes, payloads)
-    steps("Alltoall", [mine, _SLOT, MPI.BYTE], [theirs, _SLOT, MPI.BYTE])
-    marks = 0
-    for i in range(count):
-        marks |= _HEAD.unpack_from(theirs.data, i * _SLOT)[1]
-    rest, rcounts = None, [0] * count
-    if marks & _LONG:
-        data, counts, displs = _rests(parts)
-        rcounts = [_long_rest(theirs, i) for i in range(count)]
-        rest = bytearray(max(sum(rcounts), 1))
-        steps("Alltoallv", [data or bytearray(1), (counts, displs), MPI.BYTE],
-              [rest, (rcounts, [sum(rcounts[:i]) for i in range(count)]), MPI.BYTE])
-    described, nbytes, starts, whole = _heard(theirs, count, rest, rcounts)
-    return Dealt(theirs, described, nbytes, starts, whole, sent, bool(marks & _APART))
