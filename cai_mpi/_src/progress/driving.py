@@ -6,20 +6,25 @@ in, stage the next chunk...). A request whose remaining step is final (all its M
 MPI completes it without us, and a window of sends must not make every other wait poll each of them. A request
 abandoned by a timeout stays until MPI is done with its memory, whatever its step: nobody else would complete it,
 and it holds that memory. ``requests`` adds and removes its requests; everything else asks the functions below.
+A blocking call runs its transfer's steps here too (``drive``), waiting by the same rule.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
+from typing import TypeVar
 
 from .backoff import Backoff
 from .deadlines import Deadline
 from .waits import Waitable
 
 __all__ = [
-    "PENDING", "Driven", "complete", "complete_by", "drive_others", "idle", "is_pending", "others_pending", "poke",
-    "pending_count",
+    "PENDING", "Driven", "complete", "complete_by", "drive", "drive_others", "idle", "is_pending", "others_pending",
+    "pending_count", "poke",
 ]
+
+T = TypeVar("T")
 
 
 class Driven:
@@ -92,3 +97,20 @@ def complete_by(waitable: Waitable, due: Deadline, me: object = None) -> bool:
             return True
         if not backoff.pause():
             return False
+
+
+def drive(steps: Generator[Waitable, None, T]) -> T:
+    """Run a transfer's steps to the end in the calling thread (what a blocking call does). A wait that fails is
+    raised inside the steps, so they clean up (their ``finally`` runs now) before the error reaches the caller."""
+    try:
+        waitable = next(steps)
+        while True:
+            try:
+                complete(waitable)
+            except BaseException as exc:
+                waitable = steps.throw(exc)
+                continue
+            waitable = next(steps)
+    except StopIteration as stop:
+        result: T = stop.value  # what the steps returned
+        return result

@@ -19,7 +19,7 @@ from .driving import PENDING, Driven, complete, complete_by, drive_others
 from .waits import Waitable
 
 __all__ = [
-    "CLAIMING", "Request", "RequestWait", "delivered", "drive", "keep_past_exit", "outcome", "outcomes", "settled",
+    "CLAIMING", "Request", "RequestWait", "delivered", "keep_past_exit", "outcome", "outcomes", "settled",
     "wait_quietly", "wait_until",
 ]
 
@@ -74,23 +74,6 @@ def _keep_pending_past_exit() -> None:
     Request._exiting = True  # requests freed from now on are pending ones dropped by teardown: see Request.abandon
     # (a copy first: a thread that completes a request meanwhile would change the set under a Python loop)
     Request._outliving_teardown.extend(req for req in list(PENDING) if isinstance(req, Request))
-
-
-def drive(steps: Generator[Waitable, None, T]) -> T:
-    """Run a transfer's steps to the end in the calling thread (what a blocking call does). A wait that fails is
-    raised inside the steps, so they clean up (their ``finally`` runs now) before the error reaches the caller."""
-    try:
-        waitable = next(steps)
-        while True:
-            try:
-                complete(waitable)
-            except BaseException as exc:
-                waitable = steps.throw(exc)
-                continue
-            waitable = next(steps)
-    except StopIteration as stop:
-        result: T = stop.value  # what the steps returned
-        return result
 
 
 class Request(Driven, Generic[T]):

@@ -31,9 +31,9 @@ from ..arrays.array import Array
 from ..arrays.operands import Target
 from ..config import Config, config
 from ..progress.deadlines import Deadline
-from ..progress.driving import PENDING
+from ..progress.driving import PENDING, drive
 from ..progress.posted import PostedRequest
-from ..progress.requests import Request, drive, wait_until
+from ..progress.requests import Request, wait_until
 from ..progress.waits import MPIWait, Waitable
 from ..runtime.base import Runtime
 from .failure import PREPARED
