@@ -2,7 +2,7 @@
 
 A maintainer's tool, too slow for every CI run. For each core module it plants one small bug at a time (cosmic-ray's
 mutants) in a scratch copy of the tree and runs the tests that cover that module: every test file that executes one
-of its files (the coverage map, scripts/mutation_map.json): the one-process ones, then the MPI test files under
+of its files (the coverage map, .mutation/coverage-map.json): the one-process ones, then the MPI test files under
 ``mpiexec -n 2`` and ``-n 3``, each stage stopping at the first failure. A mutant the tests reject is killed; one they
 pass is a survivor to kill with a test or to explain in docs/testing.md.
 
@@ -127,7 +127,7 @@ TEST_TIMEOUT = 30  # one test inside a stage (pytest-timeout): a mutant that han
 # The coverage map: which library lines each test file executes, in its own process, in every rank it starts under
 # mpiexec and in every Python subprocess it starts. A mutant runs every test file that executes its line. Line
 # numbers are the library's of one revision, so the map is made for the sources it was measured on (``library``, a
-# digest of them) and ``run`` makes it again when they differ (about 35 minutes on two cores).
+# digest of them; ``digests``, one per file) and ``run`` refreshes it when they differ (``refresh_plan``).
 MAP = STATE / "coverage-map.json"
 # Test files that run other test files again at other world sizes: the files they run are in the map themselves, and
 # every session would otherwise run the whole suite per mutant.
@@ -220,35 +220,123 @@ def library_digest(root: Path = ROOT) -> str:
     return digest.hexdigest()[:16]
 
 
+def file_digests(root: Path = ROOT) -> dict[str, str]:
+    """Each library source's own digest (outside cli/): what tells a map which files changed since it was made."""
+    import hashlib
+
+    return {name: hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+            for path in sorted((root / "cai_mpi" / "_src").rglob("*.py"))
+            if (name := library_file(str(path), root)) is not None}
+
+
 def current_map() -> dict[str, Any]:
-    """The coverage map for the library as it is, made (or completed with new test files) first if needed."""
+    """The coverage map for the library as it is: made first if missing, refreshed where the library changed (the
+    test files that use a changed file measured again), completed with new test files."""
     known = json.loads(MAP.read_text()) if MAP.exists() else None
-    if known is None or known.get("library") != library_digest():
-        print("== the coverage map is missing or was made on other library sources: measuring every test file",
+    plan = None
+    if known is not None and known.get("library") != library_digest():
+        plan = refresh_plan(known, file_digests())
+        if plan is None:
+            known = None
+    if known is None:
+        print("== the coverage map is missing, or a library file was added or removed: measuring every test file",
               flush=True)
-        build_map([], fresh=True)
+        build_map()
     else:
-        new = stale_tests(known)
-        if new:
-            print(f"== measuring {len(new)} test file(s) newer than the coverage map", flush=True)
-            build_map(new)
+        again: list[str] = []
+        if plan is not None:
+            again, changed = plan
+            print(f"== {len(changed)} library file(s) changed since the coverage map: {len(again)} test file(s) use "
+                  "them", flush=True)
+            known = with_import_lines(known, changed, again, import_lines(changed))
+        new = sorted({*again, *stale_tests(known)})
+        if new or plan is not None:
+            print(f"== measuring {len(new)} test file(s) again or for the first time", flush=True)
+            build_map(new, known)
     return dict(json.loads(MAP.read_text()))
 
 
-def build_map(names: list[str], fresh: bool = False) -> None:
-    """Measure ``names`` (every test file when empty) and write them into the map, keeping the other entries
-    (``fresh``: none)."""
+def refresh_plan(known: dict[str, Any], digests: dict[str, str]) -> tuple[list[str], set[str]] | None:
+    """After library files changed: ``(the test files to measure again, the changed files)``; None when the map must
+    be made again whole (made before files had digests, or a library file was added or removed: who imports a new
+    file is not known).
+
+    A test file is measured again when it uses a changed file beyond importing it (``chosen_tests``'s rule), or when
+    the file's import cannot be told from its use (every test file that runs it runs the same lines, and some test
+    files do not run it). One that only imports a changed file runs its new module-level lines, and only those
+    (``with_import_lines``): nothing it calls changed."""
+    old = known.get("digests")
+    if old is None or set(old) != set(digests):
+        return None
+    changed = {name for name, digest in digests.items() if old[name] != digest}
+    tests = known["tests"]
+    again: set[str] = set()
+    for path in changed:
+        ran = {name: lines_of(entry["files"][path]) for name, entry in tests.items() if path in entry["files"]}
+        if not ran:
+            continue
+        imported = set.intersection(*ran.values())
+        exercising = {name for name, lines in ran.items() if lines - imported}
+        again |= exercising or (set(ran) if len(ran) < len(tests) else set())
+    return sorted(again), changed
+
+
+def with_import_lines(known: dict[str, Any], changed: set[str], again: list[str],
+                      imports: dict[str, str]) -> dict[str, Any]:
+    """``known`` with each changed file's lines, for the test files not measured again, replaced by the lines its
+    import runs now (``imports``); the test files measured again keep their old entries until they are."""
+    for name, entry in known["tests"].items():
+        if name in again:
+            continue
+        for path in changed & set(entry["files"]):
+            if path in imports:
+                entry["files"][path] = imports[path]
+            else:
+                del entry["files"][path]
+    return known
+
+
+def import_lines(files: set[str], root: Path = ROOT, bin_dir: Path = BIN) -> dict[str, str]:
+    """The lines of each of ``files`` that importing it runs (its module-level statements), measured by coverage the
+    way ``measure`` measures a test file."""
+    import tempfile
+
+    import coverage
+
+    modules = sorted(name[: -len(".py")].removesuffix("/__init__").replace("/", ".") for name in files)
+    with tempfile.TemporaryDirectory(prefix="cai-mpi-map-") as tmp:
+        rc, script = Path(tmp) / "coveragerc", Path(tmp) / "imports.py"
+        rc.write_text(f"[run]\nsource = cai_mpi\ndata_file = {tmp}/.coverage\n")
+        script.write_text(f"import importlib\nfor name in {modules!r}:\n    importlib.import_module(name)\n")
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        run_group([str(bin_dir / "python"), "-m", "coverage", "run", f"--rcfile={rc}", str(script)], MAP_TIMEOUT,
+                  cwd=root, env=env)
+        cov = coverage.Coverage(data_file=f"{tmp}/.coverage", config_file=str(rc))
+        cov.load()
+        data = cov.get_data()
+        found = {library_file(measured, root): sorted(data.lines(measured) or []) for measured in data.measured_files()}
+    return {name: ranges(found[name]) for name in sorted(files) if found.get(name)}
+
+
+def write_map(known: dict[str, Any], root: Path = ROOT) -> None:
+    """Write the map, stamped with the sources it now describes."""
+    known["tests"] = {name: known["tests"][name] for name in sorted(known["tests"])}
+    known.update(revision=revision(), library=library_digest(root), digests=file_digests(root), ranks=MAP_RANKS,
+                 markers=MARKERS, made=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     STATE.mkdir(exist_ok=True)
-    known = json.loads(MAP.read_text()) if MAP.exists() and not fresh else {"tests": {}}
-    for name in names or test_files():
+    MAP.write_text(json.dumps(known, indent=1) + "\n")
+
+
+def build_map(names: list[str] | None = None, known: dict[str, Any] | None = None) -> None:
+    """Measure ``names`` (every test file when None) into ``known`` (a new map when None) and write the map; nothing
+    is written before every one is measured, so an interrupted refresh is planned again from the old map."""
+    known = known if known is not None else {"tests": {}}
+    for name in test_files() if names is None else names:
         print(f"== measuring {name}", flush=True)
         entry = measure(name)
         print(f"   {entry['status']}, {entry['seconds']} s, {len(entry['files'])} library files", flush=True)
         known["tests"][name] = entry
-    known["tests"] = {name: known["tests"][name] for name in sorted(known["tests"])}
-    known.update(revision=revision(), library=library_digest(), ranks=MAP_RANKS, markers=MARKERS,
-                 made=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    MAP.write_text(json.dumps(known, indent=1) + "\n")
+    write_map(known)
     print(f"wrote {MAP.relative_to(ROOT)}")
 
 
@@ -706,7 +794,7 @@ def main() -> int:
     if args.command == "test":
         return test(args.module)
     if args.command == "map":
-        build_map(args.tests, fresh=not args.tests)
+        build_map(args.tests or None, json.loads(MAP.read_text()) if args.tests and MAP.exists() else None)
         return 0
     modules = args.modules or list(MODULES)
     unknown = [m for m in modules if m not in MODULES]

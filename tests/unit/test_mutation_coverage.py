@@ -154,3 +154,47 @@ def test_a_stage_leaves_nothing_running(tmp_path: Path) -> None:
     marker.unlink(missing_ok=True)
     time.sleep(0.5)
     assert not marker.exists(), "a stage's background process outlived it"
+
+
+REFRESHED = {
+    "cai_mpi/__init__.py": "",
+    "cai_mpi/_src/__init__.py": "",
+    "cai_mpi/_src/used.py": "X = 1\n\n\ndef f():\n    return X\n",
+    "cai_mpi/_src/other.py": "Y = 1\n\n\ndef g():\n    return Y\n",
+    "tests/unit/test_used.py": "import cai_mpi._src.other\nfrom cai_mpi._src.used import f\n\ndef test_it():\n"
+                               "    assert f() == 1\n",
+    "tests/unit/test_other.py": "import cai_mpi._src.used\nfrom cai_mpi._src.other import g\n\ndef test_it():\n"
+                                "    assert g() == 1\n",
+}
+
+
+@pytest.mark.timeout(240)
+def test_a_changed_file_measures_again_only_the_tests_that_use_it(tmp_path: Path) -> None:
+    """After a library file changes, the map is refreshed by measuring the test files that use it beyond importing
+    it; the others get its new import lines. The result is the map a whole new measurement makes."""
+    pytest.importorskip("coverage", minversion="7.10")
+    script = mutation()
+    for name, text in REFRESHED.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    bin_dir = Path(sys.executable).parent
+    tests = ["tests/unit/test_other.py", "tests/unit/test_used.py"]
+
+    def measured() -> dict[str, Any]:
+        return {"tests": {name: script.measure(name, tmp_path, bin_dir) for name in tests},
+                "digests": script.file_digests(tmp_path)}
+
+    before = measured()
+    # f moves down two lines and grows one: every line number of used.py after the first changes
+    (tmp_path / "cai_mpi/_src/used.py").write_text("import os\n\nX = 1\n\n\ndef f():\n    y = X\n    return y\n")
+    plan = script.refresh_plan(before, script.file_digests(tmp_path))
+    assert plan == (["tests/unit/test_used.py"], {"cai_mpi/_src/used.py"})
+    again, changed = plan
+    refreshed = script.with_import_lines(before, changed, again, script.import_lines(changed, tmp_path, bin_dir))
+    refreshed["tests"]["tests/unit/test_used.py"] = script.measure("tests/unit/test_used.py", tmp_path, bin_dir)
+    whole = measured()
+    assert {n: e["files"] for n, e in refreshed["tests"].items()} == {n: e["files"] for n, e in whole["tests"].items()}
+    # a file added (who imports it is not known) or removed: the map is made again whole
+    (tmp_path / "cai_mpi/_src/new.py").write_text("Z = 1\n")
+    assert script.refresh_plan(whole, script.file_digests(tmp_path)) is None
+    assert script.refresh_plan({"tests": {}}, script.file_digests(tmp_path)) is None  # a map from before digests
