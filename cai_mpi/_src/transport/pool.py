@@ -5,7 +5,8 @@ page-locking costs milliseconds) and both come and go in a few sizes. ``BlockPoo
 blocks by power-of-two size class, at most ``budget`` idle bytes in all; a block coming back to a
 full pool first evicts idle blocks of the classes used least recently, and is released itself only
 if that is not enough. Its two uses live here too: ``host_receive_pool()`` lends its blocks as numpy
-arrays that go back to the pool when the last view of them dies; ``pinned_pool(runtime)`` holds the
+arrays that go back to the pool when the last view of them dies (a ``lease``, the one a Pipeline ring's items
+use too); ``pinned_pool(runtime)`` holds the
 pinned staging blocks of a device runtime, which ``give_back`` returns only once the MPI operations
 and device copies using them have completed.
 """
@@ -27,7 +28,8 @@ from ..errors import CudaError
 from ..runtime.base import PINNED_SOURCES, Event, PinnedBuffer, Runtime
 
 __all__ = [
-    "BlockPool", "HostReceivePool", "give_back", "host_receive_pool", "idle_pooled_bytes", "pinned_pool", "size_class",
+    "BlockPool", "HostReceivePool", "give_back", "host_receive_pool", "idle_pooled_bytes", "lease", "pinned_pool",
+    "size_class",
 ]
 
 B = TypeVar("B")
@@ -115,22 +117,24 @@ class BlockPool(Generic[B]):
 _lease_types: dict[int, type[ctypes.Array[ctypes.c_ubyte]]] = {}
 
 
-def _lease_type(cls: int) -> type[ctypes.Array[ctypes.c_ubyte]]:
-    """A ctypes array type over one block of size class ``cls`` that gives the block back when it dies.
+def lease(address: int, nbytes: int, give: Callable[[Any], None], what: Any) -> ctypes.Array[ctypes.c_ubyte]:
+    """A ctypes array over the ``nbytes`` at ``address`` that calls ``give(what)`` when it dies: the one lease of
+    memory lent as numpy arrays (a receive pool's block, a Pipeline ring's buffer).
 
-    numpy keeps the exporter of a buffer as the base of every array made from it (views included), so
-    the lease lives exactly as long as the last array over the block. (Cheaper per receive than a
-    ``weakref.finalize`` per lease: docs/benchmarks.md.)
+    numpy keeps the exporter of a buffer as the base of every array made from it (views included), so the lease
+    lives exactly as long as the last array over the memory. (Cheaper per receive than a ``weakref.finalize`` per
+    lease: docs/benchmarks.md.)
     """
-    lease_type = _lease_types.get(cls)
+    lease_type = _lease_types.get(nbytes)
     if lease_type is None:
+        lease_type = _lease_types[nbytes] = type(f"_Lease{nbytes}", (ctypes.c_ubyte * nbytes,), {"__del__": _ended})
+    lent = lease_type.from_address(address)
+    lent._give, lent._what = give, what  # type: ignore[attr-defined]  # (a ctypes type made at run time)
+    return lent
 
-        def __del__(self: Any) -> None:
-            self._pool.blocks.give(self._block, cls)
 
-        lease_type = type(f"_Lease{cls}", (ctypes.c_ubyte * cls,), {"__del__": __del__})
-        _lease_types[cls] = lease_type
-    return lease_type
+def _ended(lent: Any) -> None:
+    lent._give(lent._what)
 
 
 _HostBlock = tuple[np.ndarray[Any, Any], int]  # the memory, and its address (``.ctypes.data`` costs microseconds)
@@ -158,12 +162,14 @@ class HostReceivePool:
         if nbytes < self.min_bytes or nbytes > self.max_bytes:
             return np.empty(shape, dtype, order="F" if fortran else "C")
         block, cls = self.blocks.take(nbytes)
-        lease = _lease_type(cls).from_address(block[1])
-        lease._pool, lease._block = self, block  # type: ignore[attr-defined]  # (a ctypes type made at run time)
-        flat: np.ndarray[Any, Any] = np.frombuffer(lease, dtype, nbytes // dtype.itemsize)  # type: ignore[call-overload]
+        lent = lease(block[1], cls, self._returned, block)
+        flat: np.ndarray[Any, Any] = np.frombuffer(lent, dtype, nbytes // dtype.itemsize)  # type: ignore[call-overload]
         if len(shape) == 1:
             return flat
         return flat.reshape(shape, order="F") if fortran else flat.reshape(shape)
+
+    def _returned(self, block: _HostBlock) -> None:
+        self.blocks.give(block, block[0].nbytes)  # (a block is exactly its size class)
 
     @property
     def idle_bytes(self) -> int:

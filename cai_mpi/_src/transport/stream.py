@@ -2,22 +2,21 @@
 
 An item that differs from the one before travels self-described (the one path: ``isend_array``/``irecv_array``,
 passed in as ``describe``/``receive``, so this module needs nothing above the transport). An item that keeps the
-shape, dtype and ``meta`` of the last described one, in host memory of numbers in C order, to a receiver with no
-GPU of its own, travels as a bare payload on the data communicator itself, into a ring of persistent receives
-the receiver posts ahead in buffers of the known size; when an item differs again, the sender first sends an
-empty message that says so (``SWITCH``), then the described item. Back-pressure: the receiver sends back how
-many items it has received (a credit, on persistent requests on the control communicator); the sender reads them
-(``acked``). When to credit and how far to run ahead is the owner's policy, not the stream's.
+shape, dtype and ``meta`` of the last described one, in host memory of numbers in C order, to a receiver with no GPU
+of its own, travels as a bare payload on the data communicator itself, into a ring of persistent receives the
+receiver posts ahead in buffers of the known size (from the host receive pool); when an item differs again, the
+sender first sends an empty message that says so (``SWITCH``), then the described item. Back-pressure: the receiver
+sends back how many items it has received (a credit, on persistent requests on the control communicator); the sender
+reads them (``acked``). When to credit and how far to run ahead is the owner's policy, not the stream's.
 
 Ring buffers are reused by ownership, never by reference counts: a bare item is a new array over a lease of its
-slot's buffer, and the slot is free again only once that lease is finalized (the item and every view or export
-of it are gone). A ring that ends with no item held keeps its buffers (within a budget) for the next stream of
-the same shape and dtype.
+slot's buffer (``pool.lease``), and the slot is free again only once that lease is finalized (the item and every
+view or export of it are gone). The buffers come from the host receive pool and go back to it when the ring ends and
+no item refers to them, for the next stream (or receive) of their size.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 from collections import deque
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from ..config import config
 from ..progress.driving import PENDING
 from ..progress.posted import PostedRequest
 from ..progress.requests import Request
+from .pool import host_receive_pool, lease
 
 __all__ = [
     "DESCRIBED", "END", "FAST", "ITEM", "SWITCH", "StreamIn", "StreamOut", "bare_memory", "exchange_bare_ok",
@@ -47,11 +47,6 @@ ITEM, END, DESCRIBED, FAST, SWITCH = range(5)
 CREDIT, BARE_OK = 0, 2
 _BARE_KINDS = frozenset("biufc")  # dtype kinds a bare payload carries (numbers: any buffer-protocol export)
 _RING = 4  # the most buffers (and persistent receives) of a held description
-# Buffers of rings that ended with no item in them held, for the next ring of the same shape and dtype (a new
-# stream for every batch of items would otherwise fault in fresh pages for every ring); at most _KEPT_BYTES, and
-# no more than CAI_MPI_POOL_BYTES (the receive pool's budget of idle memory).
-_kept: dict[tuple[tuple[int, ...], np.dtype[Any]], list[np.ndarray[Any, Any]]] = {}
-_KEPT_BYTES = 64 << 20
 
 # The owner's wait: until the test is true, or raise (for the next item; on leaving, for what the other end does).
 Wait = Callable[[Callable[[], bool]], None]
@@ -215,8 +210,8 @@ class StreamOut:
 
 class _Slot:
     """A buffer of the ring and its persistent receive. ``busy`` from the receive's start until the item that
-    landed there, and every view of it, is gone: the item's memory is a lease (``_lease``) whose finalization
-    frees the slot, so a slot is reused only once cai_mpi knows nothing refers to it."""
+    landed there, and every view of it, is gone: the item's memory is a lease whose finalization frees the slot, so
+    a slot is reused only once cai_mpi knows nothing refers to it."""
 
     __slots__ = ("address", "buf", "busy", "req")
 
@@ -225,27 +220,15 @@ class _Slot:
         self.address = int(buf.ctypes.data)
 
     def lend(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
-        """The item that landed here: a new array over a lease of the buffer (which frees the slot when it dies)."""
-        lease = _lease(self.buf.nbytes).from_address(self.address)
-        lease._slot, lease._keep = self, self.buf  # type: ignore[attr-defined]  # (a ctypes type made at run time)
-        flat: np.ndarray[Any, Any] = np.frombuffer(lease, dtype)  # type: ignore[call-overload]
+        """The item that landed here: a new array over a lease of the buffer (which frees the slot when it dies;
+        the slot keeps the buffer alive until then)."""
+        lent = lease(self.address, self.buf.nbytes, _free, self)
+        flat: np.ndarray[Any, Any] = np.frombuffer(lent, dtype)  # type: ignore[call-overload]
         return flat.reshape(shape)
 
 
-_leases: dict[int, type[ctypes.Array[ctypes.c_ubyte]]] = {}
-
-
-def _lease(nbytes: int) -> type[ctypes.Array[ctypes.c_ubyte]]:
-    """A ctypes array type over ``nbytes`` that frees its slot when it dies: numpy keeps the exporter of a buffer
-    as the base of every array made from it (views included), so the lease lives as long as the last of them."""
-    lease_type = _leases.get(nbytes)
-    if lease_type is None:
-
-        def __del__(self: Any) -> None:
-            self._slot.busy = False
-
-        lease_type = _leases[nbytes] = type(f"_RingLease{nbytes}", (ctypes.c_ubyte * nbytes,), {"__del__": __del__})
-    return lease_type
+def _free(slot: _Slot) -> None:
+    slot.busy = False
 
 
 class StreamIn:
@@ -332,8 +315,8 @@ class StreamIn:
         else:
             slot = None
             if len(ring) < _RING and np.prod(held[0]) > 0:
-                kept = _kept.get(held[:2])
-                buf = kept.pop() if kept else np.empty(held[0], held[1])
+                shape, dtype = held[0], held[1]
+                buf = host_receive_pool().take_array(shape, dtype, int(np.prod(shape)) * dtype.itemsize)
                 slot = _Slot(buf, self._data.Recv_init([buf, MPI.BYTE], self.source, MPI.ANY_TAG))
                 ring.append(slot)
         if slot is None:  # every buffer of the ring is still in use (or the items are empty): a buffer of its own
@@ -346,14 +329,11 @@ class StreamIn:
         slot.req.Start()
 
     def _unhold(self) -> None:
-        """No description held any more: free the ring's requests (none is active: the last one took the SWITCH)."""
+        """No description held any more: free the ring's requests (none is active: the last one took the SWITCH).
+        Each buffer goes back to the receive pool once no item refers to it."""
         self._held = self._bare_into = None
-        budget = min(_KEPT_BYTES, config().pool_bytes) if self._ring else 0
         for slot in self._ring:
             slot.req.Free()
-            buf = slot.buf
-            if not slot.busy and sum(b.nbytes for k in _kept.values() for b in k) + buf.nbytes <= budget:
-                _kept.setdefault((buf.shape, buf.dtype), []).append(buf)
         self._ring = []
 
     def credit(self) -> None:
