@@ -50,8 +50,9 @@ __all__ = [
 ]
 
 #: Payloads of at most this many bytes (by the remembered signature) are posted with the vote, speculatively;
-#: larger ones follow the vote with MPI's blocking collective (docs/benchmarks.md has the measurement). A constant,
-#: not a setting: every rank must make the same choice, or one posts a collective the others never join.
+#: larger ones follow the vote with MPI's blocking collective (docs/collectives.md says why; the size is not a
+#: measured optimum: docs/benchmarks.md, issue 42's runs). A constant, not a setting: every rank must make the same
+#: choice, or one posts a collective the others never join.
 SPECULATE_BYTES = 64 * 1024
 _ERROR = b"\x00ERR"  # starts a failure's text; the headers exchanged here have payload tag 0: four NULs
 _UNLIMITED = 1 << 62
