@@ -500,14 +500,6 @@ def cosmic_ray(*args: str, cwd: Path) -> None:
 def run(module: str, sample: int | None, seed: int, fresh: bool, retest_survivors: bool) -> None:
     STATE.mkdir(exist_ok=True)
     session, meta_path = STATE / f"{module}.sqlite", STATE / f"{module}.json"
-    if retest_survivors and session.exists() and not fresh:
-        scratch_tree(module)  # the tests as they are now; the module as it was (a new revision: start --fresh)
-        (STATE / f"tree-{module}" / "mutation.toml").write_text(config_text(module))
-        forget_survivors(session)
-        if meta_path.exists():
-            meta = json.loads(meta_path.read_text())
-            meta["survivors_retested"] = f"{revision()} {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-            meta_path.write_text(json.dumps(meta))
     if fresh or not session.exists():
         session.unlink(missing_ok=True)
         tree = scratch_tree(module)
@@ -521,13 +513,21 @@ def run(module: str, sample: int | None, seed: int, fresh: bool, retest_survivor
         if not fresh:
             print(f"== {module}: {restore_state(module, session)} mutants' outcomes restored from "
                   f"{SAVED.relative_to(ROOT)}", flush=True)
-    elif sample is not None:
+    else:
         scratch_tree(module)  # the tests as they are now (same module source: after a change, start --fresh)
         (STATE / f"tree-{module}" / "mutation.toml").write_text(config_text(module))
-        grow_sample(session, sample, seed)
-        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-        meta["sample"] = max(sample, meta.get("sample") or 0)
-        meta_path.write_text(json.dumps(meta))
+        if sample is not None:
+            grow_sample(session, sample, seed)
+            meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+            meta["sample"] = max(sample, meta.get("sample") or 0)
+            meta_path.write_text(json.dumps(meta))
+    if retest_survivors and not fresh:  # (survivors of this session's runs, or restored from the saved state)
+        forgotten = forget_survivors(session)
+        print(f"== {module}: {forgotten} survivor(s) to test again", flush=True)
+        if meta_path.exists():
+            meta = json.loads(meta_path.read_text())
+            meta["survivors_retested"] = f"{revision()} {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+            meta_path.write_text(json.dumps(meta))
     tree = STATE / f"tree-{module}"
     print(f"== {module}: mutating {', '.join(MODULES[module])} in {tree}", flush=True)
     cosmic_ray("exec", "mutation.toml", str(session), cwd=tree)
@@ -650,12 +650,12 @@ def skip_annotations(session: Path, tree: Path) -> None:
             db.set_multiple_results(equivalent, WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output=ANNOTATION))
 
 
-def forget_survivors(session: Path) -> None:
-    """Make the survivors pending again, to see whether the tests written since kill them."""
+def forget_survivors(session: Path) -> int:
+    """Make the survivors pending again, to see whether the tests written since kill them; how many there were."""
     import sqlite3
 
     with sqlite3.connect(session) as db:
-        db.execute("DELETE FROM work_results WHERE upper(test_outcome) = 'SURVIVED'")
+        return db.execute("DELETE FROM work_results WHERE upper(test_outcome) = 'SURVIVED'").rowcount
 
 
 def skip_all_but(session: Path, sample: int, seed: int) -> None:

@@ -3,8 +3,10 @@
     mpiexec -n 2 python scripts/bench/bcast_floor.py [NBYTES] [ROUNDS] [CALLS]
 
 Interleaves, round after round: MPI's ``Bcast`` on ``COMM_WORLD`` (raw), the same on a duplicate communicator, the
-vote's ``Allreduce(MAX)`` of six int64 followed by the ``Bcast`` (the MPI calls of ``bcast_array`` past the slot,
-in mpi4py alone: the design's floor), and ``bcast_array`` without ``out=``. Prints on rank 0 each mode's median time
+vote's ``Allreduce(MAX)`` of six int64 followed by the ``Bcast`` (the MPI calls of ``bcast_array`` past
+``SPECULATE_BYTES``, in mpi4py alone: that design's floor), the vote's ``Iallreduce`` and an ``Ibcast`` posted
+together and completed by one ``Waitall`` (the steady state's calls up to ``SPECULATE_BYTES``), and ``bcast_array``
+without ``out=``. Prints on rank 0 each mode's median time
 per call (us) and its time relative to raw, as JSON. Defaults: 1 MiB, 7 rounds of 200 calls.
 """
 
@@ -37,10 +39,14 @@ def main() -> None:
         dup.Allreduce(MPI.IN_PLACE, votes, MPI.MAX)
         dup.Bcast(mine, root=0)
 
+    def vote_with_ibcast() -> None:
+        MPI.Request.Waitall([dup.Ibcast(mine, root=0), dup.Iallreduce(MPI.IN_PLACE, votes, MPI.MAX)])
+
     modes: dict[str, Callable[[], object]] = {
         "raw": lambda: comm.Bcast(mine, root=0),
         "raw on a duplicate": lambda: dup.Bcast(mine, root=0),
         "vote + Bcast": vote_then_bcast,
+        "vote with Ibcast": vote_with_ibcast,
         "bcast_array": lambda: cai_mpi.bcast_array(src if rank == 0 else None, root=0),
     }
     times: dict[str, list[float]] = {name: [] for name in modes}

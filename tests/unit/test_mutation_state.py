@@ -268,3 +268,29 @@ def test_nothing_saved_restores_nothing(script: Any, cr: types.SimpleNamespace) 
     assert script.saved_results("m") == {} and script.restore_state("m", fresh) == 0
     script.SAVED.write_text(json.dumps({"other": {"sources": script.module_digest("other"), "results": {}}}))
     assert script.saved_results("m") == {} and script.restore_state("m", fresh) == 0
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["restored", "existing"])
+def test_survivors_are_tested_again_whether_restored_or_found_in_the_session(script: Any, existing: bool) -> None:
+    """``run --retest-survivors`` makes every survivor pending again before cosmic-ray runs: those of a session on
+    this machine, and those a new session restored from the saved state (a new machine's first run)."""
+    calls: list[str] = []
+    session = script.STATE / "m.sqlite"
+    if existing:
+        session.touch()
+
+    def cosmic_ray(*args: str, cwd: Path) -> None:
+        calls.append(args[0])
+        if args[0] == "init":
+            session.touch()
+
+    script.cosmic_ray = cosmic_ray
+    script.scratch_tree = lambda module: script.STATE / f"tree-{module}"
+    (script.STATE / "tree-m").mkdir()
+    script.skip_annotations = lambda session, tree: None
+    script.skip_all_but = lambda session, sample, seed: None
+    script.grow_sample = lambda session, sample, seed: None
+    script.restore_state = lambda module, session: calls.append("restore") or 1
+    script.forget_survivors = lambda session: calls.append("forget") or 1
+    script.run("m", 8, 45, False, True)
+    assert calls == (["forget", "exec"] if existing else ["init", "restore", "forget", "exec"])
