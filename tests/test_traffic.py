@@ -61,6 +61,8 @@ def test_alltoall_grows_by_one_slot_per_rank(counted: dict[int, dict[str, dict[s
     ("allreduce_array", {"Iallreduce": 2}),
     ("reduce_array", {"Iallreduce": 1, "Ireduce": 1}),
     ("bcast_array", {"Allreduce": 1}),  # (the root's bytes travel in the vote's slot: one collective)
+    ("bcast_array_1KiB", {"Allreduce": 1}),  # (the largest payload the vote's slot carries)
+    ("bcast_array_8KiB", {"Iallreduce": 1, "Ibcast": 1}),  # (over it: the payload's own collective, with the vote)
     ("allgather_array", {"Allgather": 1}),  # (every rank's words with its payload: every rank checks them all)
     ("gather_array", {"Iallreduce": 1, "Igather": 1}),
     ("allreduce_arrays", {"Iallreduce": 2}),  # (16 float64 arrays: one bucket)

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "scripts" / "mpicount" / "mpicount.c"
 CALLS = 20
 COLLECTIVES = ["allreduce_array", "reduce_array", "bcast_array", "scatter_array", "allgather_array", "gather_array",
-               "allreduce_arrays", "alltoall_array", "scatter_array_8KiB", "alltoall_array_8KiB",
+               "allreduce_arrays", "alltoall_array", "bcast_array_1KiB", "bcast_array_8KiB", "scatter_array_8KiB",
+               "alltoall_array_8KiB",
                "scatter_array_timeout", "alltoall_array_timeout"]
 PROGRAM = r"""
 import ctypes, sys
@@ -41,6 +42,7 @@ snapshot = ctypes.CDLL(None).mpicount_snapshot
 x = np.ones(1)  # 8 bytes
 many = [np.full(1, float(i)) for i in range(16)]
 big = np.ones(1024)  # 8 KiB: over a description slot
+kib = np.ones(128)  # 1 KiB: the most a bcast's vote carries
 calls = {
     "allreduce_array": lambda: cai_mpi.allreduce_array(x),
     "reduce_array": lambda: cai_mpi.reduce_array(x, root=0),
@@ -50,6 +52,8 @@ calls = {
     "gather_array": lambda: cai_mpi.gather_array(x, root=0),
     "allreduce_arrays": lambda: cai_mpi.allreduce_arrays(many),
     "alltoall_array": lambda: cai_mpi.alltoall_array([x] * size),
+    "bcast_array_1KiB": lambda: cai_mpi.bcast_array(kib if rank == 0 else None, root=0),
+    "bcast_array_8KiB": lambda: cai_mpi.bcast_array(big if rank == 0 else None, root=0),
     "scatter_array_8KiB": lambda: cai_mpi.scatter_array([big] * size if rank == 0 else None, root=0),
     "alltoall_array_8KiB": lambda: cai_mpi.alltoall_array([big] * size),
     "scatter_array_timeout": lambda: cai_mpi.scatter_array([x] * size if rank == 0 else None, root=0, timeout=60.0),

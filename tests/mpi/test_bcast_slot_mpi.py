@@ -14,6 +14,7 @@ import pytest
 from mpi4py import MPI
 
 import cai_mpi
+from cai_mpi._src.transport.engine import SLOT_PAYLOAD_BYTES
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -29,8 +30,9 @@ def payloads() -> dict[str, np.ndarray[Any, Any]]:
         "one byte": np.array([0x80], np.uint8),
         "3 bytes": np.array([-1, -128, 5], np.int8),
         "127 bytes": (np.arange(127) * 37 % 256).astype(np.uint8),
-        "the whole slot": -np.arange(1, 17, dtype=np.int64),
-        "one byte over the slot": (255 - np.arange(129) % 256).astype(np.uint8),
+        "one byte under the slot": (np.arange(SLOT_PAYLOAD_BYTES - 1) * 37 % 256).astype(np.uint8),
+        "the whole slot": -np.arange(1, SLOT_PAYLOAD_BYTES // 8 + 1, dtype=np.int64),
+        "one byte over the slot": (255 - np.arange(SLOT_PAYLOAD_BYTES + 1) % 256).astype(np.uint8),
         "F order": np.asfortranarray(-np.arange(12, dtype=np.float64).reshape(3, 4)),
         "negative floats": np.array([-0.0, -np.inf, -1.5, np.nan], np.float64),
         "empty": np.empty((0, 3), np.int64),

@@ -23,9 +23,11 @@ from .signature import Signature
 
 __all__ = ["SLOT_PAYLOAD_BYTES", "Call", "Own", "slotted", "steady", "verdict"]
 
-#: A bcast whose agreed payload has at most this many bytes travels in its vote (``slotted``). A constant, not a
-#: setting: every rank must make the same choice.
-SLOT_PAYLOAD_BYTES = 128
+#: A bcast whose agreed payload has at most this many bytes travels in its vote (``slotted``). With the vote's 48
+#: bytes it stays under 2 KiB, where MPI libraries reduce by recursive doubling (MPICH's short-message allreduce):
+#: the vote's latency at any scale, and half the time of the vote and an ``Ibcast`` at 2 ranks (docs/benchmarks.md).
+#: A constant, not a setting: every rank must make the same choice.
+SLOT_PAYLOAD_BYTES = 1024
 _LOWEST = (1 << 63).to_bytes(8, "little")  # INT64_MIN, little-endian: below (or equal to) every word of a payload
 
 #: A payload collective to post: its name in the posting table (``agreement.collective``) and its arguments
