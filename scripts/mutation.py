@@ -366,8 +366,11 @@ def chosen_tests(module: str, coverage_map: dict[str, Any], root: Path = ROOT,
     executes (its import: module-level statements, which every test runs since tests/conftest.py imports the
     library). With ``mutated`` (the file and line a mutant changed), the test files that execute that line; for an
     import line, or a line no test executes (inside a statement that starts above it), those that exercise its
-    file. Test files gone since the map was made are left out."""
-    tests = {name: entry for name, entry in coverage_map["tests"].items() if (root / name).is_file()}
+    file. Test files gone since the map was made are left out, and so are those that failed when the map measured
+    them: a test file that fails on the library as it is cannot tell a mutant from it (every mutant would count as
+    killed; ``failing_tests`` names them)."""
+    tests = {name: entry for name, entry in coverage_map["tests"].items()
+             if (root / name).is_file() and entry.get("status", "passed") == "passed"}
     files = session_files(module) if mutated is None else {mutated[0]}
     chosen: set[str] = set()
     for path in files:
@@ -381,6 +384,11 @@ def chosen_tests(module: str, coverage_map: dict[str, Any], root: Path = ROOT,
         else:
             chosen |= {name for name, lines in ran.items() if mutated[1] in lines} or exercising
     return sorted(chosen, key=lambda name: (tests[name]["seconds"], name))
+
+
+def failing_tests(coverage_map: dict[str, Any]) -> list[str]:
+    """The test files that did not pass when the map measured them (``chosen_tests`` leaves them out)."""
+    return sorted(name for name, entry in coverage_map["tests"].items() if entry.get("status", "passed") != "passed")
 
 
 def mutated_line(module: str, tree: Path) -> tuple[str, int] | None:
@@ -801,7 +809,10 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown module(s) {unknown}: choose from {list(MODULES)}")
     if args.command == "run":
-        current_map()  # (made before the first session's scratch tree, so every session's mutants use it)
+        failing = failing_tests(current_map())  # (made before the first scratch tree: every session's mutants use it)
+        if failing:
+            print(f"== left out of every mutant's tests, since they fail on the library as it is: {failing}",
+                  flush=True)
         try:
             for module in modules:
                 run(module, args.sample, args.seed, args.fresh, args.retest_survivors)

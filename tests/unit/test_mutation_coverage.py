@@ -60,6 +60,10 @@ def test_a_mutant_runs_the_test_files_that_execute_its_line(tmp_path: Path) -> N
         "tests/mpi/test_c.py": {"files": {post: "1-5,8-50", config: "1-5"}, "seconds": 2.0},
         "tests/mpi/test_gone.py": {"files": {post: "1-50"}, "seconds": 0.1},
         "tests/unit/test_imports_only.py": {"files": {post: "1-5", config: "1-5"}, "seconds": 0.5},
+        # fails on the library as it is (a check of something the mutation venv's wheel does differently): it
+        # would count every mutant it runs for as killed
+        "tests/test_fails_already.py": {"files": {post: "1-5,8-50", config: "1-20"}, "seconds": 0.2,
+                                        "status": "exit 1"},
     }}
     for name in coverage_map["tests"]:
         if name != "tests/mpi/test_gone.py":
@@ -82,6 +86,7 @@ def test_a_mutant_runs_the_test_files_that_execute_its_line(tmp_path: Path) -> N
         assert script.chosen_tests("config", coverage_map, tmp_path, (config, line)) == ["tests/unit/test_a.py",
                                                                                          "tests/test_b.py"]
     assert script.ranges([1, 2, 3, 7, 9, 10]) == "1-3,7,9-10" and script.lines_of("1-3,7") == {1, 2, 3, 7}
+    assert script.failing_tests(coverage_map) == ["tests/test_fails_already.py"]
 
 
 def test_a_mutant_is_found_by_its_difference_from_the_tree(tmp_path: Path) -> None:
