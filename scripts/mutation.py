@@ -112,6 +112,9 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
         "equivalent: a stage holding a description receives only FAST (taken before), END or SWITCH on its bare "
         "receive (the previous stage sends SWITCH before any self-described item), and of END (1) and SWITCH (4) "
         "'tag <= END' holds for END alone, as 'tag == END' does",
+    ("cai_mpi/_src/api/pipeline_leave.py", "core/ReplaceBinaryOperator_Mul_Div", 0):
+        "equivalent: '_notify(self, error, /, own=True)' for '_notify(self, error, *, own=True)': both of its calls "
+        "pass the error by position and own by keyword (or not at all), which both signatures accept",
     ("cai_mpi/_src/progress/deadlines.py", "core/ReplaceComparisonOperator_Eq_Is", 1):
         "equivalent: check_tag returns every tag as a Python int (numpy.int64(-1) too), ANY_TAG is -1 on both "
         "wheels and CPython caches -1, so 'tag is ANY_TAG' holds exactly when 'tag == ANY_TAG' does",
