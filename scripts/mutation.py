@@ -275,12 +275,9 @@ def refresh_plan(known: dict[str, Any], digests: dict[str, str]) -> tuple[list[s
     tests = known["tests"]
     again: set[str] = set()
     for path in changed:
-        ran = {name: lines_of(entry["files"][path]) for name, entry in tests.items() if path in entry["files"]}
-        if not ran:
-            continue
-        imported = set.intersection(*ran.values())
-        exercising = {name for name, lines in ran.items() if lines - imported}
-        again |= exercising or (set(ran) if len(ran) < len(tests) else set())
+        ran, _imported, exercising = exercised(tests, path)
+        if ran:
+            again |= exercising or (set(ran) if len(ran) < len(tests) else set())
     return sorted(again), changed
 
 
@@ -361,6 +358,14 @@ def lines_of(text: str) -> set[int]:
     return out
 
 
+def exercised(tests: dict[str, Any], path: str) -> tuple[dict[str, set[int]], set[int], set[str]]:
+    """Of the map entries ``tests``, for library file ``path``: the lines each test file that runs it runs, the lines
+    all of them run (its import: module-level statements), and the test files that run more than those (use it)."""
+    ran = {name: lines_of(entry["files"][path]) for name, entry in tests.items() if path in entry["files"]}
+    imported = set.intersection(*ran.values()) if ran else set()
+    return ran, imported, {name for name, lines in ran.items() if lines - imported}
+
+
 def chosen_tests(module: str, coverage_map: dict[str, Any], root: Path = ROOT,
                  mutated: tuple[str, int] | None = None) -> list[str]:
     """The test files that exercise ``module``'s files, the quickest first (a mutant most tests kill dies sooner).
@@ -377,11 +382,9 @@ def chosen_tests(module: str, coverage_map: dict[str, Any], root: Path = ROOT,
     files = session_files(module) if mutated is None else {mutated[0]}
     chosen: set[str] = set()
     for path in files:
-        ran = {name: lines_of(entry["files"][path]) for name, entry in tests.items() if path in entry["files"]}
+        ran, imported, exercising = exercised(tests, path)
         if not ran:
             continue
-        imported = set.intersection(*ran.values())
-        exercising = {name for name, lines in ran.items() if lines - imported}
         if mutated is None or mutated[1] in imported:
             chosen |= exercising
         else:
