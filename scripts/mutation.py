@@ -115,6 +115,19 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
     ("cai_mpi/_src/api/pipeline_leave.py", "core/ReplaceBinaryOperator_Mul_Div", 0):
         "equivalent: '_notify(self, error, /, own=True)' for '_notify(self, error, *, own=True)': both of its calls "
         "pass the error by position and own by keyword (or not at all), which both signatures accept",
+    ("cai_mpi/_src/arrays/operands.py", "core/ReplaceBinaryOperator_Add_Pow", 2):
+        "equivalent: 't_ptr ** t_low' (t_low <= 0: 1 or a float below 1) only turns off replaces' early exit for a "
+        "sent array wholly below out=; np.shares_memory, which comes next and is exact, then says False as well",
+    ("cai_mpi/_src/api/p2p.py", "core/ReplaceComparisonOperator_LtE_Lt", 1):
+        "equivalent: the fast path's tag test is a shortcut; tag 0, which '0 < tag' sends on, is accepted by "
+        "check_tag, which returns it unchanged",
+    ("cai_mpi/_src/api/validation.py", "core/ReplaceComparisonOperator_Eq_Is", 0):
+        "equivalent: check_rank's first test is a shortcut; a rank it misses ('is' failing) reaches the general "
+        "test just below, which accepts ANY_SOURCE by '==' (and CPython caches ANY_SOURCE, -1 or -2, anyway)",
+    ("cai_mpi/_src/api/pipeline_leave.py", "core/NumberReplacer", 12):
+        "equivalent: a stage reads only its downstream neighbour's credits in the leaving agreement "
+        "(everyone[me + 1, _CREDITS]), and the first stage, the only one without an upstream, is no stage's "
+        "downstream neighbour",
     ("cai_mpi/_src/progress/deadlines.py", "core/ReplaceComparisonOperator_Eq_Is", 1):
         "equivalent: check_tag returns every tag as a Python int (numpy.int64(-1) too), ANY_TAG is -1 on both "
         "wheels and CPython caches -1, so 'tag is ANY_TAG' holds exactly when 'tag == ANY_TAG' does",

@@ -86,3 +86,48 @@ def test_an_out_that_overlaps_the_array_sent_says_how() -> None:
         cai_mpi.sendrecv_array(buf[0:6], me, 3, me, 3, out=buf[0:6].reshape(2, 3).T)
     assert buf.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
     assert not MPI.COMM_WORLD.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
+
+def _int8(n: int) -> np.ndarray[Any, Any]:
+    return np.arange(n, dtype=np.int8)
+
+
+# (what, sent, out=) as slices of one 10-byte buffer, in byte-sized elements so that one shared element is one shared
+# byte: the overlap test is decided at its bounds, with reversed layouts (whose element 0 is their highest byte).
+TOUCHING: list[tuple[str, slice, slice]] = [
+    ("out just above", slice(0, 4), slice(4, 8)),
+    ("out just below", slice(4, 8), slice(0, 4)),
+    ("reversed sent, out just above", slice(3, None, -1), slice(4, 8)),
+    ("reversed sent, out just below", slice(7, 3, -1), slice(0, 4)),
+    ("reversed out just above", slice(0, 4), slice(7, 3, -1)),
+    ("reversed out just below", slice(4, 8), slice(3, None, -1)),
+    ("one element sent, out just above", slice(3, 4), slice(4, 5)),
+]
+OVERLAPPING: list[tuple[str, slice, slice]] = [
+    ("out one element above", slice(0, 4), slice(3, 7)),
+    ("out one element below", slice(4, 8), slice(1, 5)),
+    ("reversed sent, out starting on its first byte", slice(3, None, -1), slice(3, 7)),
+    ("reversed sent, out ending on its last byte", slice(7, 3, -1), slice(2, 5)),
+    ("reversed out ending on the sent's first byte", slice(4, 8), slice(4, 0, -1)),
+    ("one element sent, out starting on it", slice(3, 4), slice(3, 7)),
+]
+
+
+@pytest.mark.parametrize(("what", "sent", "into"), TOUCHING, ids=[case[0] for case in TOUCHING])
+def test_an_out_that_only_touches_the_array_sent_receives_it(what: str, sent: slice, into: slice) -> None:
+    buf = _int8(10)
+    expected = buf[sent].tolist()
+    got = cai_mpi.sendrecv_array(buf[sent], me, 4, me, 4, out=buf[into])
+    assert np.asarray(got).tolist() == expected and buf[into].tolist() == expected
+    untouched = np.ones(10, bool)
+    untouched[into] = False
+    assert buf[untouched].tolist() == _int8(10)[untouched].tolist()
+
+
+@pytest.mark.parametrize(("what", "sent", "into"), OVERLAPPING, ids=[case[0] for case in OVERLAPPING])
+def test_an_out_that_overlaps_the_array_sent_by_one_element_is_refused(what: str, sent: slice, into: slice) -> None:
+    buf = _int8(10)
+    with pytest.raises(ValueError, match=r"^sendrecv_array: out= shares memory with the array sent, partly \("):
+        cai_mpi.sendrecv_array(buf[sent], me, 4, me, 4, out=buf[into])
+    assert buf.tolist() == _int8(10).tolist()
+    assert not MPI.COMM_WORLD.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
