@@ -19,7 +19,7 @@ from ..arrays.operands import DeviceSource, Target
 from ..core.descriptor import CAIDescriptor
 from ..core.header import MessageInfo
 from ..runtime.base import Runtime
-from .pieces import device_landing, internal_stream, pinned_pool
+from .pieces import device_landing, host_address, internal_stream, pinned_pool
 from .pool import host_receive_pool
 from .receive import destination, unpack_on_device
 from .send import pack_on_device
@@ -55,7 +55,7 @@ def outgoing(src: np.ndarray[Any, Any] | DeviceSource, rt: Runtime, *, direct: b
         keep_layout = flags.c_contiguous or (flags.f_contiguous and not c_order)
         arr = src if keep_layout else np.ascontiguousarray(src)
         fortran = not arr.flags.c_contiguous
-        return Outgoing(arr.ctypes.data, arr.nbytes, fortran, arr)
+        return Outgoing(host_address(arr), arr.nbytes, fortran, arr)
     with rt.context_scope():  # (its pack, copy and waits ask which context is current once)
         return _device_outgoing(src, rt, direct, c_order)
 
@@ -117,14 +117,14 @@ class Landing:
             return _on_device(result, dest.wire, dest.ordinal, nbytes, rt, direct, held)
         dst = dest.host
         if dst.flags.c_contiguous and not held:
-            return cls(dst.ctypes.data if nbytes else 0, nbytes, lambda: result)
+            return cls(host_address(dst) if nbytes else 0, nbytes, lambda: result)
         tmp = np.empty(dst.shape, dst.dtype)
 
         def copy_out() -> Array:
             np.copyto(dst, tmp, casting="no")
             return result
 
-        return cls(tmp.ctypes.data if nbytes else 0, nbytes, copy_out)
+        return cls(host_address(tmp) if nbytes else 0, nbytes, copy_out)
 
 
 def _on_device(result: Array, wire: CAIDescriptor, ordinal: int, nbytes: int, rt: Runtime, direct: bool,
@@ -188,7 +188,7 @@ class Gathered:
         if ordinal is None:  # a pooled block (fresh memory would page-fault on every call); views keep it alive
             n = max(offset, 1)
             self._host = host_receive_pool().take_array((n,), _BYTES, n)
-            self.address = self._host.__array_interface__["data"][0]
+            self.address = host_address(self._host)
         elif direct:
             self._device = device_landing(rt, offset, ordinal, direct=True, handed_out=True)
             self.address = self._device.ptr

@@ -81,13 +81,14 @@ class BlockPool(Generic[B]):
         budget = self.budget
         fits = cls <= budget
         with self._lock:
-            if cls in self._idle:
-                self._idle.move_to_end(cls)  # in use: evicted last
             room = budget - cls if fits else budget
-            for other, idle in list(self._idle.items()):  # a copy: a lease may die in here and come back
-                while idle and self.idle_bytes > room:
-                    evicted.append(idle.pop())
-                    self.idle_bytes -= other
+            if self.idle_bytes > room:  # (the steady state has room: a block goes back where it came from)
+                if cls in self._idle:
+                    self._idle.move_to_end(cls)  # in use: evicted last
+                for other, idle in list(self._idle.items()):  # a copy: a lease may die in here and come back
+                    while idle and self.idle_bytes > room:
+                        evicted.append(idle.pop())
+                        self.idle_bytes -= other
             if fits:
                 self._idle.setdefault(cls, []).append(block)
                 self._idle.move_to_end(cls)
