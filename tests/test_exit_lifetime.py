@@ -141,6 +141,14 @@ elif case == "a persistent collective open when the user finalizes MPI":  # its 
     MPI.Finalize()
     print(f"rank {rank}: finalized", flush=True)
     sys.exit(0)
+elif case == "a persistent collective closed after the user finalizes MPI":  # closing frees nothing then
+    import numpy as np
+    coll = cai_mpi.allreduce_init(np.ones(4))  # (never started)
+    world.Barrier()
+    MPI.Finalize()
+    coll.close()
+    print(f"rank {rank}: finalized", flush=True)
+    sys.exit(0)
 elif case == "a raw mpi4py receive":  # the check's own test: mpi4py frees this buffer while MPI is active
     raw = world.Irecv(watched("a raw mpi4py receive's buffer", fill=0.0), left, 12)
 else:
@@ -152,7 +160,8 @@ print(f"rank {rank}: exiting", flush=True)
 CASES = ["isend never received", "ring in flight", "strided ring in flight", "dropped", "irecv never matched",
          "channels never closed", "channels waited in a later exit hook", "a channel whose close timed out",
          "a received array kept", "MPI finalized by the user",
-         "a persistent collective open when the user finalizes MPI"]
+         "a persistent collective open when the user finalizes MPI",
+         "a persistent collective closed after the user finalizes MPI"]
 ORDERS = ["natural", "cai_mpi's globals cleared first"]
 JOBS = [(case, 2, order) for case in CASES for order in ORDERS] + [(case, 3, ORDERS[0]) for case in CASES]
 
@@ -170,7 +179,8 @@ def run(case: str, nprocs: int, order: str) -> tuple[Finished, list[str]]:
 @pytest.mark.parametrize(("case", "nprocs", "order"), JOBS, ids=[f"{c}-{n}-{o}" for c, n, o in JOBS])
 def test_exit_with_requests_pending(case: str, nprocs: int, order: str) -> None:
     done, freed = run(case, nprocs, order)
-    finalized = case in ("MPI finalized by the user", "a persistent collective open when the user finalizes MPI")
+    finalized = case in ("MPI finalized by the user", "a persistent collective open when the user finalizes MPI",
+                         "a persistent collective closed after the user finalizes MPI")
     said = "finalized" if finalized else "exiting"
     assert all(f"rank {r}: {said}" in done.stdout for r in range(nprocs)), done.output
     expected = [] if finalized else [
