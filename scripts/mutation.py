@@ -181,6 +181,7 @@ def measure(test_file: str, root: Path = ROOT, bin_dir: Path = BIN) -> dict[str,
 
     import coverage
 
+    digest = digest_of_test(root / test_file)  # (before it runs: the file as measured)
     with tempfile.TemporaryDirectory(prefix="cai-mpi-map-") as tmp:
         rc = Path(tmp) / "coveragerc"
         # patch = subprocess: every Python process the test starts (mpiexec's ranks, the CLI) measures itself too
@@ -210,7 +211,7 @@ def measure(test_file: str, root: Path = ROOT, bin_dir: Path = BIN) -> dict[str,
             if name is not None and lines:
                 executed[name] = sorted(set(executed.get(name, [])) | set(lines))
     return {"files": {name: ranges(executed[name]) for name in sorted(executed)}, "seconds": seconds,
-            "status": status}
+            "status": status, "digest": digest}
 
 
 def ranges(lines: list[int]) -> str:
@@ -442,9 +443,20 @@ def stages(module: str, mutated: tuple[str, int] | None = None) -> list[list[str
     return out
 
 
-def stale_tests(coverage_map: dict[str, Any]) -> list[str]:
-    """Test files the map has not measured (new since it was made): no session runs them until ``map`` does."""
-    return [name for name in test_files() if name not in coverage_map["tests"]]
+def stale_tests(coverage_map: dict[str, Any], root: Path = ROOT) -> list[str]:
+    """Test files the map has not measured as they are: new since it was made, or changed since they were measured
+    (a new test may run lines the old entry does not list, and the harness would not choose it for a mutant there).
+    An entry without a digest (a map from before they were kept) is measured again too."""
+    tests = coverage_map["tests"]
+    return [name for name in test_files(root)
+            if name not in tests or tests[name].get("digest") != digest_of_test(root / name)]
+
+
+def digest_of_test(path: Path) -> str:
+    """A test file's digest, kept in its map entry: what tells the map the file changed since it was measured."""
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def test(module: str) -> int:

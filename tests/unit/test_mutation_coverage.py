@@ -190,6 +190,7 @@ def test_a_changed_file_measures_again_only_the_tests_that_use_it(tmp_path: Path
                 "digests": script.file_digests(tmp_path)}
 
     before = measured()
+    assert all(entry["digest"] == script.digest_of_test(tmp_path / name) for name, entry in before["tests"].items())
     # f moves down two lines and grows one: every line number of used.py after the first changes
     (tmp_path / "cai_mpi/_src/used.py").write_text("import os\n\nX = 1\n\n\ndef f():\n    y = X\n    return y\n")
     plan = script.refresh_plan(before, script.file_digests(tmp_path))
@@ -203,3 +204,23 @@ def test_a_changed_file_measures_again_only_the_tests_that_use_it(tmp_path: Path
     (tmp_path / "cai_mpi/_src/new.py").write_text("Z = 1\n")
     assert script.refresh_plan(whole, script.file_digests(tmp_path)) is None
     assert script.refresh_plan({"tests": {}}, script.file_digests(tmp_path)) is None  # a map from before digests
+
+
+def test_a_test_file_changed_since_the_map_measured_it_is_measured_again(tmp_path: Path) -> None:
+    """A new case in an old test file may run lines its entry does not list: the harness would not choose the file
+    for a mutant there (a survivor stays alive although a test kills it). New, changed and undigested files are
+    stale; unchanged ones are not."""
+    script = mutation()
+    names = ["tests/unit/test_a.py", "tests/unit/test_b.py", "tests/test_top.py", "tests/mpi/test_c_mpi.py"]
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("def test_it():\n    assert True\n")
+    known = {"tests": {name: {"files": {}, "seconds": 0.1, "status": "passed",
+                              "digest": script.digest_of_test(tmp_path / name)} for name in names}}
+    assert script.stale_tests(known, tmp_path) == []
+    (tmp_path / "tests/unit/test_a.py").write_text("def test_it():\n    assert True\n\ndef test_new():\n    pass\n")
+    assert script.stale_tests(known, tmp_path) == ["tests/unit/test_a.py"]
+    del known["tests"]["tests/mpi/test_c_mpi.py"]["digest"]  # (an entry from before digests were kept)
+    (tmp_path / "tests/unit/test_d.py").write_text("def test_it():\n    pass\n")
+    assert sorted(script.stale_tests(known, tmp_path)) == sorted(
+        ["tests/unit/test_a.py", "tests/unit/test_d.py", "tests/mpi/test_c_mpi.py"])
