@@ -119,8 +119,8 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
         "equivalent: 't_ptr ** t_low' (t_low <= 0: 1 or a float below 1) only turns off replaces' early exit for a "
         "sent array wholly below out=; np.shares_memory, which comes next and is exact, then says False as well",
     ("cai_mpi/_src/api/p2p.py", "core/ReplaceComparisonOperator_LtE_Lt", 1):
-        "equivalent: the fast path's tag test is a shortcut; tag 0, which '0 < tag' sends on, is accepted by "
-        "check_tag, which returns it unchanged",
+        "equivalent: the fast path's tag test is a shortcut; with '0 < tag' a tag of 0 goes to check_tag, which "
+        "accepts it and returns it unchanged",
     ("cai_mpi/_src/api/validation.py", "core/ReplaceComparisonOperator_Eq_Is", 0):
         "equivalent: check_rank's first test is a shortcut; a rank it misses ('is' failing) reaches the general "
         "test just below, which accepts ANY_SOURCE by '==' (and CPython caches ANY_SOURCE, -1 or -2, anyway)",
