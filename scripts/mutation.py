@@ -128,6 +128,20 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
         "equivalent: a stage reads only its downstream neighbour's credits in the leaving agreement "
         "(everyone[me + 1, _CREDITS]), and the first stage, the only one without an upstream, is no stage's "
         "downstream neighbour",
+    ("cai_mpi/_src/core/header.py", "core/ReplaceBinaryOperator_BitOr_Add", 2):
+        "equivalent: FLAG_META (0x04) and FLAG_FORTRAN (0x08) are distinct bits, so their sum is their union",
+    ("cai_mpi/_src/api/reductions.py", "core/AddNot", 9):
+        "harmless: 'not key[0] is not None' only stops remembering plans (each call plans again, to the same plan); "
+        "key[0] is None only for an op that is neither a name nor an MPI.Op, which parse_op refuses first",
+    ("cai_mpi/_src/api/channel.py", "core/ReplaceComparisonOperator_Eq_Is", 1):
+        "equivalent in CPython: check_rank returns the source as a Python int, and PROC_NULL (-1 on MPICH, -2 on "
+        "Open MPI) is among the small ints CPython shares, so 'is PROC_NULL' holds exactly when '==' does",
+    ("cai_mpi/_src/api/gathers.py", "core/ReplaceBinaryOperator_Mul_Div", 10):
+        "untestable here: in the steady-state guard 'sig.nbytes / size' differs from 'sig.nbytes * size' only when "
+        "a piece (at most SPECULATE_BYTES, 64 KiB) times the world's size passes INT_MAX: above 32,768 ranks",
+    ("cai_mpi/_src/api/abort.py", "core/NumberReplacer", 1):
+        "harmless: the most an abort waits for the launcher to read a rank's last output; the wait ends as soon as "
+        "the pipes are empty (milliseconds here), so 1 s for 2 s matters only to a launcher that stalls over 1 s",
     ("cai_mpi/_src/progress/deadlines.py", "core/ReplaceComparisonOperator_Eq_Is", 1):
         "equivalent: check_tag returns every tag as a Python int (numpy.int64(-1) too), ANY_TAG is -1 on both "
         "wheels and CPython caches -1, so 'tag is ANY_TAG' holds exactly when 'tag == ANY_TAG' does",

@@ -73,3 +73,16 @@ def test_a_repeated_call_is_one_round(counted: dict[int, dict[str, dict[str, Any
     that carries both."""
     for p in counted:
         assert counted[p][name]["calls"] == calls, (p, counted[p][name])
+
+
+@pytest.mark.parametrize("name, calls", [
+    ("gather_array_mixed", {"Allreduce": 1, "Allgather": 1, "Allgatherv": 1, "Gather": 1}),
+    ("allgather_array_mixed", {"Allreduce": 1, "Allgather": 2, "Allgatherv": 1}),
+])
+def test_pieces_of_one_size_described_differently_travel_in_the_plain_gathers(
+        counted: dict[int, dict[str, dict[str, Any]]], name: str, calls: dict[str, int]) -> None:
+    """Ranks whose pieces differ in description but not in size (float64 and int64, 64 B each) have no signature to
+    keep: every call votes, exchanges the descriptions (an Allgather of their lengths, an Allgatherv of the texts),
+    then moves the payload in MPI's Gather or Allgather (as fast as a gather of known shapes), not the v-forms."""
+    for p in counted:
+        assert counted[p][name]["calls"] == calls, (p, counted[p][name])

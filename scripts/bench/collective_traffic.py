@@ -29,7 +29,7 @@ CALLS = 20
 COLLECTIVES = ["allreduce_array", "reduce_array", "bcast_array", "scatter_array", "allgather_array", "gather_array",
                "allreduce_arrays", "alltoall_array", "bcast_array_1KiB", "bcast_array_8KiB", "scatter_array_8KiB",
                "alltoall_array_8KiB",
-               "scatter_array_timeout", "alltoall_array_timeout"]
+               "scatter_array_timeout", "alltoall_array_timeout", "gather_array_mixed", "allgather_array_mixed"]
 PROGRAM = r"""
 import ctypes, sys
 import numpy as np
@@ -43,6 +43,7 @@ x = np.ones(1)  # 8 bytes
 many = [np.full(1, float(i)) for i in range(16)]
 big = np.ones(1024)  # 8 KiB: over a description slot
 kib = np.ones(128)  # 1 KiB: the most a bcast's vote carries
+mixed = np.ones(8) if rank % 2 == 0 else np.ones(8, np.int64)  # 64 B on every rank, described differently
 calls = {
     "allreduce_array": lambda: cai_mpi.allreduce_array(x),
     "reduce_array": lambda: cai_mpi.reduce_array(x, root=0),
@@ -58,6 +59,8 @@ calls = {
     "alltoall_array_8KiB": lambda: cai_mpi.alltoall_array([big] * size),
     "scatter_array_timeout": lambda: cai_mpi.scatter_array([x] * size if rank == 0 else None, root=0, timeout=60.0),
     "alltoall_array_timeout": lambda: cai_mpi.alltoall_array([x] * size, timeout=60.0),
+    "gather_array_mixed": lambda: cai_mpi.gather_array(mixed, root=0),
+    "allgather_array_mixed": lambda: cai_mpi.allgather_array(mixed),
 }
 for name in sys.argv[2].split(","):
     call = calls[name]
