@@ -142,6 +142,9 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
     ("cai_mpi/_src/api/abort.py", "core/NumberReplacer", 1):
         "harmless: the most an abort waits for the launcher to read a rank's last output; the wait ends as soon as "
         "the pipes are empty (milliseconds here), so 1 s for 2 s matters only to a launcher that stalls over 1 s",
+    ("cai_mpi/_src/transport/slots.py", "core/ReplaceBinaryOperator_BitAnd_FloorDiv", 3):
+        "equivalent: a slot's head carries three flags, _FUSED 1, _APART 2 and _LONG 4 (a cai_mpi rank writes it on "
+        "a private communicator), so 'marks // _LONG' is nonzero exactly when 'marks & _LONG' is",
     ("cai_mpi/_src/progress/deadlines.py", "core/ReplaceComparisonOperator_Eq_Is", 1):
         "equivalent: check_tag returns every tag as a Python int (numpy.int64(-1) too), ANY_TAG is -1 on both "
         "wheels and CPython caches -1, so 'tag is ANY_TAG' holds exactly when 'tag == ANY_TAG' does",
