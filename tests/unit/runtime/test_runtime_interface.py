@@ -23,8 +23,14 @@ def _without(missing: str) -> type[Runtime]:
     return type(f"RuntimeWithout_{missing}", (Runtime,), {"name": "partial", **methods})
 
 
-def test_a_runtime_with_every_method_can_be_made() -> None:
-    assert isinstance(_without("")(), Runtime)
+def test_a_runtime_with_every_method_can_be_made_and_has_the_defaults() -> None:
+    """The two methods with a default: one context scope that does nothing (a runtime without contexts), and a
+    consumer's read that a runtime handing out no device memory ignores."""
+    rt = _without("")()
+    assert isinstance(rt, Runtime)
+    with rt.context_scope():
+        pass
+    assert rt.read_on(0, 0, 0) is None
 
 
 @pytest.mark.parametrize("missing", INTERFACE)
