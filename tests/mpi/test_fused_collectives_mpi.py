@@ -422,6 +422,31 @@ def test_reductions_where_speculation_ends(n: int) -> None:
             same(got, expected_reduction(MPI.BXOR, every))
 
 
+@pytest.mark.parametrize("fn", ["allgather", "gather"])
+def test_large_gathers_take_each_new_description_of_the_same_bytes(fn: str) -> None:
+    """Past ``SPECULATE_BYTES`` the vote goes first, and a call like the last one keeps its agreed description:
+    calls whose payloads keep their size but change dtype, shape or order (on every rank at once) arrive as sent,
+    each of them twice (the second time like the last)."""
+    n = (SPECULATE_BYTES + 64) // 8
+    kinds = [("<f8", (n,), "C"), ("<i8", (n,), "C"), ("<f8", (2, n // 2), "C"), ("<f8", (2, n // 2), "F"),
+             ("<u4", (n, 2), "C"), ("<f8", (n,), "C")]
+    root = size - 1
+    for dtype, shape, order in kinds:
+        every = [laid_out(values(dtype, shape, r + 10 * len(shape)), order) for r in range(size)]
+        for _ in range(2):
+            if fn == "allgather":
+                got = cai_mpi.allgather_array(every[rank], timeout=LIMIT)
+            else:
+                got = cai_mpi.gather_array(every[rank], root=root, timeout=LIMIT)
+                if rank != root:
+                    assert got is None
+                    continue
+            assert len(got) == size
+            for r, (piece, want) in enumerate(zip(got, every, strict=True)):
+                same(piece, want)
+                assert np.asarray(piece).flags.f_contiguous == want.flags.f_contiguous, (r, dtype, shape, order)
+
+
 # -- errors on one rank: an error on every rank, on both paths ----------------------------------------------------
 
 

@@ -186,7 +186,9 @@ def _gathered(fn: str, pc: PrivateComms, mine: Contribution, own: int, root: int
     else:
         vote(fn, pc, ballot, due)
     steps = verdict(fn, pc, ballot, due, f"root={root}", mine.error, "every rank must name the same root")
-    if ballot.alike:  # every rank described what this one did: the pieces go back to back
+    if sig is not None and ballot.matches(sig.head):  # the call the last one agreed on (large: the vote went first)
+        infos = [sig.described()] * size
+    elif ballot.alike:  # every rank described what this one did: the pieces go back to back
         info = read(mine.blob)
         assert isinstance(info, MessageInfo)
         infos = [info] * size
