@@ -66,6 +66,9 @@ def test_alltoall_grows_by_one_slot_per_rank(counted: dict[int, dict[str, dict[s
     ("allgather_array", {"Allgather": 1}),  # (every rank's words with its payload: every rank checks them all)
     ("gather_array", {"Iallreduce": 1, "Igather": 1}),
     ("allreduce_arrays", {"Iallreduce": 2}),  # (16 float64 arrays: one bucket)
+    # (after large calls of two shapes, whose vote goes first: a call unlike them is agreed on and then repeated)
+    ("allreduce_array_after_large", {"Iallreduce": 2}),
+    ("allgather_array_after_large", {"Allgather": 1}),
 ])
 def test_a_repeated_call_is_one_round(counted: dict[int, dict[str, dict[str, Any]]], name: str,
                                       calls: dict[str, int]) -> None:

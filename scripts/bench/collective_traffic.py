@@ -29,7 +29,8 @@ CALLS = 20
 COLLECTIVES = ["allreduce_array", "reduce_array", "bcast_array", "scatter_array", "allgather_array", "gather_array",
                "allreduce_arrays", "alltoall_array", "bcast_array_1KiB", "bcast_array_8KiB", "scatter_array_8KiB",
                "alltoall_array_8KiB",
-               "scatter_array_timeout", "alltoall_array_timeout", "gather_array_mixed", "allgather_array_mixed"]
+               "scatter_array_timeout", "alltoall_array_timeout", "gather_array_mixed", "allgather_array_mixed",
+               "allreduce_array_after_large", "allgather_array_after_large"]
 PROGRAM = r"""
 import ctypes, sys
 import numpy as np
@@ -44,6 +45,13 @@ many = [np.full(1, float(i)) for i in range(16)]
 big = np.ones(1024)  # 8 KiB: over a description slot
 kib = np.ones(128)  # 1 KiB: the most a bcast's vote carries
 mixed = np.ones(8) if rank % 2 == 0 else np.ones(8, np.int64)  # 64 B on every rank, described differently
+two = np.ones(2)  # 16 B: unlike every call before it
+wide, tall = np.ones(1 << 14), np.ones((2, 1 << 13))  # 128 KiB, two shapes: past SPECULATE_BYTES (the vote first)
+# Calls made before a name's own: after them, that name's calls must find their steady state again
+before = {
+    "allreduce_array_after_large": lambda: (cai_mpi.allreduce_array(wide), cai_mpi.allreduce_array(tall)),
+    "allgather_array_after_large": lambda: (cai_mpi.allgather_array(wide), cai_mpi.allgather_array(tall)),
+}
 calls = {
     "allreduce_array": lambda: cai_mpi.allreduce_array(x),
     "reduce_array": lambda: cai_mpi.reduce_array(x, root=0),
@@ -61,9 +69,12 @@ calls = {
     "alltoall_array_timeout": lambda: cai_mpi.alltoall_array([x] * size, timeout=60.0),
     "gather_array_mixed": lambda: cai_mpi.gather_array(mixed, root=0),
     "allgather_array_mixed": lambda: cai_mpi.allgather_array(mixed),
+    "allreduce_array_after_large": lambda: cai_mpi.allreduce_array(two),
+    "allgather_array_after_large": lambda: cai_mpi.allgather_array(two),
 }
 for name in sys.argv[2].split(","):
     call = calls[name]
+    before.get(name, lambda: None)()
     for _ in range(3):
         call()
     snapshot(f"{name}:before".encode())

@@ -236,10 +236,10 @@ def _reduce(
                                                                                           " and root"))
     assert plan is not None
     info, (count, datatype, mpi_op) = plan.info, plan.bucket
-    if mpi_op.is_predefined:  # (a user's op may be freed before the next call: never posted ahead)
-        pc.agreed[fn] = Signature(plan.fp, info=info, root=plan.root, buckets=[plan.bucket])
-    else:
+    if not mpi_op.is_predefined:  # (a user's op may be freed before the next call: never posted ahead)
         pc.agreed.pop(fn, None)
+    elif sig is None or not ballot.matches(sig.head):  # (else this call is the agreed one: kept as it is)
+        pc.agreed[fn] = Signature(plan.fp, info=info, root=plan.root, buckets=[plan.bucket])
     bufs = steps.keep = _buffers(src, plan, target, gets_result, trouble, pc, rt, due is not None)
     if info.payload_nbytes <= cfg.max_message_bytes and count <= INT_MAX:
         if count:
