@@ -1,12 +1,14 @@
 """Wall-clock time per ``allgather_array`` call in the steady state, against raw mpi4py ``Allgather`` of the same
 bytes and mpi4py's pickled ``comm.allgather`` of the same array (issue 42: one collective per call).
 
-    mpiexec -n 2 python scripts/bench/allgather_latency.py [--rounds 9] [--calls 2000] [--json out.json]
+    mpiexec -n 2 python scripts/bench/allgather_latency.py [--rounds 9] [--calls 2000] [--sizes 8,65536]
+        [--json out.json]
 
 The three calls are interleaved round by round (so a busy machine disturbs them alike); each round times
 ``--calls`` calls after a barrier, on every rank, and keeps the slowest rank's time. Prints, per payload size
-(8 B and 64 KiB per rank), the median over the rounds in microseconds per call, and the ratios the issue's
-targets name (allgather_array / pickle, allgather_array / raw).
+(``--sizes``, bytes per rank: 8 B and 64 KiB by default; a tenth of the calls above 8 B, a hundredth from 1 MiB),
+the median over the rounds in microseconds per call, and the ratios the issue's targets name (allgather_array /
+pickle, allgather_array / raw).
 """
 
 from __future__ import annotations
@@ -37,12 +39,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--sizes", default="8,65536", help="bytes per rank, comma-separated")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
     results: dict[str, dict[str, float]] = {}
-    for nbytes in (8, 64 * 1024):
+    for nbytes in (int(n) for n in args.sizes.split(",")):
         x = np.full(nbytes // 8, float(comm.Get_rank()))
         gathered = np.empty(size * x.size)
         calls: dict[str, Callable[[], object]] = {
@@ -50,7 +53,7 @@ def main() -> None:
             "comm.allgather (pickle)": lambda x=x: comm.allgather(x),
             "allgather_array": lambda x=x: cai_mpi.allgather_array(x, comm),
         }
-        n = args.calls if nbytes == 8 else max(args.calls // 10, 20)
+        n = args.calls if nbytes == 8 else max(args.calls // (10 if nbytes < 1 << 20 else 100), 20)
         samples: dict[str, list[float]] = {name: [] for name in calls}
         for call in calls.values():
             for _ in range(50):
