@@ -115,7 +115,7 @@ def _one_round(fn: str, pc: PrivateComms, mine: Contribution, ballot: Ballot, si
             piece.release()
     block[mine_at + at : mine_at + record] = words
     Joined(fn, pc, due, keep=place)("Allgather", MPI.IN_PLACE, counted(block, record, MPI.BYTE, size))
-    if all(block[w : w + WORD_BYTES.size] == agreed_words for w in range(at, record * size, record)):
+    if np.ndarray((size, WORD_BYTES.size), np.uint8, block, at, (record, 1)).tobytes() == agreed_words * size:
         return place.finish(rt, NO_TAG)  # (every rank's words are the agreed ones: what ``ballot.matches`` reads)
     ballot.tally(np.ndarray((size, WORDS), np.int64, block, at, (record, 8)))
     place.discard(rt)

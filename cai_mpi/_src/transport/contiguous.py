@@ -209,10 +209,8 @@ class Gathered:
         stream = internal_stream(rt, self.ordinal) if self.ordinal is not None else None
         for rank, (info, off) in enumerate(zip(self.infos, self.displacements, strict=True)):
             if self._host is not None:
-                piece = self._host[off : off + info.payload_nbytes].view(info.dtype)
-                shape = info.shape[::-1] if info.fortran else info.shape
-                arr = piece.reshape(shape)
-                out.append(Array.over_host(arr.T if info.fortran else arr, rank, tag, info.meta))
+                arr = np.ndarray(info.shape, info.dtype, self._host, off, order="F" if info.fortran else "C")
+                out.append(Array.over_host(arr, rank, tag, info.meta))
                 continue
             assert self.ordinal is not None and stream is not None
             if self._device is not None:
