@@ -9,7 +9,7 @@ buffer for the whole piece; a collective is blocking, so there is nothing to dou
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -171,16 +171,18 @@ class Gathered:
         Allgather, or each at the start of a record of ``stride`` bytes; otherwise each at an ``ALIGN``-ed
         offset."""
         self.infos, self.ordinal = infos, ordinal
+        self.displacements: Sequence[int]
         if packed:
             step = stride or infos[0].payload_nbytes
-            self.displacements, offset = list(range(0, step * len(infos), step or 1)), step * len(infos)
-            if not step:
-                self.displacements = [0] * len(infos)
+            offset = step * len(infos)
+            self.displacements = range(0, offset, step) if step else [0] * len(infos)  # (a range: no list of P)
         else:
-            self.displacements, offset = [], 0
+            places: list[int] = []
+            offset = 0
             for info in infos:
-                self.displacements.append(offset)
+                places.append(offset)
                 offset += -(-info.payload_nbytes // ALIGN) * ALIGN
+            self.displacements = places
         self.total = offset
         self._host: np.ndarray[Any, Any] | None = None
         self._device: Any = None
