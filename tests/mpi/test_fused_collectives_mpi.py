@@ -422,6 +422,21 @@ def test_reductions_where_speculation_ends(n: int) -> None:
             same(got, expected_reduction(MPI.BXOR, every))
 
 
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("dtype", ["<f8", "<c16", "<i2", ">f4"])
+def test_a_repeated_small_allgather_keeps_each_pieces_layout(order: str, dtype: str) -> None:
+    """The steady state of a small allgather (one Allgather of a record per rank) returns each piece as it was sent:
+    values, shape, dtype and order, call after call."""
+    every = [laid_out(values(dtype, (3, 5), r), order) for r in range(size)]
+    for _ in range(3):
+        got = cai_mpi.allgather_array(every[rank], timeout=LIMIT)
+        assert len(got) == size
+        for r, (piece, want) in enumerate(zip(got, every, strict=True)):
+            same(piece, want)
+            assert np.asarray(piece).flags.f_contiguous == want.flags.f_contiguous, (r, dtype, order)
+            assert piece.source == r
+
+
 @pytest.mark.parametrize("fn", ["allgather", "gather"])
 def test_large_gathers_take_each_new_description_of_the_same_bytes(fn: str) -> None:
     """Past ``SPECULATE_BYTES`` the vote goes first, and a call like the last one keeps its agreed description:

@@ -37,13 +37,16 @@ from ..transport.agreement import (
 from ..transport.bigcount import INT_MAX, allgatherv, gatherv
 from ..transport.contiguous import ALIGN, Gathered, Outgoing, outgoing
 from ..transport.engine import Call, steady, verdict
-from ..transport.pieces import counted
+from ..transport.pieces import counted, host_address
+from ..transport.pool import host_receive_pool
 from ..transport.privcomm import PrivateComms
 from ..transport.signature import Signature
 from .collective_call import NO_TAG, bytes_at, checked_root, common_fingerprint, setup
 from .validation import check_sync
 
 __all__ = ["allgather_array", "gather_array"]
+
+_BYTES = np.dtype(np.uint8)
 
 def _contribute(fn: str, obj: Any, sync: Any, rt: Runtime) -> tuple[Contribution, int]:
     """This rank's contribution and its own fingerprint (``NOBODY`` when it has none)."""
@@ -89,37 +92,49 @@ def _record(nbytes: int) -> int:
     return -(-nbytes // 8) * 8 + 8 * WORDS
 
 
-def _one_round(fn: str, pc: PrivateComms, mine: Contribution, ballot: Ballot, sig: Signature, due: Any,
-               rt: Runtime, ordinal: int | None) -> list[Array] | None:
+def _one_round(fn: str, pc: PrivateComms, mine: Contribution, common: int, own: int, sig: Signature, due: Any,
+               rt: Runtime, ordinal: int | None) -> list[Array] | Ballot:
     """allgather's steady state, the gather form of ``engine.steady``: one Allgather of a record per rank, shaped by
     the last agreed signature: this rank's payload (when its call is the agreed one; nothing usable otherwise), then
     its ballot's words. Every rank then holds every rank's words, so each reads the vote's verdict from the same
-    bytes without a vote. The Arrays when every rank's call was the agreed one; else None, and ``ballot`` says what
-    the vote would have."""
+    bytes without a vote. The Arrays when every rank's call was the agreed one (host results are views of the one
+    buffer); else the Ballot that the vote would have made, its verdict tallied from the words."""
     comm = pc.header
     me, size = comm.Get_rank(), comm.Get_size()
     n, record = sig.nbytes, _record(sig.nbytes)
     at = record - WORD_BYTES.size  # (where the words start in a record)
-    # (host memory whatever the data's: the words are read here, and device results are copied from it)
-    place = Gathered([sig.described()] * size, ordinal, rt, direct=False, packed=True, stride=record)
-    block = memoryview(bytes_at(place.address, record * size))
-    agreed_words, words = sig.words, ballot.words()
-    mine_at = me * record
-    if n and words == agreed_words:
+    total = record * size
+    agreed = common == sig.common and own == sig.own and mine.error is None
+    words = sig.words if agreed else WORD_BYTES.pack(common, own, int(mine.error is not None))
+    # Host memory whatever the data's: the words are read here, and device results are copied from it
+    place = None if ordinal is None else Gathered([sig.described()] * size, ordinal, rt, direct=False, packed=True,
+                                                  stride=record)
+    block: np.ndarray[Any, Any] = host_receive_pool().take_array((total,), _BYTES, total) if place is None else \
+        np.frombuffer(bytes_at(place.address, total), np.uint8)
+    here = me * record  # (this rank's record)
+    if n and agreed:
         src = mine.source
         if isinstance(src, np.ndarray) and src.flags.c_contiguous:
-            block[mine_at : mine_at + n] = src.reshape(-1).view(np.uint8).data
+            block[here : here + n] = src.reshape(-1).view(np.uint8)
         else:
             piece = outgoing(src, rt, direct=False)  # (in wire order: F-contiguous stays so, as described)
-            ctypes.memmove(place.address + mine_at, piece.address, n)
+            ctypes.memmove(host_address(block) + here, piece.address, n)
             piece.release()
-    block[mine_at + at : mine_at + record] = words
-    Joined(fn, pc, due, keep=place)("Allgather", MPI.IN_PLACE, counted(block, record, MPI.BYTE, size))
-    if np.ndarray((size, WORD_BYTES.size), np.uint8, block, at, (record, 1)).tobytes() == agreed_words * size:
-        return place.finish(rt, NO_TAG)  # (every rank's words are the agreed ones: what ``ballot.matches`` reads)
+    block[here + at : here + record] = np.frombuffer(words, np.uint8)
+    Joined(fn, pc, due, keep=(place, block))("Allgather", MPI.IN_PLACE, counted(block, record, MPI.BYTE, size))
+    if np.ndarray((size, WORD_BYTES.size), np.uint8, block, at, (record, 1)).tobytes() == sig.words * size:
+        # (every rank's words are the agreed ones: what ``ballot.matches`` reads)
+        if place is not None:
+            return place.finish(rt, NO_TAG)
+        info = sig.described()
+        shape, dtype, fortran, meta = info.shape, info.dtype, info.fortran, info.meta
+        return [Array.over_host(np.ndarray(shape, dtype, block, r * record, order="F" if fortran else "C"), r, NO_TAG,
+                                meta) for r in range(size)]
+    ballot = Ballot(common, own, failed=mine.error is not None)
     ballot.tally(np.ndarray((size, WORDS), np.int64, block, at, (record, 8)))
-    place.discard(rt)
-    return None
+    if place is not None:
+        place.discard(rt)
+    return ballot
 
 
 class _Mine:
@@ -160,7 +175,6 @@ def _gathered(fn: str, pc: PrivateComms, mine: Contribution, own: int, root: int
     assert isinstance(comm, MPI.Intracomm)
     me, size = comm.Get_rank(), comm.Get_size()
     common = common_fingerprint(fn, -1 if root is None else root)
-    ballot = Ballot(common, own, failed=mine.error is not None)
     gets = root is None or me == root
     ordinal = rt.current_device() if gets else None
     sig = pc.agreed.get(fn)
@@ -168,23 +182,26 @@ def _gathered(fn: str, pc: PrivateComms, mine: Contribution, own: int, root: int
             and _record(sig.nbytes) * size <= INT_MAX:
         # (the records are host memory: a CUDA-aware MPI, agreed on by every rank, keeps a device payload's direct
         # route below, with its vote)
-        got = _one_round(fn, pc, mine, ballot, sig, due, rt, ordinal)
-        if got is not None:
+        got = _one_round(fn, pc, mine, common, own, sig, due, rt, ordinal)
+        if not isinstance(got, Ballot):
             return got
-    elif sig is not None and sig.nbytes <= SPECULATE_BYTES and sig.nbytes * size <= INT_MAX:
-        # The steady state of a gather (and of an allgather on a CUDA-aware MPI): ``engine.steady``
-        ours = None
-        if common == sig.common and own == sig.own:
-            place = Gathered([sig.described()] * size, ordinal, rt, direct=pc.aware.aware, packed=True) \
-                if sig.root == -1 or me == sig.root else None
-            ours = _Mine(*_sending(mine.source, rt, pc), place, rt)
-        ours = steady(fn, pc, ballot, due, sig, ours, _calls)
-        if ours is not None:
-            if ours.piece is not None:
-                ours.piece.release()
-            return None if ours.place is None else ours.place.finish(rt, NO_TAG)
+        ballot = got
     else:
-        vote(fn, pc, ballot, due)
+        ballot = Ballot(common, own, failed=mine.error is not None)
+        if sig is not None and sig.nbytes <= SPECULATE_BYTES and sig.nbytes * size <= INT_MAX:
+            # The steady state of a gather (and of an allgather on a CUDA-aware MPI): ``engine.steady``
+            ours = None
+            if common == sig.common and own == sig.own:
+                place = Gathered([sig.described()] * size, ordinal, rt, direct=pc.aware.aware, packed=True) \
+                    if sig.root == -1 or me == sig.root else None
+                ours = _Mine(*_sending(mine.source, rt, pc), place, rt)
+            ours = steady(fn, pc, ballot, due, sig, ours, _calls)
+            if ours is not None:
+                if ours.piece is not None:
+                    ours.piece.release()
+                return None if ours.place is None else ours.place.finish(rt, NO_TAG)
+        else:
+            vote(fn, pc, ballot, due)
     steps = verdict(fn, pc, ballot, due, f"root={root}", mine.error, "every rank must name the same root")
     if sig is not None and ballot.matches(sig.head):  # the call the last one agreed on (large: the vote went first)
         infos = [sig.described()] * size
