@@ -12,7 +12,8 @@ pass is a survivor to kill with a test or to explain in docs/testing.md.
     python scripts/mutation.py test MODULE                                # the per-mutant test command itself
 
 Sessions live in .mutation/<module>.sqlite (cosmic-ray's work database): an interrupted ``run`` goes on where it
-stopped; ``--fresh`` starts over. ``--sample N`` tests N mutants per module, drawn at random with ``--seed`` (the
+stopped, over the module's sources as they were (after they change, a new session begins); ``--fresh`` starts
+over. ``--sample N`` tests N mutants per module, drawn at random with ``--seed`` (the
 rest are recorded as skipped), for a quick look; without it every mutant runs. The venv is $CAI_MPI_MUTATION_VENV
 (default .venv-mut): cosmic-ray, coverage and cai_mpi[test,mpich] installed in it (docs/testing.md says how).
 """
@@ -556,7 +557,13 @@ def cosmic_ray(*args: str, cwd: Path) -> None:
 def run(module: str, sample: int | None, seed: int, fresh: bool, retest_survivors: bool) -> None:
     STATE.mkdir(exist_ok=True)
     session, meta_path = STATE / f"{module}.sqlite", STATE / f"{module}.json"
-    if fresh or not session.exists():
+    # A session goes on only over the sources it began with: its outcomes are for that code
+    sources = module_digest(module)
+    began = json.loads(meta_path.read_text()).get("sources") if meta_path.exists() else None
+    if session.exists() and not fresh and began != sources:
+        print(f"== {module}: its sources changed since this machine's session began: a new session (the saved "
+              "state restores only what was tested on these sources)", flush=True)
+    if fresh or began != sources or not session.exists():
         session.unlink(missing_ok=True)
         tree = scratch_tree(module)
         (tree / "mutation.toml").write_text(config_text(module))
@@ -564,13 +571,13 @@ def run(module: str, sample: int | None, seed: int, fresh: bool, retest_survivor
         skip_annotations(session, tree)
         if sample is not None:
             skip_all_but(session, sample, seed)
-        meta_path.write_text(json.dumps({"revision": revision(), "sample": sample, "seed": seed,
+        meta_path.write_text(json.dumps({"revision": revision(), "sample": sample, "seed": seed, "sources": sources,
                                          "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}))
         if not fresh:
             print(f"== {module}: {restore_state(module, session)} mutants' outcomes restored from "
                   f"{SAVED.relative_to(ROOT)}", flush=True)
     else:
-        scratch_tree(module)  # the tests as they are now (same module source: after a change, start --fresh)
+        scratch_tree(module)  # the tests as they are now (over the same module sources)
         (STATE / f"tree-{module}" / "mutation.toml").write_text(config_text(module))
         if sample is not None:
             grow_sample(session, sample, seed)

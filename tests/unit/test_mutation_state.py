@@ -278,6 +278,7 @@ def test_survivors_are_tested_again_whether_restored_or_found_in_the_session(scr
     session = script.STATE / "m.sqlite"
     if existing:
         session.touch()
+        (script.STATE / "m.json").write_text(json.dumps({"sources": script.module_digest("m")}))
 
     def cosmic_ray(*args: str, cwd: Path) -> None:
         calls.append(args[0])
@@ -294,3 +295,31 @@ def test_survivors_are_tested_again_whether_restored_or_found_in_the_session(scr
     script.forget_survivors = lambda session: calls.append("forget") or 1
     script.run("m", 8, 45, False, True)
     assert calls == (["forget", "exec"] if existing else ["init", "restore", "forget", "exec"])
+
+
+@pytest.mark.parametrize("changed", [False, True], ids=["same sources", "changed sources"])
+def test_a_session_goes_on_only_over_the_sources_it_began_with(script: Any, changed: bool) -> None:
+    """``run`` without ``--fresh`` resumes this machine's session of a module; after the module's sources changed, its
+    outcomes are for other code, so a new session begins (and the saved state restores only what was tested on the
+    sources as they are)."""
+    calls: list[str] = []
+    session = script.STATE / "m.sqlite"
+    session.touch()
+    (script.STATE / "m.json").write_text(json.dumps({"sources": script.module_digest("m")}))
+    if changed:
+        (script.ROOT / LIB).write_text("def f(a, b):\n    return a - b\n")
+
+    def cosmic_ray(*args: str, cwd: Path) -> None:
+        calls.append(args[0])
+
+    script.cosmic_ray = cosmic_ray
+    script.scratch_tree = lambda module: script.STATE / f"tree-{module}"
+    (script.STATE / "tree-m").mkdir()
+    script.skip_annotations = lambda session, tree: None
+    script.skip_all_but = lambda session, sample, seed: None
+    script.grow_sample = lambda session, sample, seed: None
+    script.restore_state = lambda module, session: calls.append("restore") or 0
+    script.run("m", 8, 45, False, False)
+    assert calls == (["init", "restore", "exec"] if changed else ["exec"])
+    assert json.loads((script.STATE / "m.json").read_text())["sources"] == script.module_digest("m")
+
