@@ -138,7 +138,14 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
         "equivalent in CPython: check_rank returns the source as a Python int, and PROC_NULL (-1 on MPICH, -2 on "
         "Open MPI) is among the small ints CPython shares, so 'is PROC_NULL' holds exactly when '==' does",
     ("cai_mpi/_src/api/gathers.py", "core/ReplaceBinaryOperator_Mul_Div", 10):
+        "untestable here: in the one-round guard '_record(sig.nbytes) / size' differs from '* size' only when a "
+        "record (at most SPECULATE_BYTES and 24 bytes of words) times the world's size passes INT_MAX: above 32,755 "
+        "ranks",
+    ("cai_mpi/_src/api/gathers.py", "core/ReplaceBinaryOperator_Mul_Div", 11):
         "untestable here: in the steady-state guard 'sig.nbytes / size' differs from 'sig.nbytes * size' only when "
+        "a piece (at most SPECULATE_BYTES, 64 KiB) times the world's size passes INT_MAX: above 32,768 ranks",
+    ("cai_mpi/_src/api/gathers.py", "core/ReplaceBinaryOperator_Mul_FloorDiv", 11):
+        "untestable here: in the steady-state guard 'sig.nbytes // size' differs from 'sig.nbytes * size' only when "
         "a piece (at most SPECULATE_BYTES, 64 KiB) times the world's size passes INT_MAX: above 32,768 ranks",
     ("cai_mpi/_src/api/abort.py", "core/NumberReplacer", 1):
         "harmless: the most an abort waits for the launcher to read a rank's last output; the wait ends as soon as "

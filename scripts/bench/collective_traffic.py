@@ -30,7 +30,8 @@ COLLECTIVES = ["allreduce_array", "reduce_array", "bcast_array", "scatter_array"
                "allreduce_arrays", "alltoall_array", "bcast_array_1KiB", "bcast_array_8KiB", "scatter_array_8KiB",
                "alltoall_array_8KiB",
                "scatter_array_timeout", "alltoall_array_timeout", "gather_array_mixed", "allgather_array_mixed",
-               "allreduce_array_after_large", "allgather_array_after_large"]
+               "allreduce_array_after_large", "allgather_array_after_large", "allgather_array_large",
+               "gather_array_large"]
 PROGRAM = r"""
 import ctypes, sys
 import numpy as np
@@ -47,6 +48,7 @@ kib = np.ones(128)  # 1 KiB: the most a bcast's vote carries
 mixed = np.ones(8) if rank % 2 == 0 else np.ones(8, np.int64)  # 64 B on every rank, described differently
 two = np.ones(2)  # 16 B: unlike every call before it
 wide, tall = np.ones(1 << 14), np.ones((2, 1 << 13))  # 128 KiB, two shapes: past SPECULATE_BYTES (the vote first)
+odd = np.ones((1 << 14) + 1)  # 128 KiB and 8 B: past SPECULATE_BYTES, and no multiple of 64 bytes
 # Calls made before a name's own: after them, that name's calls must find their steady state again
 before = {
     "allreduce_array_after_large": lambda: (cai_mpi.allreduce_array(wide), cai_mpi.allreduce_array(tall)),
@@ -71,6 +73,8 @@ calls = {
     "allgather_array_mixed": lambda: cai_mpi.allgather_array(mixed),
     "allreduce_array_after_large": lambda: cai_mpi.allreduce_array(two),
     "allgather_array_after_large": lambda: cai_mpi.allgather_array(two),
+    "allgather_array_large": lambda: cai_mpi.allgather_array(odd),
+    "gather_array_large": lambda: cai_mpi.gather_array(odd, root=0),
 }
 for name in sys.argv[2].split(","):
     call = calls[name]
