@@ -61,7 +61,17 @@ def _delete_attr(comm: MPI.Comm, keyval: int, pc: Any) -> None:
         pc.free()
 
 
-_keyval = MPI.Comm.Create_keyval(delete_fn=_delete_attr)
+_keyval: int | None = None  # (made on first use: an application may import cai_mpi before it initializes MPI)
+
+
+def _key() -> int:
+    """The attribute key under which a communicator keeps its private duplicates."""
+    global _keyval
+    if _keyval is None:
+        _keyval = MPI.Comm.Create_keyval(delete_fn=_delete_attr)
+    return _keyval
+
+
 _create_lock = threading.Lock()
 #: COMM_WORLD's private communicators once made (``init_world``), else None: a module attribute, not a function,
 #: since every call on COMM_WORLD reads it.
@@ -77,10 +87,11 @@ def init_world() -> None:
 
 def _attach(comm: MPI.Comm) -> PrivateComms:
     with _create_lock:
-        pc = comm.Get_attr(_keyval)
+        key = _key()
+        pc = comm.Get_attr(key)
         if not isinstance(pc, PrivateComms):
             pc = PrivateComms(comm)
-            comm.Set_attr(_keyval, pc)
+            comm.Set_attr(key, pc)
         return pc
 
 
@@ -100,7 +111,7 @@ def private_comms(comm: MPI.Comm | None) -> PrivateComms:
         raise TypeError(f"comm must be an mpi4py MPI.Comm or None, got {type(comm).__name__}")
     if comm == MPI.COMM_NULL:
         raise ValueError("comm is MPI.COMM_NULL")
-    pc = comm.Get_attr(_keyval)
+    pc = comm.Get_attr(_key())
     if not isinstance(pc, PrivateComms):
         pc = _attach(comm)
     return pc
