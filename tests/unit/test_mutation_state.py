@@ -270,6 +270,16 @@ def test_nothing_saved_restores_nothing(script: Any, cr: types.SimpleNamespace) 
     assert script.saved_results("m") == {} and script.restore_state("m", fresh) == 0
 
 
+def stub_cosmic_ray(script: Any, cosmic_ray: Any) -> None:
+    """``run`` with cosmic-ray's commands replaced by ``cosmic_ray`` and the session's preparation made a no-op."""
+    script.cosmic_ray = cosmic_ray
+    script.scratch_tree = lambda module: script.STATE / f"tree-{module}"
+    (script.STATE / "tree-m").mkdir()
+    script.skip_annotations = lambda session, tree: None
+    script.skip_all_but = lambda session, sample, seed: None
+    script.grow_sample = lambda session, sample, seed: None
+
+
 @pytest.mark.parametrize("existing", [False, True], ids=["restored", "existing"])
 def test_survivors_are_tested_again_whether_restored_or_found_in_the_session(script: Any, existing: bool) -> None:
     """``run --retest-survivors`` makes every survivor pending again before cosmic-ray runs: those of a session on
@@ -285,12 +295,7 @@ def test_survivors_are_tested_again_whether_restored_or_found_in_the_session(scr
         if args[0] == "init":
             session.touch()
 
-    script.cosmic_ray = cosmic_ray
-    script.scratch_tree = lambda module: script.STATE / f"tree-{module}"
-    (script.STATE / "tree-m").mkdir()
-    script.skip_annotations = lambda session, tree: None
-    script.skip_all_but = lambda session, sample, seed: None
-    script.grow_sample = lambda session, sample, seed: None
+    stub_cosmic_ray(script, cosmic_ray)
     script.restore_state = lambda module, session: calls.append("restore") or 1
     script.forget_survivors = lambda session: calls.append("forget") or 1
     script.run("m", 8, 45, False, True)
@@ -312,12 +317,7 @@ def test_a_session_goes_on_only_over_the_sources_it_began_with(script: Any, chan
     def cosmic_ray(*args: str, cwd: Path) -> None:
         calls.append(args[0])
 
-    script.cosmic_ray = cosmic_ray
-    script.scratch_tree = lambda module: script.STATE / f"tree-{module}"
-    (script.STATE / "tree-m").mkdir()
-    script.skip_annotations = lambda session, tree: None
-    script.skip_all_but = lambda session, sample, seed: None
-    script.grow_sample = lambda session, sample, seed: None
+    stub_cosmic_ray(script, cosmic_ray)
     script.restore_state = lambda module, session: calls.append("restore") or 0
     script.run("m", 8, 45, False, False)
     assert calls == (["init", "restore", "exec"] if changed else ["exec"])

@@ -61,17 +61,9 @@ def _delete_attr(comm: MPI.Comm, keyval: int, pc: Any) -> None:
         pc.free()
 
 
-_keyval: int | None = None  # (made on first use: an application may import cai_mpi before it initializes MPI)
-
-
-def _key() -> int:
-    """The attribute key under which a communicator keeps its private duplicates."""
-    global _keyval
-    if _keyval is None:
-        _keyval = MPI.Comm.Create_keyval(delete_fn=_delete_attr)
-    return _keyval
-
-
+#: The attribute key under which a communicator keeps its private duplicates, made by the first ``_attach`` (an
+#: application may import cai_mpi before it initializes MPI); until then no communicator has any.
+_keyval: int | None = None
 _create_lock = threading.Lock()
 #: COMM_WORLD's private communicators once made (``init_world``), else None: a module attribute, not a function,
 #: since every call on COMM_WORLD reads it.
@@ -86,12 +78,14 @@ def init_world() -> None:
 
 
 def _attach(comm: MPI.Comm) -> PrivateComms:
-    with _create_lock:
-        key = _key()
-        pc = comm.Get_attr(key)
+    global _keyval
+    with _create_lock:  # (one key and one set of duplicates, whichever thread comes first)
+        if _keyval is None:
+            _keyval = MPI.Comm.Create_keyval(delete_fn=_delete_attr)
+        pc = comm.Get_attr(_keyval)
         if not isinstance(pc, PrivateComms):
             pc = PrivateComms(comm)
-            comm.Set_attr(key, pc)
+            comm.Set_attr(_keyval, pc)
         return pc
 
 
@@ -111,7 +105,8 @@ def private_comms(comm: MPI.Comm | None) -> PrivateComms:
         raise TypeError(f"comm must be an mpi4py MPI.Comm or None, got {type(comm).__name__}")
     if comm == MPI.COMM_NULL:
         raise ValueError("comm is MPI.COMM_NULL")
-    pc = comm.Get_attr(_key())
+    key = _keyval
+    pc = None if key is None else comm.Get_attr(key)
     if not isinstance(pc, PrivateComms):
         pc = _attach(comm)
     return pc
