@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
+from cai_mpi._src.core.header import encode_header
 from cai_mpi._src.progress import posted, requests
 from cai_mpi._src.progress.waits import Waitable
 from cai_mpi._src.runtime.base import Runtime
@@ -261,5 +262,35 @@ def test_a_dropped_receive_whose_message_matched_still_takes_its_payload() -> No
         req.wait(timeout=30.0)
     comm.Barrier()
     pc = private_comms(None)
+    assert not pc.header.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+    assert not pc.payload.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
+
+@pytest.mark.parametrize("into", ["new", "out", "strided-out"])
+@pytest.mark.parametrize("how", ["recv_array", "irecv_array"])
+def test_an_empty_payload_announced_apart_posts_no_receive(how: str, into: str) -> None:
+    """docs/protocol.md: an empty payload has no payload message, inline or not. cai_mpi's own senders always send
+    an empty array inline, so this header comes raw, as another sender of the protocol may write it; the receiver
+    returns the empty array without waiting for a payload message, and the next message arrives intact."""
+    pc = private_comms(None)
+    shape = (4, 0, 2)
+    follow = np.arange(5.0)
+    if rank == 0:
+        header = encode_header(np.dtype("<f4"), shape, fortran=False, payload_tag=pc.next_payload_tag())
+        pc.header.Send([header, MPI.BYTE], 1, 49)
+        cai_mpi.send_array(follow, 1, 49, timeout=30.0)
+    elif rank == 1:
+        out = {"new": None, "out": np.empty(shape, "<f4"), "strided-out": np.empty((4, 0, 4), "<f4")[..., ::2]}[into]
+        try:
+            if how == "recv_array":
+                got = cai_mpi.recv_array(0, 49, out=out, timeout=5.0)
+            else:
+                got = cai_mpi.irecv_array(0, 49, out=out).wait(timeout=5.0)
+        except cai_mpi.TimeoutError:
+            pytest.fail("the receive waited for a payload message an empty payload never has")
+        data = np.asarray(got)
+        assert (data.shape, data.dtype) == (shape, np.dtype("<f4"))
+        assert np.asarray(cai_mpi.recv_array(0, 49, timeout=30.0)).tolist() == follow.tolist()
+    comm.Barrier()
     assert not pc.header.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
     assert not pc.payload.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)

@@ -314,12 +314,12 @@ class StreamIn:
                 break
         else:
             slot = None
-            if len(ring) < _RING and np.prod(held[0]) > 0:
+            if len(ring) < _RING:
                 shape, dtype = held[0], held[1]
                 buf = host_receive_pool().take_array(shape, dtype, int(np.prod(shape)) * dtype.itemsize)
                 slot = _Slot(buf, self._data.Recv_init([buf, MPI.BYTE], self.source, MPI.ANY_TAG))
                 ring.append(slot)
-        if slot is None:  # every buffer of the ring is still in use (or the items are empty): a buffer of its own
+        if slot is None:  # every buffer of the ring is still in use: a buffer of its own
             self._bare_into = buf = np.empty(held[0], held[1])
             self._bare = self._data.Irecv([buf, MPI.BYTE], self.source, MPI.ANY_TAG)
             return
