@@ -35,18 +35,15 @@ from ..transport.agreement import (
     vote,
 )
 from ..transport.bigcount import INT_MAX, allgatherv, gatherv
-from ..transport.contiguous import ALIGN, Gathered, Outgoing, outgoing
+from ..transport.contiguous import ALIGN, Gathered, Outgoing, host_block, host_pieces, outgoing
 from ..transport.engine import Call, steady, verdict
 from ..transport.pieces import counted, host_address
-from ..transport.pool import host_receive_pool
 from ..transport.privcomm import PrivateComms
 from ..transport.signature import Signature
 from .collective_call import NO_TAG, bytes_at, checked_root, common_fingerprint, setup
 from .validation import check_sync
 
 __all__ = ["allgather_array", "gather_array"]
-
-_BYTES = np.dtype(np.uint8)
 
 def _contribute(fn: str, obj: Any, sync: Any, rt: Runtime) -> tuple[Contribution, int]:
     """This rank's contribution and its own fingerprint (``NOBODY`` when it has none)."""
@@ -109,8 +106,7 @@ def _one_round(fn: str, pc: PrivateComms, mine: Contribution, common: int, own: 
     # Host memory whatever the data's: the words are read here, and device results are copied from it
     place = None if ordinal is None else Gathered([sig.described()] * size, ordinal, rt, direct=False, packed=True,
                                                   stride=record)
-    block: np.ndarray[Any, Any] = host_receive_pool().take_array((total,), _BYTES, total) if place is None else \
-        np.frombuffer(bytes_at(place.address, total), np.uint8)
+    block = host_block(total) if place is None else np.frombuffer(bytes_at(place.address, total), np.uint8)
     here = me * record  # (this rank's record)
     if n and agreed:
         src = mine.source
@@ -120,16 +116,13 @@ def _one_round(fn: str, pc: PrivateComms, mine: Contribution, common: int, own: 
             piece = outgoing(src, rt, direct=False)  # (in wire order: F-contiguous stays so, as described)
             ctypes.memmove(host_address(block) + here, piece.address, n)
             piece.release()
-    block[here + at : here + record] = np.frombuffer(words, np.uint8)
+    memoryview(block)[here + at : here + record] = words  # type: ignore[arg-type]  # (numpy's arrays are buffers)
     Joined(fn, pc, due, keep=(place, block))("Allgather", MPI.IN_PLACE, counted(block, record, MPI.BYTE, size))
     if np.ndarray((size, WORD_BYTES.size), np.uint8, block, at, (record, 1)).tobytes() == sig.words * size:
         # (every rank's words are the agreed ones: what ``ballot.matches`` reads)
         if place is not None:
             return place.finish(rt, NO_TAG)
-        info = sig.described()
-        shape, dtype, fortran, meta = info.shape, info.dtype, info.fortran, info.meta
-        return [Array.over_host(np.ndarray(shape, dtype, block, r * record, order="F" if fortran else "C"), r, NO_TAG,
-                                meta) for r in range(size)]
+        return host_pieces(block, [sig.described()] * size, range(0, total, record), NO_TAG)
     ballot = Ballot(common, own, failed=mine.error is not None)
     ballot.tally(np.ndarray((size, WORDS), np.int64, block, at, (record, 8)))
     if place is not None:

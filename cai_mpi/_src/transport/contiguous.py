@@ -24,7 +24,7 @@ from .pool import host_receive_pool
 from .receive import destination, unpack_on_device
 from .send import pack_on_device
 
-__all__ = ["ALIGN", "Gathered", "Landing", "Outgoing", "outgoing"]
+__all__ = ["ALIGN", "Gathered", "Landing", "Outgoing", "host_block", "host_pieces", "outgoing"]
 
 ALIGN = 64  # bytes: where each rank's piece starts in a gathered buffer (any dtype's alignment)
 _BYTES = np.dtype(np.uint8)
@@ -187,9 +187,8 @@ class Gathered:
         self._host: np.ndarray[Any, Any] | None = None
         self._device: Any = None
         self._staging: Any = None
-        if ordinal is None:  # a pooled block (fresh memory would page-fault on every call); views keep it alive
-            n = max(offset, 1)
-            self._host = host_receive_pool().take_array((n,), _BYTES, n)
+        if ordinal is None:
+            self._host = host_block(max(offset, 1))
             self.address = host_address(self._host)
         elif direct:
             self._device = device_landing(rt, offset, ordinal, direct=True, handed_out=True)
@@ -207,14 +206,12 @@ class Gathered:
     def finish(self, rt: Runtime, tag: int) -> list[Array]:
         """The Arrays, one per rank: views of the one buffer (host, or device through a CUDA-aware MPI), or
         device copies of the staged pieces."""
+        if self._host is not None:
+            return host_pieces(self._host, self.infos, self.displacements, tag)
+        assert self.ordinal is not None
         out = []
-        stream = internal_stream(rt, self.ordinal) if self.ordinal is not None else None
+        stream = internal_stream(rt, self.ordinal)
         for rank, (info, off) in enumerate(zip(self.infos, self.displacements, strict=True)):
-            if self._host is not None:
-                arr = np.ndarray(info.shape, info.dtype, self._host, off, order="F" if info.fortran else "C")
-                out.append(Array.over_host(arr, rank, tag, info.meta))
-                continue
-            assert self.ordinal is not None and stream is not None
             if self._device is not None:
                 desc = CAIDescriptor.for_new_buffer(self.address + off if info.payload_nbytes else 0, info.shape,
                                                     info.dtype, fortran=info.fortran, stream=self._device.stream)
@@ -224,9 +221,29 @@ class Gathered:
             rt.copy_async(buffer.ptr, self.address + off, info.payload_nbytes, stream)
             out.append(Array.from_device(buffer, info.shape, info.dtype, fortran=info.fortran, source=rank, tag=tag,
                                          meta=info.meta))
-        if stream is not None:
-            rt.record_event(stream).synchronize()
+        rt.record_event(stream).synchronize()
         if self._staging is not None:
             pinned_pool(rt).give(*self._staging)
             self._staging = None
         return out
+
+
+def host_block(nbytes: int) -> np.ndarray[Any, Any]:
+    """``nbytes`` of host memory for a collective to receive into: a pooled block (fresh memory would page-fault on
+    every call), given back when nothing refers to it any more (the Arrays made over it by ``host_pieces`` do)."""
+    return host_receive_pool().take_array((nbytes,), _BYTES, nbytes)
+
+
+def host_pieces(block: np.ndarray[Any, Any], infos: Sequence[MessageInfo], displacements: Sequence[int],
+                tag: int) -> list[Array]:
+    """One Array per rank over host memory ``block``: rank r's piece, as ``infos[r]`` describes it, at
+    ``displacements[r]`` bytes (views: the Arrays keep ``block`` alive). A plain loop: every steady-state gather
+    makes one Array per rank here, and a comprehension or zip costs more than the loop's body."""
+    out = []
+    for rank, offset in enumerate(displacements):
+        info = infos[rank]
+        dtype, shape = info.dtype, info.shape
+        flat: np.ndarray[Any, Any] = np.frombuffer(block, dtype, info.payload_nbytes // dtype.itemsize, offset)
+        piece = flat if len(shape) == 1 else flat.reshape(shape, order="F" if info.fortran else "C")
+        out.append(Array.over_host(piece, rank, tag, info.meta))
+    return out
