@@ -16,7 +16,7 @@ from ..errors import RecvMismatchError
 from ..runtime.base import Runtime
 from ..transport import internal_stream
 from ..transport.agreement import Contribution
-from ..transport.contiguous import Landing
+from ..transport.contiguous import Landing, host_view
 from ..transport.privcomm import PrivateComms
 from ..transport.slots import Exchange
 from .collective_call import NO_TAG
@@ -69,7 +69,7 @@ def put(landing: Landing, payload: np.ndarray[Any, Any], rt: Runtime, ordinal: i
 
 def slot_view(ex: Exchange, i: int, info: MessageInfo) -> np.ndarray[Any, Any]:
     """Piece ``i``'s payload as an array over the exchange's own buffer (no copy)."""
-    return np.ndarray(info.shape, info.dtype, ex.slots, ex.start(i), order="F" if info.fortran else "C")
+    return host_view(ex.slots, info, ex.start(i))
 
 
 def source_nbytes(c: Contribution) -> int:

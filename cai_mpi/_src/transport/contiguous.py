@@ -24,7 +24,7 @@ from .pool import host_receive_pool
 from .receive import destination, unpack_on_device
 from .send import pack_on_device
 
-__all__ = ["ALIGN", "Gathered", "Landing", "Outgoing", "host_block", "host_pieces", "outgoing"]
+__all__ = ["ALIGN", "Gathered", "Landing", "Outgoing", "host_block", "host_pieces", "host_view", "outgoing"]
 
 ALIGN = 64  # bytes: where each rank's piece starts in a gathered buffer (any dtype's alignment)
 _BYTES = np.dtype(np.uint8)
@@ -242,8 +242,12 @@ def host_pieces(block: np.ndarray[Any, Any], infos: Sequence[MessageInfo], displ
     out = []
     for rank, offset in enumerate(displacements):
         info = infos[rank]
-        dtype, shape = info.dtype, info.shape
-        flat: np.ndarray[Any, Any] = np.frombuffer(block, dtype, info.payload_nbytes // dtype.itemsize, offset)
-        piece = flat if len(shape) == 1 else flat.reshape(shape, order="F" if info.fortran else "C")
-        out.append(Array.over_host(piece, rank, tag, info.meta))
+        out.append(Array.over_host(host_view(block, info, offset), rank, tag, info.meta))
     return out
+
+
+def host_view(block: Any, info: MessageInfo, offset: int) -> np.ndarray[Any, Any]:
+    """The piece ``info`` describes, at ``offset`` bytes into host memory ``block`` (a buffer), as a view."""
+    dtype, shape = info.dtype, info.shape
+    flat: np.ndarray[Any, Any] = np.frombuffer(block, dtype, info.payload_nbytes // dtype.itemsize, offset)
+    return flat if len(shape) == 1 else flat.reshape(shape, order="F" if info.fortran else "C")
