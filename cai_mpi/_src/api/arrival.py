@@ -69,7 +69,7 @@ def put(landing: Landing, payload: np.ndarray[Any, Any], rt: Runtime, ordinal: i
 
 def slot_view(ex: Exchange, i: int, info: MessageInfo) -> np.ndarray[Any, Any]:
     """Piece ``i``'s payload as an array over the exchange's own buffer (no copy)."""
-    return host_view(ex.slots, info, ex.start(i))
+    return host_view(ex.slots, info.dtype, info.shape, ex.start(i), info.fortran)
 
 
 def source_nbytes(c: Contribution) -> int:
