@@ -57,7 +57,9 @@ class PrivateComms:
 
 
 def _delete_attr(comm: MPI.Comm, keyval: int, pc: Any) -> None:
+    global _last
     if isinstance(pc, PrivateComms):
+        _last = _NONE  # (before the duplicates go: no look-up may find them afterwards)
         pc.free()
 
 
@@ -65,6 +67,11 @@ def _delete_attr(comm: MPI.Comm, keyval: int, pc: Any) -> None:
 #: application may import cai_mpi before it initializes MPI); until then no communicator has any.
 _keyval: int | None = None
 _create_lock = threading.Lock()
+#: The last communicator other than COMM_WORLD looked up and its duplicates: a program passes the same ``comm`` call
+#: after call, and MPI's attribute look-up costs more than the rest of a call's checks. Forgotten whenever any
+#: communicator's duplicates are freed (``_delete_attr``, which MPI calls when the user frees a communicator).
+_NONE: tuple[Any, Any] = (None, None)
+_last: tuple[MPI.Comm | None, PrivateComms | None] = _NONE
 #: COMM_WORLD's private communicators once made (``init_world``), else None: a module attribute, not a function,
 #: since every call on COMM_WORLD reads it.
 WORLD: PrivateComms | None = None
@@ -101,6 +108,11 @@ def private_comms(comm: MPI.Comm | None) -> PrivateComms:
             if WORLD is None:
                 raise RuntimeError("MPI is not initialized (or already finalized): call MPI.Init() first")
         return WORLD
+    global _last
+    last, known = _last
+    if comm is last:
+        assert known is not None
+        return known
     if not isinstance(comm, MPI.Comm):
         raise TypeError(f"comm must be an mpi4py MPI.Comm or None, got {type(comm).__name__}")
     if comm == MPI.COMM_NULL:
@@ -109,6 +121,7 @@ def private_comms(comm: MPI.Comm | None) -> PrivateComms:
     pc = None if key is None else comm.Get_attr(key)
     if not isinstance(pc, PrivateComms):
         pc = _attach(comm)
+    _last = (comm, pc)
     return pc
 
 
