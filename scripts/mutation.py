@@ -147,6 +147,9 @@ JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
     ("cai_mpi/_src/api/gathers.py", "core/ReplaceBinaryOperator_Mul_FloorDiv", 11):
         "untestable here: in the steady-state guard 'sig.nbytes // size' differs from 'sig.nbytes * size' only when "
         "a piece (at most SPECULATE_BYTES, 64 KiB) times the world's size passes INT_MAX: above 32,768 ranks",
+    ("cai_mpi/_src/transport/receive.py", "core/NumberReplacer", 4):
+        "equivalent: the payload tag of the plan of an inline message received into a numpy out= is never read: the "
+        "plan posts no payload message (NO_MESSAGES) and has no steps, so 'ptag' 0 or 1 makes no call differ",
     ("cai_mpi/_src/api/abort.py", "core/NumberReplacer", 1):
         "harmless: the most an abort waits for the launcher to read a rank's last output; the wait ends as soon as "
         "the pipes are empty (milliseconds here), so 1 s for 2 s matters only to a launcher that stalls over 1 s",

@@ -3,10 +3,19 @@ CAI_MPI_HOST_DATATYPE_BYTES, else the library's default (tests/mpi/test_strided_
 
 from __future__ import annotations
 
-import pytest
+import importlib
+from typing import Any
 
-from cai_mpi._src.config import Config
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cai_mpi
+from cai_mpi._src.config import Config, reload_config
 from cai_mpi._src.transport import datatypes
+
+receive = importlib.import_module("cai_mpi._src.transport.receive")  # (the package's ``receive`` is a function)
+ME = MPI.COMM_WORLD.Get_rank()
 
 
 def test_the_setting_is_read_as_a_number_of_bytes() -> None:
@@ -37,3 +46,31 @@ def test_the_default_follows_the_library(monkeypatch: pytest.MonkeyPatch, versio
         assert datatypes.host_datatype_bytes(Config.from_env({})) == limit
     finally:
         datatypes.library_is_mpich.cache_clear()
+
+
+@pytest.mark.parametrize(("limit", "in_place"), [("64", True), ("63", False)])
+def test_a_receive_lands_in_place_up_to_the_setting(
+    monkeypatch: pytest.MonkeyPatch, limit: str, in_place: bool
+) -> None:
+    """A 64-byte payload into a strided ``out=`` is received through a derived datatype when it is within
+    CAI_MPI_HOST_DATATYPE_BYTES, else into a contiguous buffer that numpy copies from: the bytes are the same either
+    way (tests/mpi/test_strided_host_mpi.py), so the route is read from the derived datatypes the receive builds."""
+    built: list[tuple[int, ...]] = []
+
+    def spy(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> Any:
+        built.append(shape)
+        return datatypes.strided_type(shape, strides, itemsize)
+
+    monkeypatch.setattr(receive, "strided_type", spy)
+    reload_config({"CAI_MPI_HOST_DATATYPE_BYTES": limit, "CAI_MPI_INLINE_BYTES": "0"})
+    try:
+        sent = np.arange(8.0)  # 64 bytes, contiguous: the sender builds no datatype
+        field = np.full(16, -1.0)
+        req = cai_mpi.isend_array(sent, ME, 11)
+        got = cai_mpi.recv_array(ME, 11, out=field[::2])
+        req.wait()
+    finally:
+        reload_config()
+    assert field[::2].tolist() == sent.tolist() and field[1::2].tolist() == [-1.0] * 8
+    assert np.asarray(got).tolist() == sent.tolist()
+    assert built == ([(8,)] if in_place else [])
