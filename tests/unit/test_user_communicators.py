@@ -3,6 +3,9 @@ user frees it, or frees another, every call refuses it and none reaches the free
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 from mpi4py import MPI
 
@@ -10,9 +13,9 @@ import cai_mpi
 from cai_mpi._src.transport.privcomm import private_comms
 
 
-def refusal(call: object) -> BaseException | None:
+def refusal(call: Callable[[], Any]) -> BaseException | None:
     try:
-        call()  # type: ignore[operator]
+        call()
     except Exception as exc:  # (whatever it is: the assertion says what it should have been)
         return exc
     return None

@@ -199,8 +199,8 @@ class Joined:
 
     def __call__(self, name: str, *args: Any) -> None:
         """Collective ``name`` (``"Bcast"``, ...) with ``args`` on ``pc.header``."""
-        if self.due is None:  # (MPI's blocking form, which mpi4py names as the collective: ``_method``)
-            getattr(self.comm, name)(*args)
+        if self.due is None:
+            collective(self.comm, name, BLOCKING, *args)
             return
         settle(self.fn, self.pc, [posted(self.comm, name, *args)], self.due, (args, self.keep))
 

@@ -250,5 +250,5 @@ def host_pieces(block: np.ndarray[Any, Any], infos: Sequence[MessageInfo], displ
 def host_view(block: Any, dtype: np.dtype[Any], shape: tuple[int, ...], offset: int,
               fortran: bool = False) -> np.ndarray[Any, Any]:
     """An array of ``shape`` and ``dtype`` (C or F order) at ``offset`` bytes into host memory ``block`` (a buffer),
-    as a view. (numpy's constructor parses a keyword ``order=`` at twice the cost of the whole call: positional.)"""
+    as a view. (Positional: numpy's constructor parses a keyword ``order=`` slowly; docs/benchmarks-history.md.)"""
     return np.ndarray(shape, dtype, block, offset, None, "F" if fortran else "C")
