@@ -1,0 +1,179 @@
+"""Every collective and a point-to-point ring, called as a program would over a seeded random sequence, against
+mpi4py's pickle-based forms of the same exchange: the same dtype, shape and values on every rank, exactly.
+
+The sequence draws the dtype (byte orders, bool, half, complex), the shape (0-d and empty included), the layout (C,
+F, transposed, strided), whether ranks' shapes differ, the root, and how many times the call repeats: a repeated
+call takes the steady state (a signature agreed before, one collective), and on a repeat one rank changes its
+contribution while keeping its byte count (the reversed shape, or another dtype of the same size), which the steady
+state must notice. The same seed draws the same sequence on every rank. Passes at any world size >= 2."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import cai_mpi
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+comm = MPI.COMM_WORLD
+me, P = comm.Get_rank(), comm.Get_size()
+DTYPES = ["f8", "f4", "i8", "i4", "u1", "i2", "?", "c16", ">f8", ">i4", "f2", "u8"]
+# A rank's change in the steady state that keeps its byte count
+SAME_SIZE = {"f8": "i8", "i8": "f8", "f4": "i4", "i4": "f4", ">f8": "<f8", "u1": "?", "?": "i1", "c16": "f8"}
+REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+
+
+def make(shape: tuple[int, ...], dtype: str, layout: str, salt: int) -> np.ndarray[Any, Any]:
+    """Small integer values (sums stay exact in every dtype) in ``layout``: C, F, T (a transposed view) or S (every
+    other element along the last axis)."""
+    n = int(np.prod(shape, dtype=np.int64))
+    values = (np.arange(2 * n + 2, dtype=np.int64) % 5 + salt) % 7
+    dt = np.dtype(dtype)
+    typed = (values % 2).astype(bool) if dt.kind == "b" else values.astype(dt)
+    if layout == "C" or not shape:
+        return typed[:n].reshape(shape).copy()
+    if layout == "F":
+        return np.asfortranarray(typed[:n].reshape(shape))
+    if layout == "T":
+        return typed[:n].reshape(shape[::-1]).T
+    wide = (*shape[:-1], shape[-1] * 2)
+    return np.resize(typed, wide)[..., ::2]
+
+
+def check(got: Any, expected: np.ndarray[Any, Any], what: str) -> None:
+    data = got.numpy()
+    assert (data.dtype, data.shape) == (expected.dtype, expected.shape), f"{what}: got {data.dtype} {data.shape}"
+    assert np.array_equal(data, expected), f"{what}: got {data.ravel()[:8]}, expected {expected.ravel()[:8]}"
+
+
+class Sequence:
+    """The random calls of one seed, drawn alike on every rank."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def pick(self, options: list[str]) -> str:
+        return str(options[int(self.rng.integers(0, len(options)))])
+
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(self.rng.integers(0, 5)) for _ in range(int(self.rng.integers(0, 4))))
+
+    def case(self, i: int) -> None:
+        kind = self.pick(["allgather", "gather", "bcast", "allreduce", "reduce", "scatter", "alltoall", "arrays",
+                          "ring"])
+        dtype, layout, shape = self.pick(DTYPES), self.pick(["C", "F", "T", "S"]), self.shape()
+        differ, root = bool(self.rng.integers(0, 2)), int(self.rng.integers(0, P))
+        repeats = int(self.rng.integers(1, 4))
+        op = self.pick(["sum", "max", "min"])
+        sizes = [(self.shape(), self.pick(["f8", "f4", "i8", "i4", "c16", "u1"]), self.pick(["C", "F", "T"]))
+                 for _ in range(int(self.rng.integers(1, 6)))]
+        for rep in range(repeats):
+            what = f"case {i} ({kind}, {dtype}, {layout}, {shape}, differ={differ}, root={root}), call {rep}"
+            getattr(self, kind)(dtype, layout, shape, differ, root, op, sizes, rep, what)
+
+    def allgather(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str,
+                  sizes: Any, rep: int, what: str) -> None:
+        self._gathers(dtype, layout, shape, differ, None, rep, what)
+
+    def gather(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str, sizes: Any,
+               rep: int, what: str) -> None:
+        self._gathers(dtype, layout, shape, differ, root, rep, what)
+
+    def _gathers(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int | None, rep: int,
+                 what: str) -> None:
+        mine = tuple(s + me for s in shape) if differ else shape
+        if rep and me == rep % P:  # this rank changes, keeping its byte count
+            mine, dtype = (mine[::-1], dtype) if rep % 2 else (mine, SAME_SIZE.get(dtype, dtype))
+        x = make(mine, dtype, layout, rep + me)
+        expected = comm.allgather(x.copy())
+        got = cai_mpi.allgather_array(x) if root is None else cai_mpi.gather_array(x, root)
+        if root is not None and me != root:
+            assert got is None, what
+            return
+        assert got is not None and len(got) == P, what
+        for r in range(P):
+            check(got[r], expected[r], f"{what}, rank {r}'s piece")
+
+    def bcast(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str, sizes: Any,
+              rep: int, what: str) -> None:
+        x = make(shape, dtype, layout, 3 * rep)
+        expected = comm.bcast(x.copy() if me == root else None, root)
+        check(cai_mpi.bcast_array(x if me == root else None, root), expected, what)
+
+    def allreduce(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str,
+                  sizes: Any, rep: int, what: str) -> None:
+        self._reductions(dtype, layout, shape, None, op, rep, what)
+
+    def reduce(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str, sizes: Any,
+               rep: int, what: str) -> None:
+        self._reductions(dtype, layout, shape, root, op, rep, what)
+
+    def _reductions(self, dtype: str, layout: str, shape: tuple[int, ...], root: int | None, op: str, rep: int,
+                    what: str) -> None:
+        dt = np.dtype(dtype).newbyteorder("=")  # (cai_mpi reduces in native byte order)
+        dt = np.dtype("f4") if dt.kind == "f" and dt.itemsize == 2 else np.dtype("i4") if dt.kind == "b" else dt
+        op = "sum" if dt.kind == "c" else op
+        x = make(shape, dt.str, layout, rep + me)
+        pieces = comm.allgather(x.copy())
+        expected = pieces[0]
+        for piece in pieces[1:]:
+            expected = REDUCE[op](expected, piece)
+        got = cai_mpi.allreduce_array(x, op) if root is None else cai_mpi.reduce_array(x, op, root)
+        if root is not None and me != root:
+            assert got is None, what
+            return
+        check(got, expected.astype(x.dtype), f"{what}, {op}")
+
+    def scatter(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str, sizes: Any,
+                rep: int, what: str) -> None:
+        objs = [make(tuple(s + r for s in shape) if differ else shape, dtype, layout, rep + r) for r in range(P)]
+        expected = comm.scatter([o.copy() for o in objs] if me == root else None, root)
+        check(cai_mpi.scatter_array(objs if me == root else None, root), expected, what)
+
+    def alltoall(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str,
+                 sizes: Any, rep: int, what: str) -> None:
+        objs = [make(tuple(s + r for s in shape) if differ else shape, dtype, layout, rep + me + r) for r in range(P)]
+        expected = comm.alltoall([o.copy() for o in objs])
+        got = cai_mpi.alltoall_array(objs)
+        for r in range(P):
+            check(got[r], expected[r], f"{what}, from rank {r}")
+
+    def arrays(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str,
+               sizes: list[tuple[tuple[int, ...], str, str]], rep: int, what: str) -> None:
+        xs = [make(s, d, lay, rep + me) for s, d, lay in sizes]
+        everyone = comm.allgather([x.copy() for x in xs])
+        got = cai_mpi.allreduce_arrays(xs)
+        for j, x in enumerate(xs):
+            expected = everyone[0][j]
+            for theirs in everyone[1:]:
+                expected = expected + theirs[j]
+            check(got[j], expected.astype(x.dtype), f"{what}, array {j} of {sizes}")
+
+    def ring(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str, sizes: Any,
+             rep: int, what: str) -> None:
+        x = make(shape, dtype, layout, rep + me)
+        right, left = (me + 1) % P, (me - 1) % P
+        expected = comm.sendrecv(x.copy(), right, source=left)
+        form = int(self.rng.integers(0, 3))
+        if form == 0:
+            got = cai_mpi.sendrecv_array(x, right, 0, left)
+        elif form == 1:
+            out = np.empty(expected.shape, expected.dtype, order="F" if rep % 2 else "C")
+            got, _ = cai_mpi.waitall([cai_mpi.irecv_array(left, 5, out=out), cai_mpi.isend_array(x, right, 5)])
+            assert np.array_equal(out, expected), f"{what}: out="
+        else:
+            request = cai_mpi.irecv_array(left, 6)
+            cai_mpi.send_array(x, right, 6)
+            got = request.wait()
+        check(got, expected, f"{what}, form {form}")
+
+
+@pytest.mark.parametrize("seed", [42, 43, 44])
+def test_calls_match_mpi4py(seed: int) -> None:
+    calls = Sequence(seed)
+    for i in range(60):
+        calls.case(i)
