@@ -5,7 +5,8 @@ The sequence draws the dtype (byte orders, bool, half, complex), the shape (0-d 
 F, transposed, strided), whether ranks' shapes differ, the root, and how many times the call repeats: a repeated
 call takes the steady state (a signature agreed before, one collective), and on a repeat one rank changes its
 contribution while keeping its byte count (the reversed shape, or another dtype of the same size), which the steady
-state must notice. The same seed draws the same sequence on every rank. Passes at any world size >= 2."""
+state must notice. Repeats of bcast, the reductions and scatter land in ``out=`` (C or F order), which must then hold
+the result too. The same seed draws the same sequence on every rank. Passes at any world size >= 2."""
 
 from __future__ import annotations
 
@@ -102,6 +103,11 @@ class Sequence:
               rep: int, what: str) -> None:
         x = make(shape, dtype, layout, 3 * rep)
         expected = comm.bcast(x.copy() if me == root else None, root)
+        if rep % 2 and me != root:  # into out= (in either order)
+            out = np.empty(expected.shape, expected.dtype, order=layout if layout in "CF" else "C")
+            check(cai_mpi.bcast_array(None, root, out=out), expected, f"{what}, out=")
+            assert np.array_equal(out, expected), f"{what}: out= holds {out.ravel()[:8]}"
+            return
         check(cai_mpi.bcast_array(x if me == root else None, root), expected, what)
 
     def allreduce(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str,
@@ -122,17 +128,26 @@ class Sequence:
         expected = pieces[0]
         for piece in pieces[1:]:
             expected = REDUCE[op](expected, piece)
-        got = cai_mpi.allreduce_array(x, op) if root is None else cai_mpi.reduce_array(x, op, root)
+        out = np.empty(x.shape, x.dtype, order="F" if rep % 2 else "C") if rep else None  # (the first call without)
+        if root is None:
+            got = cai_mpi.allreduce_array(x, op, out=out)
+        else:
+            got = cai_mpi.reduce_array(x, op, root, out=out if me == root else None)
         if root is not None and me != root:
             assert got is None, what
             return
         check(got, expected.astype(x.dtype), f"{what}, {op}")
+        if out is not None:
+            assert np.array_equal(out, expected.astype(x.dtype)), f"{what}: out= holds {out.ravel()[:8]}"
 
     def scatter(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str, sizes: Any,
                 rep: int, what: str) -> None:
         objs = [make(tuple(s + r for s in shape) if differ else shape, dtype, layout, rep + r) for r in range(P)]
         expected = comm.scatter([o.copy() for o in objs] if me == root else None, root)
-        check(cai_mpi.scatter_array(objs if me == root else None, root), expected, what)
+        out = np.empty(expected.shape, expected.dtype, order="F") if rep == 1 else None
+        check(cai_mpi.scatter_array(objs if me == root else None, root, out=out), expected, what)
+        if out is not None:
+            assert np.array_equal(out, expected), f"{what}: out= holds {out.ravel()[:8]}"
 
     def alltoall(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str,
                  sizes: Any, rep: int, what: str) -> None:
