@@ -170,10 +170,7 @@ def _results(plan: Plan, buffers: list[np.ndarray[Any, Any]], alone: list[np.nda
              rt: Runtime) -> Any:
     """The container of result Arrays over the reduced buckets and arrays (the mean divided)."""
     plan.divide(buffers, size)
-    out: list[Any] = [None] * plan.n
-    for i, arr in enumerate(plan.results(buffers, {}, rt)):
-        if arr is not None:
-            out[i] = arr
+    out = plan.results(buffers, {}, rt)  # (None where an array was reduced alone: filled below)
     for d, result in zip(plan.direct, alone, strict=True):
         if plan.mean:
             np.true_divide(result, d.dtype.type(size), out=result)
