@@ -317,6 +317,12 @@ def test_reductions_split_at_the_message_limit() -> None:
     x = np.arange(1000.0) * (rank + 1)
     same(cai_mpi.allreduce_array(x), np.arange(1000.0) * sum(range(1, size + 1)))
     same(cai_mpi.bcast_array(np.arange(1000.0) if rank == 0 else None), np.arange(1000.0))
+    # To a root below other ranks: those send their own pieces (only the root may reduce in place)
+    got = cai_mpi.reduce_array(x, root=0)
+    if rank == 0:
+        same(got, np.arange(1000.0) * sum(range(1, size + 1)))
+    else:
+        assert got is None
 
 
 # -- communicators ----------------------------------------------------------------------------------------------
