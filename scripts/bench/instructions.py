@@ -9,8 +9,9 @@ nonblocking pair, ``irecv_array(out=)`` + ``isend_array`` + ``waitall``, sent to
 of the bench's 16 arrays). Each tree (a checkout, put first on ``PYTHONPATH``; default: the one this script is in)
 runs the call N1 and N2 times after a warm-up, each under callgrind, and the difference over N2 - N1 is the count
 per call, so start-up and warm-up cancel out. ``PYTHONHASHSEED=0`` fixes the hash order; what is left of the noise is
-MPI's own polling and the interpreter's memory layout, about 2% between identical trees here
-(docs/benchmarks-history.md): read smaller differences as none. Needs valgrind; about a minute per tree and case.
+MPI's own polling and the interpreter's memory layout, about 2% between identical trees here for the single calls
+and 8% for ``arrays`` (docs/benchmarks-history.md): read smaller differences as none. Name a tree twice to see it.
+Needs valgrind; about a minute per tree and case.
 """
 
 from __future__ import annotations
