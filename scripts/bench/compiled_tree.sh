@@ -8,6 +8,7 @@
 set -euo pipefail
 out=$1
 py=${PY:-.venv-test-mpich/bin/python}
+case $py in /*) ;; *) py=$PWD/$py ;; esac  # (used from inside DIR below; not resolved: a venv's python is a link)
 mkdir -p "$out"
 git archive HEAD | tar -x -C "$out"
 "$py" -m pip install -q --target "$out/.build" cython setuptools
@@ -19,7 +20,7 @@ modules=(
   core/header core/memo arrays/array arrays/operands
 )
 cd "$out"
-PYTHONPATH=.build "$OLDPWD/$py" - "${modules[@]}" <<'EOF'
+PYTHONPATH=.build "$py" - "${modules[@]}" <<'EOF'
 import sys
 from Cython.Build import cythonize
 from setuptools import Extension, setup

@@ -5,13 +5,14 @@ does not move, where CPU time swings by tens of percent between identical runs.
 
 CASE is one of the steady-state calls of ``scripts/bench/python_calls.py``, on one rank: ``pair`` (the 8 B
 nonblocking pair, ``irecv_array(out=)`` + ``isend_array`` + ``waitall``, sent to itself), ``blocking``
-(``send_array`` + ``recv_array``), ``bcast``, ``allreduce``, ``allgather`` (8 B) and ``arrays`` (``allreduce_arrays``
-of the bench's 16 arrays). Each tree (a checkout, put first on ``PYTHONPATH``; default: the one this script is in)
-runs the call N1 and N2 times after a warm-up, each under callgrind, and the difference over N2 - N1 is the count
-per call, so start-up and warm-up cancel out. ``PYTHONHASHSEED=0`` fixes the hash order; what is left of the noise is
-MPI's own polling and the interpreter's memory layout, about 2% between identical trees here for the single calls
-and 8% for ``arrays`` (docs/benchmarks-history.md): read smaller differences as none. Name a tree twice to see it.
-Needs valgrind; about a minute per tree and case.
+(``send_array`` + ``recv_array``; with Open MPI's wheel only, where a blocking send to oneself completes),
+``bcast``, ``allreduce``, ``allgather`` (8 B) and ``arrays`` (``allreduce_arrays`` of the bench's 16 arrays). Each
+tree (a checkout, put first on ``PYTHONPATH``; default: the one this script is in) runs the call N1 and N2 times
+after a warm-up, each under callgrind, and the difference over N2 - N1 is the count per call, so start-up and
+warm-up cancel out. ``PYTHONHASHSEED=0`` fixes the hash order; what is left of the noise is MPI's own polling and
+the interpreter's memory layout, about 2% between identical trees here for the single calls and 8% for ``arrays``
+(docs/benchmarks-history.md): read smaller differences as none. Name a tree twice to see it. Needs valgrind; about a
+minute per tree and case.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -41,20 +43,19 @@ def child(case: str, calls: int) -> None:
     x, out = np.arange(1, dtype=np.float64), np.empty(1)
     xs = bench_arrays(8, me)
 
-    def run() -> object:
-        if case == "pair":
-            return cai_mpi.waitall([cai_mpi.irecv_array(me, 0, out=out), cai_mpi.isend_array(x, me, 0)])
-        if case == "blocking":
-            cai_mpi.send_array(x, me, 0)
-            return cai_mpi.recv_array(me, 0)
-        if case == "bcast":
-            return cai_mpi.bcast_array(x, 0)
-        if case == "allreduce":
-            return cai_mpi.allreduce_array(x)
-        if case == "allgather":
-            return cai_mpi.allgather_array(x)
-        return cai_mpi.allreduce_arrays(xs)
+    def pair() -> None:
+        cai_mpi.waitall([cai_mpi.irecv_array(me, 0, out=out), cai_mpi.isend_array(x, me, 0)])
 
+    def blocking() -> None:
+        cai_mpi.send_array(x, me, 0)
+        cai_mpi.recv_array(me, 0)
+
+    # (chosen once: the counted loop runs the call and nothing else)
+    run: Callable[[], object] = {
+        "pair": pair, "blocking": blocking, "bcast": lambda: cai_mpi.bcast_array(x, 0),
+        "allreduce": lambda: cai_mpi.allreduce_array(x), "allgather": lambda: cai_mpi.allgather_array(x),
+        "arrays": lambda: cai_mpi.allreduce_arrays(xs),
+    }[case]
     for _ in range(200):
         run()
     # The start-up's objects to the permanent generation: a full collection walks all of them, tens of millions of
@@ -67,7 +68,8 @@ def child(case: str, calls: int) -> None:
 def count(tree: Path, case: str, calls: int) -> int:
     """The instructions callgrind counts for a whole run of ``case`` ``calls`` times with ``tree`` first on the
     path."""
-    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "PYTHONHASHSEED": "0"}
+    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)  # (no empty entry: cwd)
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": "0"}
     run = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, str(HERE),
                           "--child", case, str(calls)], env=env, capture_output=True, text=True, check=True)
     found = re.search(r"Collected\s*:\s*(\d+)", run.stderr)
@@ -87,6 +89,12 @@ def main() -> None:
     parser.add_argument("--json", help="write the counts here")
     args = parser.parse_args()
     n1, n2 = (int(n) for n in args.calls.split(","))
+    if "blocking" in args.cases:
+        from mpi4py import MPI
+
+        if MPI.get_vendor()[0] != "Open MPI":
+            raise SystemExit(f"instructions.py: blocking needs Open MPI's wheel (with {MPI.get_vendor()[0]} a blocking "
+                             "send to this same rank waits for ever); run it with .venv-test-openmpi's python")
     trees = [Path(t).resolve() for t in args.trees.split(",")]
     table: dict[str, list[float]] = {}  # (a tree may be named twice: A against A first)
     print(f"| case | {' | '.join(str(t) for t in trees)} |")

@@ -10,7 +10,7 @@ the result too. The same seed draws the same sequence on every rank. Passes at a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -51,7 +51,19 @@ def check(got: Any, expected: np.ndarray[Any, Any], what: str) -> None:
     assert np.array_equal(data, expected), f"{what}: got {data.ravel()[:8]}, expected {expected.ravel()[:8]}"
 
 
-class Sequence:
+class Draw(NamedTuple):
+    """One case's arguments, drawn alike on every rank."""
+
+    dtype: str
+    layout: str
+    shape: tuple[int, ...]
+    differ: bool  # gathers, scatter and alltoall: rank r's shape is shape + r
+    root: int
+    op: str
+    arrays: list[tuple[tuple[int, ...], str, str]]  # allreduce_arrays: shape, dtype, layout of each
+
+
+class Calls:
     """The random calls of one seed, drawn alike on every rank."""
 
     def __init__(self, seed: int) -> None:
@@ -70,26 +82,24 @@ class Sequence:
         differ, root = bool(self.rng.integers(0, 2)), int(self.rng.integers(0, P))
         repeats = int(self.rng.integers(1, 4))
         op = self.pick(["sum", "max", "min"])
-        sizes = [(self.shape(), self.pick(["f8", "f4", "i8", "i4", "c16", "u1"]), self.pick(["C", "F", "T"]))
-                 for _ in range(int(self.rng.integers(1, 6)))]
+        arrays = [(self.shape(), self.pick(["f8", "f4", "i8", "i4", "c16", "u1"]), self.pick(["C", "F", "T"]))
+                  for _ in range(int(self.rng.integers(1, 6)))]
+        d = Draw(dtype, layout, shape, differ, root, op, arrays)
         for rep in range(repeats):
             what = f"case {i} ({kind}, {dtype}, {layout}, {shape}, differ={differ}, root={root}), call {rep}"
-            getattr(self, kind)(dtype, layout, shape, differ, root, op, sizes, rep, what)
+            if kind in ("allgather", "gather"):
+                self.gathers(d, None if kind == "allgather" else root, rep, what)
+            elif kind in ("allreduce", "reduce"):
+                self.reductions(d, None if kind == "allreduce" else root, rep, what)
+            else:
+                getattr(self, kind)(d, rep, what)
 
-    def allgather(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str,
-                  sizes: Any, rep: int, what: str) -> None:
-        self._gathers(dtype, layout, shape, differ, None, rep, what)
-
-    def gather(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str, sizes: Any,
-               rep: int, what: str) -> None:
-        self._gathers(dtype, layout, shape, differ, root, rep, what)
-
-    def _gathers(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int | None, rep: int,
-                 what: str) -> None:
-        mine = tuple(s + me for s in shape) if differ else shape
+    def gathers(self, d: Draw, root: int | None, rep: int, what: str) -> None:
+        """allgather_array (``root`` None) or gather_array."""
+        mine, dtype = tuple(s + me for s in d.shape) if d.differ else d.shape, d.dtype
         if rep and me == rep % P:  # this rank changes, keeping its byte count
             mine, dtype = (mine[::-1], dtype) if rep % 2 else (mine, SAME_SIZE.get(dtype, dtype))
-        x = make(mine, dtype, layout, rep + me)
+        x = make(mine, dtype, d.layout, rep + me)
         expected = comm.allgather(x.copy())
         got = cai_mpi.allgather_array(x) if root is None else cai_mpi.gather_array(x, root)
         if root is not None and me != root:
@@ -99,35 +109,27 @@ class Sequence:
         for r in range(P):
             check(got[r], expected[r], f"{what}, rank {r}'s piece")
 
-    def bcast(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str, sizes: Any,
-              rep: int, what: str) -> None:
-        x = make(shape, dtype, layout, 3 * rep)
-        expected = comm.bcast(x.copy() if me == root else None, root)
-        if rep % 2 and me != root:  # into out= (in either order)
-            out = np.empty(expected.shape, expected.dtype, order=layout if layout in "CF" else "C")
-            check(cai_mpi.bcast_array(None, root, out=out), expected, f"{what}, out=")
+    def bcast(self, d: Draw, rep: int, what: str) -> None:
+        x = make(d.shape, d.dtype, d.layout, 3 * rep)
+        expected = comm.bcast(x.copy() if me == d.root else None, d.root)
+        if rep % 2 and me != d.root:  # into out= (in either order)
+            out = np.empty(expected.shape, expected.dtype, order=d.layout if d.layout in "CF" else "C")
+            check(cai_mpi.bcast_array(None, d.root, out=out), expected, f"{what}, out=")
             assert np.array_equal(out, expected), f"{what}: out= holds {out.ravel()[:8]}"
             return
-        check(cai_mpi.bcast_array(x if me == root else None, root), expected, what)
+        check(cai_mpi.bcast_array(x if me == d.root else None, d.root), expected, what)
 
-    def allreduce(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str,
-                  sizes: Any, rep: int, what: str) -> None:
-        self._reductions(dtype, layout, shape, None, op, rep, what)
-
-    def reduce(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str, sizes: Any,
-               rep: int, what: str) -> None:
-        self._reductions(dtype, layout, shape, root, op, rep, what)
-
-    def _reductions(self, dtype: str, layout: str, shape: tuple[int, ...], root: int | None, op: str, rep: int,
-                    what: str) -> None:
-        dt = np.dtype(dtype).newbyteorder("=")  # (cai_mpi reduces in native byte order)
+    def reductions(self, d: Draw, root: int | None, rep: int, what: str) -> None:
+        """allreduce_array (``root`` None) or reduce_array, repeats into ``out=``."""
+        dt = np.dtype(d.dtype).newbyteorder("=")  # (cai_mpi reduces in native byte order)
         dt = np.dtype("f4") if dt.kind == "f" and dt.itemsize == 2 else np.dtype("i4") if dt.kind == "b" else dt
-        op = "sum" if dt.kind == "c" else op
-        x = make(shape, dt.str, layout, rep + me)
+        op = "sum" if dt.kind == "c" else d.op
+        x = make(d.shape, dt.str, d.layout, rep + me)
         pieces = comm.allgather(x.copy())
         expected = pieces[0]
         for piece in pieces[1:]:
             expected = REDUCE[op](expected, piece)
+        expected = expected.astype(x.dtype)
         out = np.empty(x.shape, x.dtype, order="F" if rep % 2 else "C") if rep else None  # (the first call without)
         if root is None:
             got = cai_mpi.allreduce_array(x, op, out=out)
@@ -136,41 +138,40 @@ class Sequence:
         if root is not None and me != root:
             assert got is None, what
             return
-        check(got, expected.astype(x.dtype), f"{what}, {op}")
-        if out is not None:
-            assert np.array_equal(out, expected.astype(x.dtype)), f"{what}: out= holds {out.ravel()[:8]}"
-
-    def scatter(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str, sizes: Any,
-                rep: int, what: str) -> None:
-        objs = [make(tuple(s + r for s in shape) if differ else shape, dtype, layout, rep + r) for r in range(P)]
-        expected = comm.scatter([o.copy() for o in objs] if me == root else None, root)
-        out = np.empty(expected.shape, expected.dtype, order="F") if rep == 1 else None
-        check(cai_mpi.scatter_array(objs if me == root else None, root, out=out), expected, what)
+        check(got, expected, f"{what}, {op}")
         if out is not None:
             assert np.array_equal(out, expected), f"{what}: out= holds {out.ravel()[:8]}"
 
-    def alltoall(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str,
-                 sizes: Any, rep: int, what: str) -> None:
-        objs = [make(tuple(s + r for s in shape) if differ else shape, dtype, layout, rep + me + r) for r in range(P)]
+    def scatter(self, d: Draw, rep: int, what: str) -> None:
+        objs = [make(tuple(s + r for s in d.shape) if d.differ else d.shape, d.dtype, d.layout, rep + r)
+                for r in range(P)]
+        expected = comm.scatter([o.copy() for o in objs] if me == d.root else None, d.root)
+        out = np.empty(expected.shape, expected.dtype, order="F") if rep == 1 else None
+        check(cai_mpi.scatter_array(objs if me == d.root else None, d.root, out=out), expected, what)
+        if out is not None:
+            assert np.array_equal(out, expected), f"{what}: out= holds {out.ravel()[:8]}"
+
+    def alltoall(self, d: Draw, rep: int, what: str) -> None:
+        objs = [make(tuple(s + r for s in d.shape) if d.differ else d.shape, d.dtype, d.layout, rep + me + r)
+                for r in range(P)]
         expected = comm.alltoall([o.copy() for o in objs])
         got = cai_mpi.alltoall_array(objs)
         for r in range(P):
             check(got[r], expected[r], f"{what}, from rank {r}")
 
-    def arrays(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str,
-               sizes: list[tuple[tuple[int, ...], str, str]], rep: int, what: str) -> None:
-        xs = [make(s, d, lay, rep + me) for s, d, lay in sizes]
+    def arrays(self, d: Draw, rep: int, what: str) -> None:
+        xs = [make(shape, dtype, layout, rep + me) for shape, dtype, layout in d.arrays]
         everyone = comm.allgather([x.copy() for x in xs])
         got = cai_mpi.allreduce_arrays(xs)
         for j, x in enumerate(xs):
             expected = everyone[0][j]
             for theirs in everyone[1:]:
                 expected = expected + theirs[j]
-            check(got[j], expected.astype(x.dtype), f"{what}, array {j} of {sizes}")
+            check(got[j], expected.astype(x.dtype), f"{what}, array {j} of {d.arrays}")
 
-    def ring(self, dtype: str, layout: str, shape: tuple[int, ...], differ: bool, root: int, op: str, sizes: Any,
-             rep: int, what: str) -> None:
-        x = make(shape, dtype, layout, rep + me)
+    def ring(self, d: Draw, rep: int, what: str) -> None:
+        """sendrecv_array, irecv_array(out=) + isend_array + waitall, or irecv_array + send_array, one drawn."""
+        x = make(d.shape, d.dtype, d.layout, rep + me)
         right, left = (me + 1) % P, (me - 1) % P
         expected = comm.sendrecv(x.copy(), right, source=left)
         form = int(self.rng.integers(0, 3))
@@ -189,6 +190,6 @@ class Sequence:
 
 @pytest.mark.parametrize("seed", [42, 43, 44])
 def test_calls_match_mpi4py(seed: int) -> None:
-    calls = Sequence(seed)
+    calls = Calls(seed)
     for i in range(60):
         calls.case(i)
