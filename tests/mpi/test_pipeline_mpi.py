@@ -242,3 +242,26 @@ def test_bad_arguments() -> None:
         cai_mpi.Pipeline(depth=0)
     with pytest.raises(TypeError, match="intracommunicator"):
         cai_mpi.Pipeline(comm="world")  # type: ignore[arg-type]
+
+
+def test_a_bad_item_or_meta_is_refused_in_the_pipelines_name_and_the_stream_goes_on() -> None:
+    """Whatever way an item would travel (bare-capable or described: an F-ordered array always is), a bad item or
+    meta raises naming ``Pipeline.send``, sends nothing, and the next good item arrives as the first."""
+    fortran = np.asfortranarray(np.arange(6.0).reshape(2, 3))
+    with cai_mpi.Pipeline() as pipe:
+        if pipe.first:
+            for bad_item, bad_meta, error in [
+                (object(), None, TypeError),
+                ("text", None, TypeError),
+                (np.arange(3.0), {"x": object()}, TypeError),
+                (fortran, {"x": object()}, TypeError),
+                (fortran, {1: "a non-text key"}, TypeError),
+            ]:
+                with pytest.raises(error, match=r"^Pipeline\.send: "):
+                    pipe.send(bad_item, meta=bad_meta)
+            pipe.send(fortran, meta={"good": True})
+        kept = [] if pipe.first else forward_all(pipe)
+    if rank == size - 1:
+        assert len(kept) == 1
+        assert np.array_equal(np.asarray(kept[0]), fortran) and kept[0].meta == {"good": True}
+    reuse_of_the_communicator()

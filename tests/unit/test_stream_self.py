@@ -10,20 +10,23 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from cai_mpi import Array, irecv_array, isend_array
+from cai_mpi import Array
+from cai_mpi._src.core.meta import encode_meta
+from cai_mpi._src.transport.privcomm import private_comms
 from cai_mpi._src.transport.stream import StreamIn, StreamOut, exchange_bare_ok
 
 
-def _encode(meta: dict[str, Any]) -> bytes:
-    return repr(sorted(meta.items())).encode()
+def _encoded(meta: dict[str, Any] | None) -> bytes:
+    """``meta`` as a header carries it (what the stream's owner hands it)."""
+    return b"" if meta is None else encode_meta(meta)
 
 
 @pytest.fixture
 def ends() -> Iterator[tuple[StreamOut, StreamIn]]:
     data, control = MPI.COMM_SELF.Dup(), MPI.COMM_SELF.Dup()
-    out = StreamOut(data, control, 0, bare=True, window=4,
-                    describe=lambda obj, tag, meta: isend_array(obj, 0, tag, data, meta=meta), encode=_encode)
-    into = StreamIn(data, control, 0, receive=lambda device: irecv_array(0, MPI.ANY_TAG, data, device=device))
+    private_comms(data)  # (a stream's owner makes them, collectively)
+    out = StreamOut(data, control, 0, bare=True, window=4, fn="test.send")
+    into = StreamIn(data, control, 0, fn="test.recv")
     yield out, into
     out.close()
     into.drain(out.sent - into.received, _no_wait)  # (what is still in flight: the end, at least)
@@ -46,7 +49,7 @@ def test_a_run_of_one_description_goes_bare_and_arrives_exactly_in_order(ends: t
     sent += [np.arange(4, dtype=np.float64) + i for i in range(3)]  # another description: described again
     got = []
     for x in sent:
-        out.send(x, {"n": 1})
+        out.send(x, _encoded({"n": 1}))
         item = into.recv(_no_wait)
         assert item is not None
         got.append(np.array(item.numpy()))
@@ -64,7 +67,7 @@ def test_an_item_still_held_is_never_overwritten_by_a_later_one(ends: tuple[Stre
     held: list[Array] = []
     views = []
     for i in range(12):
-        out.send(np.full(8, i, np.int64), None)
+        out.send(np.full(8, i, np.int64), b"")
         item = into.recv(_no_wait)
         assert item is not None
         if i % 3 == 0:
@@ -82,7 +85,7 @@ def test_a_changed_meta_or_a_non_bare_item_is_described_again(ends: tuple[Stream
     plan = [({"k": 0}, np.ones(3)), ({"k": 0}, np.ones(3) * 2), ({"k": 1}, np.ones(3) * 3),
             (None, np.ones(3)[::2]), (None, np.ones(2) * 5), (None, np.ones(2) * 6)]
     for meta, x in plan:
-        out.send(x, meta)
+        out.send(x, _encoded(meta))
         item = into.recv(_no_wait)
         assert item is not None
         assert np.array_equal(item.numpy(), x) and item.meta == meta
@@ -93,7 +96,7 @@ def test_a_changed_meta_or_a_non_bare_item_is_described_again(ends: tuple[Stream
 def test_the_end_of_the_stream_arrives_after_every_item(ends: tuple[StreamOut, StreamIn]) -> None:
     out, into = ends
     for i in range(3):
-        out.send(np.full(4, i, np.uint8), None)
+        out.send(np.full(4, i, np.uint8), b"")
     out.close()
     got = []
     while (item := into.recv(_no_wait)) is not None:
@@ -104,7 +107,7 @@ def test_the_end_of_the_stream_arrives_after_every_item(ends: tuple[StreamOut, S
 def test_credits_tell_the_sender_how_many_items_arrived(ends: tuple[StreamOut, StreamIn]) -> None:
     out, into = ends
     for i in range(5):
-        out.send(np.full(2, i, np.int16), None)
+        out.send(np.full(2, i, np.int16), b"")
         assert into.recv(_no_wait) is not None
         if i in (1, 3):
             into.credit()

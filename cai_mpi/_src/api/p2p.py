@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..arrays.array import Array
-from ..arrays.operands import Target, proc_null_array, recv_target, replaces, send_source
+from ..arrays.operands import Target, proc_null_array, recv_target
 from ..config import Config, config
 from ..progress.deadlines import Deadline, deadline
 from ..progress.driving import PENDING
@@ -19,7 +19,7 @@ from ..progress.posted import PostedRequest
 from ..progress.requests import Request, wait_until
 from ..runtime import get_runtime
 from ..runtime.base import Runtime
-from ..transport import BLOCKING, SendPlan, ireceive, isend_plan, plan_send, post_send, receive, staged_source
+from ..transport import BLOCKING, SendPlan, ireceive, isend_plan, plan_object, post_send, receive
 from ..transport.privcomm import PrivateComms
 from .validation import (
     ANY_SOURCE,
@@ -44,9 +44,7 @@ __all__ = [
 
 def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta: Any, cfg: Config,
               out: Target | None = None, receives: bool = False) -> tuple[PrivateComms, int, int, SendPlan | None, Any]:
-    """Validate a send's arguments and plan its message (None for PROC_NULL). ``out``: the receive buffer of the same
-    call, which may be the array sent (a copy is then sent when the call ``receives``) and may share no other byte
-    with it."""
+    """Validate a send's arguments and plan its message (``transport.plan_object``: None for PROC_NULL)."""
     pc = check_comm(fn, comm)
     if type(dest) is not int or not 0 <= dest < pc.size:
         dest = check_rank(fn, "dest", dest, pc, wildcard=False)
@@ -55,14 +53,7 @@ def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta
     meta_bytes = outgoing_meta(fn, obj, meta)
     if sync is not None:
         sync = check_sync(fn, sync)
-    # (host memory needs no runtime: a numpy array is planned without one)
-    rt = None if type(obj) is np.ndarray else get_runtime()
-    src = obj if rt is None else send_source(fn, obj, sync, rt)
-    if out is not None and replaces(fn, src, out) and receives and dest != PROC_NULL:
-        src = staged_source(src, rt)
-    if dest == PROC_NULL:
-        return pc, dest, tag, None, src
-    return pc, dest, tag, plan_send(src, pc, meta_bytes, cfg, rt, dest), src
+    return (pc, dest, tag, *plan_object(fn, obj, pc, dest, sync, meta_bytes, cfg, out, receives))
 
 
 def isend_array(

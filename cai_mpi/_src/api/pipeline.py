@@ -3,7 +3,7 @@ that reach every stage.
 
 Stage ``r`` of ``comm`` receives from ``r - 1`` and sends to ``r + 1``: a chain of described streams
 (``transport.chain``, which owns every MPI resource of it). Each edge is a described stream (``transport.stream``)
-on a private duplicate of ``comm``: items travel with ``isend_array``/``irecv_array`` (their
+on a private duplicate of ``comm``: items travel by the one path of ``isend_array``/``irecv_array`` (their
 headers and payloads on cai_mpi's own duplicates of it), except a run of items that keep the shape, dtype and
 ``meta`` of the one before, in host memory in C order, which travel as bare payloads into receives the next stage
 posted ahead, until an item that differs. A second duplicate carries the control messages: the stream's credits
@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -28,13 +27,11 @@ from ..arrays.array import Array
 from ..errors import TimeoutError
 from ..progress.deadlines import deadline
 from ..progress.driving import PENDING
-from ..progress.requests import Request
 from ..runtime import get_runtime
 from ..transport.chain import Chain
-from .p2p import irecv_array, isend_array
 from .pipeline_leave import Leaving, wait_pauses
 from .pipeline_wire import NOTICE, NOTICE_BYTES, failure_from
-from .validation import check_meta, receive_device
+from .validation import outgoing_meta, receive_device
 
 __all__ = ["Pipeline"]
 
@@ -100,8 +97,8 @@ class Pipeline(Leaving):
         self.first, self.last = self.stage == 0, self.stage == self._size - 1
         # Bare payloads go only to a stage that receives into host memory (no GPU of its own).
         self._chain = chain = Chain(
-            comm, window=self.depth, takes_bare=self.first or receive_device("Pipeline", None, get_runtime()) is None,
-            describe=_describe, receive=_receive, encode=partial(check_meta, "Pipeline.send"), notice_tag=NOTICE,
+            comm, name="Pipeline", window=self.depth,
+            takes_bare=self.first or receive_device("Pipeline", None, get_runtime()) is None, notice_tag=NOTICE,
             notice_bytes=NOTICE_BYTES)
         self._down, self._up = chain.down, chain.up  # the edge to the next stage, and the edge from the previous one
         # Credits go back once per half window, not per item. The bound holds as before (a credit is a count of
@@ -131,9 +128,7 @@ class Pipeline(Leaving):
             raise ValueError(f"Pipeline.send: stage {self.stage} already closed its stream")
         if down.sent - down.acked >= self.depth:
             self._wait(self._room, "a credit from the next stage")
-        if meta is None and isinstance(obj, Array):
-            meta = obj.meta
-        down.send(obj, meta)
+        down.send(obj, outgoing_meta("Pipeline.send", obj, meta))  # (None: a forwarded Array's own)
 
     def recv(self) -> Array | None:
         """The next item from the previous stage, or None at the end of the stream."""
@@ -223,13 +218,3 @@ class Pipeline(Leaving):
         received = 0 if self._up is None else self._up.received
         return (f"<cai_mpi.Pipeline stage {self.stage} of {self._size}, depth {self.depth}, "
                 f"{sent} sent, {received} received>")
-
-
-def _describe(data: MPI.Intracomm, dest: int, obj: Any, tag: int, meta: dict[str, Any] | None) -> Request[None]:
-    """A self-described item of an edge: the one send path."""
-    return isend_array(obj, dest, tag, data, meta=meta)
-
-
-def _receive(data: MPI.Intracomm, source: int, device: Literal["host"] | None) -> Request[Array]:
-    """A self-described receive of an edge (``device`` "host" on leaving: what is drained needs no GPU)."""
-    return irecv_array(source, MPI.ANY_TAG, data, device=device)

@@ -36,11 +36,11 @@ from .post import (
     receive_steps,
 )
 from .receive import Inbox, give_back_inbox, header_failure, plan_recv, take_inbox
-from .send import plan_send, staged_source
+from .send import plan_object, plan_send, staged_source
 
 __all__ = [
     "BLOCKING", "NONBLOCKING", "PERSISTENT", "PREPARED", "Gathered", "Inbox", "Landing", "Outgoing", "Poster",
     "RecvPlan", "SendPlan", "device_landing", "give_back_inbox", "header_failure", "internal_stream", "ireceive",
-    "isend_plan", "outgoing", "plan_recv", "plan_send", "post_send", "receive", "receive_steps", "staged_source",
-    "take_inbox",
+    "isend_plan", "outgoing", "plan_object", "plan_recv", "plan_send", "post_send", "receive", "receive_steps",
+    "staged_source", "take_inbox",
 ]

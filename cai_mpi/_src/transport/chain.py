@@ -10,15 +10,12 @@ What the counts mean, and when to credit, is the owner's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from ..arrays.array import Array
 from ..progress.posted import PostedRequest
-from ..progress.requests import Request
 from .notices import Notices
 from .privcomm import private_comms
 from .stream import StreamIn, StreamOut, exchange_bare_ok
@@ -27,23 +24,17 @@ __all__ = ["Chain"]
 
 ABANDONED = 3  # the tag of an empty control message: "this rank abandoned the chain" (the stream's use 0 and 2)
 
-# (Request[...] as text: typing caches a generic alias with the module its class has when the alias is made, and
-# one made at this import would keep the private path that public signatures then show)
-Describe = Callable[[MPI.Intracomm, int, Any, int, "dict[str, Any] | None"], "Request[None]"]
-Receive = Callable[[MPI.Intracomm, int, "Literal['host'] | None"], "Request[Array]"]
-
 
 class Chain:
     """This rank's place in a chain over ``comm`` (collective: every rank of ``comm`` makes its own).
 
-    ``describe(data, dest, obj, tag, meta)`` and ``receive(data, source, device)`` are the one self-described send
-    and receive (``isend_array``/``irecv_array`` on the data communicator); ``takes_bare``: this rank receives into
-    host memory. ``down``/``up``: the edges (None at the last/first rank); ``notices``: tag ``notice_tag`` of the
-    control communicator, at most ``notice_bytes`` each.
+    ``name`` is the owner's, for errors about an item (``<name>.send``, ``<name>.recv``); ``takes_bare``: this rank
+    receives into host memory. ``down``/``up``: the edges (None at the last/first rank); ``notices``: tag
+    ``notice_tag`` of the control communicator, at most ``notice_bytes`` each.
     """
 
-    def __init__(self, comm: MPI.Intracomm, *, window: int, takes_bare: bool, describe: Describe, receive: Receive,
-                 encode: Callable[[dict[str, Any]], bytes], notice_tag: int, notice_bytes: int) -> None:
+    def __init__(self, comm: MPI.Intracomm, *, name: str, window: int, takes_bare: bool, notice_tag: int,
+                 notice_bytes: int) -> None:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._data, self._control = data, control = comm.Dup(), comm.Dup()
         data.Set_name(f"cai_mpi-pipeline-data({comm.Get_name()})")
@@ -54,10 +45,9 @@ class Chain:
         # Bare payloads go only to a rank that receives into host memory: it says so once.
         bare = exchange_bare_ok(control, previous, following, takes_bare)
         self.down: StreamOut | None = None if following == MPI.PROC_NULL else StreamOut(
-            data, control, following, bare=bare, window=window,
-            describe=lambda obj, tag, meta: describe(data, following, obj, tag, meta), encode=encode)
+            data, control, following, bare=bare, window=window, fn=f"{name}.send")
         self.up: StreamIn | None = None if previous == MPI.PROC_NULL else StreamIn(
-            data, control, previous, receive=lambda device: receive(data, previous, device))
+            data, control, previous, fn=f"{name}.recv")
         self.notices = Notices(control, notice_tag, notice_bytes)
         self._agreement: tuple[MPI.Request, np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = None
 

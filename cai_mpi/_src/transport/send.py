@@ -7,11 +7,12 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..arrays.operands import DeviceSource
+from ..arrays.operands import DeviceSource, Target, replaces, send_source
 from ..config import Config
 from ..core.descriptor import CAIDescriptor
 from ..core.header import encode_header, inline_message
 from ..progress.waits import EventWait, MPIWait
+from ..runtime import get_runtime
 from ..runtime.base import DeviceBuffer, Event, PinnedBuffer, Runtime
 from .datatypes import describable, host_datatype_bytes, strided_type
 from .failure import PREPARED, announce_failure
@@ -97,6 +98,22 @@ def _plan_device(
                         None, True)
     steps = in_context_scope(rt, _device_send_steps(src, contiguous, pc, rt, dest, ptag, chunk))
     return SendPlan(header, ptag, NO_MESSAGES, steps, False)
+
+
+def plan_object(fn: str, obj: Any, pc: PrivateComms, dest: int, sync: bool | None, meta: bytes, cfg: Config,
+                out: Target | None = None, receives: bool = False,
+                ) -> tuple[SendPlan | None, np.ndarray[Any, Any] | DeviceSource]:
+    """The one way an object (anything a send takes) becomes a message to ``dest``: its plan (None for
+    ``PROC_NULL``) and its source, read through the runtime with its producer synchronized as ``sync`` says (a numpy
+    array is planned as it is: host memory needs no runtime). ``out``: the receive buffer of the same call, which may
+    be the object itself (a copy is then sent when the call ``receives``) and may share no other byte with it."""
+    rt = None if type(obj) is np.ndarray else get_runtime()
+    src = obj if rt is None else send_source(fn, obj, sync, rt)
+    if out is not None and replaces(fn, src, out) and receives and dest != MPI.PROC_NULL:
+        src = staged_source(src, rt)
+    if dest == MPI.PROC_NULL:
+        return None, src
+    return plan_send(src, pc, meta, cfg, rt, dest), src
 
 
 def staged_source(src: np.ndarray[Any, Any] | DeviceSource, rt: Runtime | None) -> np.ndarray[Any, Any] | DeviceSource:

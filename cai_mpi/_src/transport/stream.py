@@ -1,7 +1,7 @@
 """A described stream: the steady-state traffic of one edge between a pair of ranks, sender to receiver.
 
-An item that differs from the one before travels self-described (the one path: ``isend_array``/``irecv_array``,
-passed in as ``describe``/``receive``, so this module needs nothing above the transport). An item that keeps the
+An item that differs from the one before travels self-described (the one path of every message: ``plan_object``,
+``isend_plan``, ``ireceive``, on the data communicator's private duplicates). An item that keeps the
 shape, dtype and ``meta`` of the last described one, in host memory of numbers in C order, to a receiver with no GPU
 of its own, travels as a bare payload on the data communicator itself, into a ring of persistent receives the
 receiver posts ahead in buffers of the known size (from the host receive pool); when an item differs again, the
@@ -21,7 +21,7 @@ import json
 from collections import deque
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -31,7 +31,11 @@ from ..config import config
 from ..progress.driving import PENDING
 from ..progress.posted import PostedRequest
 from ..progress.requests import Request
+from ..runtime import get_runtime
 from .pool import host_receive_pool, lease
+from .post import ireceive, isend_plan
+from .privcomm import private_comms
+from .send import plan_object
 
 __all__ = [
     "DESCRIBED", "END", "FAST", "ITEM", "SWITCH", "StreamIn", "StreamOut", "bare_memory", "exchange_bare_ok",
@@ -82,18 +86,17 @@ def exchange_bare_ok(control: MPI.Intracomm, source: int, dest: int, takes_bare:
 class StreamOut:
     """The sending end of a described stream to ``dest``.
 
-    ``describe(obj, tag, meta)`` sends a self-described message (a Request); ``encode(meta)`` is ``meta`` as a
-    header carries it (and raises on a bad one). ``bare``: the receiver takes bare payloads. ``window``: how many
-    sends of a kind may be in flight before the completed ones are forgotten (sooner while requests need driving).
+    ``fn`` names the owner's call in errors about an item. ``bare``: the receiver takes bare payloads. ``window``:
+    how many sends of a kind may be in flight before the completed ones are forgotten (sooner while requests need
+    driving).
     Counts: ``sent`` (messages, the end included), ``bare_sent``, ``acked`` (the most items the receiver said it
     received), ``credits_read``.
     """
 
-    def __init__(self, data: MPI.Intracomm, control: MPI.Intracomm, dest: int, *, bare: bool,
-                 window: int, describe: Callable[[Any, int, dict[str, Any] | None], Request[None]],
-                 encode: Callable[[dict[str, Any]], bytes]) -> None:
-        self._data, self.dest, self._bare_ok = data, dest, bare
-        self._describe, self._encode = describe, encode
+    def __init__(self, data: MPI.Intracomm, control: MPI.Intracomm, dest: int, *, bare: bool, window: int,
+                 fn: str) -> None:
+        self._data, self.dest, self._bare_ok, self._fn = data, dest, bare, fn
+        self._comms = private_comms(data)  # (made collectively by the stream's owner: here, a look-up)
         self._limit = config().max_message_bytes
         self.sent = self.bare_sent = self.acked = self.credits_read = 0
         # What the receiver holds as the description of bare payloads: (shape, dtype, meta as its header encoding).
@@ -107,13 +110,13 @@ class StreamOut:
         self._credit_req.Start()
         self._control = control
 
-    def send(self, obj: Any, meta: dict[str, Any] | None) -> None:
-        """Send ``obj`` with ``meta``: bare when the receiver holds its description, else described."""
+    def send(self, obj: Any, meta: bytes) -> None:
+        """Send ``obj`` (anything a send takes) with ``meta`` (its header encoding, checked by the owner): bare when
+        the receiver holds its description, else described."""
         host = bare_memory(obj) if self._bare_ok else None
         if host is not None and host.nbytes <= self._limit:
-            encoded = b"" if meta is None else self._encode(meta)
             told = self._told
-            if told is not None and host.shape == told[0] and host.dtype == told[1] and encoded == told[2]:
+            if told is not None and host.shape == told[0] and host.dtype == told[1] and meta == told[2]:
                 bare = self._bare_sends
                 bare.append(self._data.Isend([host, MPI.BYTE], self.dest, FAST))
                 self.sent += 1
@@ -123,13 +126,25 @@ class StreamOut:
                 return
             self._switch()
             self._sends.append(self._describe(obj, DESCRIBED, meta))
-            self._told = (host.shape, host.dtype, encoded)
+            self._told = (host.shape, host.dtype, meta)
         else:
             self._switch()
             self._sends.append(self._describe(obj, ITEM, meta))
         self.sent += 1
         if len(self._sends) > self._window or PENDING:
             self.reap()
+
+    def _describe(self, obj: Any, tag: int, meta: bytes) -> Request[None]:
+        """A self-described message, by the one send path (the producer synchronized, planned, posted)."""
+        if type(obj) is np.ndarray:  # host memory: no device call to scope
+            return self._post(obj, tag, meta)
+        with get_runtime().context_scope():  # (as isend_array's: the producer's check, the plan, the first steps)
+            return self._post(obj, tag, meta)
+
+    def _post(self, obj: Any, tag: int, meta: bytes) -> Request[None]:
+        plan, src = plan_object(self._fn, obj, self._comms, self.dest, None, meta, config())
+        assert plan is not None  # (an edge's ends are ranks, never PROC_NULL)
+        return isend_plan(self._fn, plan, self._comms, self.dest, tag, (obj, src))
 
     def _switch(self) -> None:
         """The receiver holds a description: tell it that a self-described message comes next."""
@@ -148,7 +163,7 @@ class StreamOut:
         if self._told is not None:
             self._bare_sends.append(self._data.Isend([b"", MPI.BYTE], self.dest, END))
         else:
-            self._sends.append(self._describe(np.empty(0, np.uint8), END, None))
+            self._sends.append(self._describe(np.empty(0, np.uint8), END, b""))
 
     def read_credits(self) -> None:
         """Take the credits that came: ``acked`` is the last count the receiver sent."""
@@ -234,14 +249,13 @@ def _free(slot: _Slot) -> None:
 class StreamIn:
     """The receiving end of a described stream from ``source``.
 
-    ``receive(device)`` posts a self-described receive (a Request for the Array; ``device`` None: where received
-    data usually lands, "host" on leaving). Counts: ``received`` (messages, the end included), ``bare_received``,
-    ``credits_sent``.
+    ``fn`` names the owner's call in errors about an item. Counts: ``received`` (messages, the end included),
+    ``bare_received``, ``credits_sent``.
     """
 
-    def __init__(self, data: MPI.Intracomm, control: MPI.Intracomm, source: int, *,
-                 receive: Callable[[Literal["host"] | None], Request[Array]]) -> None:
-        self._data, self._control, self.source, self._receive = data, control, source, receive
+    def __init__(self, data: MPI.Intracomm, control: MPI.Intracomm, source: int, *, fn: str) -> None:
+        self._data, self._control, self.source, self._fn = data, control, source, fn
+        self._comms = private_comms(data)  # (made collectively by the stream's owner: here, a look-up)
         self.received = self.bare_received = self.credits_sent = 0
         # The description of bare payloads this end holds: (shape, dtype, meta as JSON text or None).
         self._held: tuple[tuple[int, ...], np.dtype[Any], str | None] | None = None
@@ -282,7 +296,7 @@ class StreamIn:
                 return None
             self._unhold()  # SWITCH: a self-described message comes next
         if self._prefetch is None:
-            self._prefetch = self._receive(None)
+            self._prefetch = self._receive(False)
         pending = self._prefetch
         arrived, got = pending.test()
         if not arrived:
@@ -298,6 +312,14 @@ class StreamIn:
             self._held = (got.shape, got.dtype, None if got.meta is None else json.dumps(got.meta))
         return self._arrived(got)
 
+    def _receive(self, host: bool) -> Request[Array]:
+        """Post a self-described receive, by the one receive path: onto this rank's GPU when it has one, unless
+        ``host`` (on leaving: what is drained needs no GPU)."""
+        rt = get_runtime()
+        with rt.context_scope():  # (as irecv_array's: the device it lands on and what the receive does at once)
+            ordinal = None if host else rt.current_device()
+            return ireceive(self._fn, self._comms, self.source, MPI.ANY_TAG, None, ordinal, rt, None)
+
     def _arrived(self, item: Array) -> Array:
         self.received += 1
         self._post_next()
@@ -306,7 +328,7 @@ class StreamIn:
     def _post_next(self) -> None:
         held = self._held
         if held is None:
-            self._prefetch = self._receive(None)
+            self._prefetch = self._receive(False)
             return
         ring = self._ring
         for slot in ring:  # a buffer no item, view or export of an item refers to any more
@@ -375,7 +397,7 @@ class StreamIn:
                 self._unhold()
                 continue
             if self._prefetch is None:
-                self._prefetch = self._receive("host")
+                self._prefetch = self._receive(True)
             pending = self._prefetch
             wait(partial(_tested, pending))
             got = pending.wait()
