@@ -53,7 +53,8 @@ def _outbound(fn: str, obj: Any, dest: Any, tag: Any, comm: Any, sync: Any, meta
     meta_bytes = outgoing_meta(fn, obj, meta)
     if sync is not None:
         sync = check_sync(fn, sync)
-    return (pc, dest, tag, *plan_object(fn, obj, pc, dest, sync, meta_bytes, cfg, out, receives))
+    plan, src = plan_object(fn, obj, pc, dest, sync, meta_bytes, cfg, out, receives)
+    return pc, dest, tag, plan, src
 
 
 def isend_array(
