@@ -117,9 +117,9 @@ class PipelineError(CaiMpiError, RuntimeError):
         rank: the stage that failed.
         meta: the ``meta`` of the item it was working on, or None.
         error_type: the name of the failing stage's exception type (``"ValueError"``, ``"mypkg.MyError"``).
-        error_message: its message (``str()`` of it).
-        error_traceback: its traceback as that stage would print it (the frames where it failed; the start of a
-            very long one is cut), or ``""`` when the stage failed without an exception of its own.
+        error_message: its message (``str()`` of it; the first 16 Ki characters of a longer one).
+        error_traceback: its traceback as that stage would print it (the frames where it failed; of a longer one,
+            the last 16 Ki characters), or ``""`` when the stage failed without an exception of its own.
     """
 
     def __init__(

@@ -20,3 +20,18 @@ def test_a_short_notice_keeps_everything() -> None:
     raw = encode_notice(1, {"item": 7}, KeyError("k"), own=False)
     error = failure_from(raw)
     assert (error.error_type, error.meta, error.error_message) == ("KeyError", {"item": 7}, "'k'")
+
+
+def test_a_long_ascii_message_keeps_its_first_16_ki_characters_and_the_meta() -> None:
+    """What fits is kept as it is: the first 16 Ki characters of a message (all of one that long), the last 16 Ki of
+    a traceback, and the meta, since ASCII text that long still fits the 64 KiB notice."""
+    for length in (16 << 10, (16 << 10) + 1, 20_000):
+        message = "".join(chr(ord("a") + i % 26) for i in range(length))
+        try:
+            raise ValueError(message + "|")
+        except ValueError as exc:  # (raised: a traceback of its own, longer than 16 Ki with the message in it)
+            raw = encode_notice(3, {"item": 7}, exc, own=True)
+        error = failure_from(raw)
+        kept = (message + "|")[: 16 << 10]
+        assert (error.error_type, error.meta, error.error_message) == ("ValueError", {"item": 7}, kept)
+        assert len(error.error_traceback) == 16 << 10 and error.error_traceback.endswith("|\n")
