@@ -15,12 +15,11 @@ ratio to raw, as JSON. Defaults: 1 MiB, 7 rounds of 200 calls.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
+from interleaved import median_us  # (scripts/bench, this script's folder)
 from mpi4py import MPI
 
 import cai_mpi
@@ -75,19 +74,8 @@ def main() -> None:
         f"{kind}_array": call,
         f"{kind}_array(out=)": call_into_out,
     }
-    times: dict[str, list[float]] = {name: [] for name in modes}
-    for run in modes.values():
-        for _ in range(20):
-            run()  # warm-up: pools and caches filled
-    for _ in range(rounds):
-        for name, run in modes.items():
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(calls):
-                run()
-            times[name].append((time.perf_counter() - start) / calls * 1e6)
+    median = median_us(comm, modes, rounds, calls)
     if rank == 0:
-        median = {name: statistics.median(t) for name, t in times.items()}
         print(json.dumps({"kind": kind, "nbytes": src.nbytes, "rounds": rounds, "calls": calls, "us": median,
                           "x raw": {name: m / median["raw"] for name, m in median.items()}}, indent=1))
     dup.Free()

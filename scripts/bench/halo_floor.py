@@ -20,12 +20,11 @@ Prints on rank 0 each mode's median time per exchange (us) and its ratio to raw'
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
+from interleaved import median_us  # (scripts/bench, this script's folder)
 from mpi4py import MPI
 
 import cai_mpi
@@ -72,19 +71,8 @@ def main() -> None:
         "header with the payload": header_with_payload,
         "irecv_array(out=) + isend_array": cai,
     }
-    times: dict[str, list[float]] = {name: [] for name in modes}
-    for run in modes.values():
-        for _ in range(20):
-            run()  # warm-up: pools, caches and MPI's connections
-    for _ in range(rounds):
-        for name, run in modes.items():
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(calls):
-                run()
-            times[name].append((time.perf_counter() - start) / calls * 1e6)
+    median = median_us(comm, modes, rounds, calls)
     if comm.Get_rank() == 0:
-        median = {name: statistics.median(t) for name, t in times.items()}
         print(json.dumps({"nbytes": face.nbytes, "rounds": rounds, "calls": calls, "us": median,
                           "x raw time": {name: m / median["raw"] for name, m in median.items()}}, indent=1))
     headers.Free()
