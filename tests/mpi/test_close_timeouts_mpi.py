@@ -19,11 +19,11 @@ import weakref
 import numpy as np
 import pytest
 from mpi4py import MPI
+from nothing_waiting import assert_nothing_waiting
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
 from cai_mpi._src.progress.driving import pending_count
-from cai_mpi._src.transport.privcomm import private_comms
 
 pytestmark = [pytest.mark.mpi(min_size=2)]
 
@@ -75,11 +75,6 @@ def _drain_background() -> None:
     assert not pending_count()
 
 
-def _nothing_unmatched() -> None:
-    pc = private_comms(None)
-    assert not pc.header.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG) and not pc.payload.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
-
-
 @pytest.mark.parametrize("opened", [False, True])
 def test_send_channel_close_times_out_and_the_message_is_delivered_later(opened: bool) -> None:
     """The issue's case: send(timeout) times out, then close(timeout) must too, not wait for ever."""
@@ -120,8 +115,7 @@ def test_send_channel_close_times_out_and_the_message_is_delivered_later(opened:
         _drain_background()
         gc.collect()
         assert gone() is None, "the buffer outlived its send"
-    _nothing_unmatched()
-    WORLD.Barrier()
+    assert_nothing_waiting()
 
 
 @pytest.mark.parametrize("opened", [False, True])
@@ -147,9 +141,7 @@ def test_recv_channel_close_times_out_and_withdraws_the_receive(opened: bool) ->
     elif rank == 0:
         got = cai_mpi.recv_array(1, 22, timeout=60)
         assert np.asarray(got).tobytes() == x.tobytes() and got.tag == 22
-    WORLD.Barrier()
-    _nothing_unmatched()
-    WORLD.Barrier()
+    assert_nothing_waiting()
 
 
 def test_close_honours_the_environment_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,8 +167,7 @@ def test_close_honours_the_environment_timeout(monkeypatch: pytest.MonkeyPatch) 
     WORLD.Barrier()
     if rank == 0:
         _drain_background()
-    _nothing_unmatched()
-    WORLD.Barrier()
+    assert_nothing_waiting()
 
 
 def test_leaving_a_channel_on_an_exception_does_not_wait() -> None:
@@ -204,8 +195,7 @@ def test_leaving_a_channel_on_an_exception_does_not_wait() -> None:
     WORLD.Barrier()
     if rank == 0:
         _drain_background()
-    _nothing_unmatched()
-    WORLD.Barrier()
+    assert_nothing_waiting()
 
 
 @pytest.mark.parametrize("bad, error", [("1", TypeError), (-1, ValueError)])
@@ -280,5 +270,4 @@ def test_sendrecv_times_out_and_both_messages_arrive_later() -> None:
     WORLD.Barrier()
     if rank == 0:
         _drain_background()
-    _nothing_unmatched()
-    WORLD.Barrier()
+    assert_nothing_waiting()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hostile_headers import craft
 from mpi4py import MPI
+from nothing_waiting import assert_nothing_waiting
 
 import cai_mpi
 from cai_mpi._src.core.header import HEADER_BUFFER_BYTES
@@ -40,9 +41,7 @@ def corrupt_then_good(message: bytes, says: str, receive: str = "recv_array(time
         with pytest.raises(cai_mpi.ProtocolError, match=says):
             RECEIVES[receive]()
         assert np.asarray(cai_mpi.recv_array(SENDER, TAG, timeout=WAIT)).tobytes() == good.tobytes()
-    comm.Barrier()
-    assert not pc.header.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
-    comm.Barrier()
+    assert_nothing_waiting()
 
 
 @pytest.mark.parametrize("receive", RECEIVES)
@@ -71,6 +70,4 @@ def test_sync_is_checked_for_a_numpy_array_too() -> None:
     if rank == SENDER:
         with pytest.raises(TypeError, match="sync must be None, True or False"):
             cai_mpi.send_array(np.arange(3.0), RECEIVER, TAG, sync="yes")
-    comm.Barrier()
-    assert not private_comms(None).header.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
-    comm.Barrier()
+    assert_nothing_waiting()

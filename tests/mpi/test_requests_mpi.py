@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 from mpi4py import MPI
+from nothing_waiting import assert_nothing_waiting
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
@@ -39,8 +40,7 @@ def comm() -> Iterator[MPI.Comm]:
     try:
         yield c
     finally:
-        c.Barrier()
-        assert not c.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+        assert_nothing_waiting(c)
         c.Free()
         reload_config()
 
