@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from bad_input_cases import CASES, SENT, BadInput, good_message
 from mpi4py import MPI
-from nothing_waiting import assert_nothing_waiting
+from ordering import assert_nothing_waiting
 
 import cai_mpi
 

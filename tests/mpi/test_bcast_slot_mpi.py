@@ -19,7 +19,7 @@ from cai_mpi._src.transport.engine import SLOT_PAYLOAD_BYTES
 pytestmark = pytest.mark.mpi(min_size=2)
 
 rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-WAIT = 5.0  # every call's timeout=: a planted mistake that would hang fails within it
+WAIT = 30.0  # every call's timeout=: a planted mistake that would hang fails within it
 LOWEST = np.iinfo(np.int64).min
 
 

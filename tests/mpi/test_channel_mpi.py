@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 from mpi4py import MPI
+from ordering import write_after
 
 import cai_mpi
 from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, SimulatedStream, use_runtime
@@ -188,7 +190,8 @@ def test_device_channel_on_cuda_aware_mpi_syncs_every_send(simulated_gpu: Simula
                                                            routed_dup: Any) -> None:
     """CUDA-aware: device memory goes to MPI in place, and the producer stream is synced before each send.
 
-    With sync=False the receiver sees the stale data, which proves the test catches the race.
+    With sync=False the receiver sees the stale data, which proves the test catches the race: the write then waits
+    until the send is complete, so the data sent is the old whatever the ranks' timing.
     """
     aware = routed_dup(True)
     try:
@@ -200,10 +203,14 @@ def test_device_channel_on_cuda_aware_mpi_syncs_every_send(simulated_gpu: Simula
         where = 0 if sync is None else "host"
         with tx, cai_mpi.recv_channel(prv, 11, comm=aware, device=where) as rx:
             for step in range(1, 3):
-                stream.enqueue(x.host.fill, float(step), delay=0.2)  # a slow "kernel" writing x
+                sent = threading.Event()
+                if sync is None:
+                    sent.set()  # (the send waits for the write: the write must not wait for the send)
+                stream.enqueue(write_after, sent, x.host, float(step), delay=0.2)  # a slow "kernel" writing x
                 req = tx.isend()
                 got = rx.recv()
                 req.wait()
+                sent.set()
                 stream.synchronize()
                 assert got.device == where
                 if sync is None:
@@ -222,6 +229,7 @@ def test_unclosed_channels_free_their_requests() -> None:
     from cai_mpi._src.api import channel_ends
 
     x = np.arange(3.0)
+    gc.collect()  # (earlier tests' unclosed channels, kept by cycles, are not collected during the count)
     before = channel_ends.open_channel_count()
     tx = cai_mpi.send_channel(x, nxt, tag=12)
     rx = cai_mpi.recv_channel(prv, 12)

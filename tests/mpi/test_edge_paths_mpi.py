@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from mpi4py import MPI
-from nothing_waiting import assert_nothing_waiting
+from ordering import assert_nothing_waiting
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
@@ -216,9 +216,9 @@ def test_a_message_that_matches_while_its_receive_times_out_is_received(
     sent = payload(nbytes, rank)
     req = cai_mpi.isend_array(sent, nxt, tag=43, meta={"from": rank})
     if how == "recv_array":
-        got = cai_mpi.recv_array(prv, 43, timeout=5.0)
+        got = cai_mpi.recv_array(prv, 43, timeout=30.0)
     else:
-        got = cai_mpi.irecv_array(prv, 43).wait(timeout=5.0)
+        got = cai_mpi.irecv_array(prv, 43).wait(timeout=30.0)
     req.wait()
     assert late_header.lost == 1  # the receive did lose the race
     assert got.source == prv and got.meta == {"from": prv}
@@ -238,7 +238,7 @@ def test_a_channel_message_that_matches_while_its_receive_times_out_is_received(
             late_header.persistent_arrived = lambda: out.tobytes() == expected.tobytes()  # noqa: B023
             buf[:] = np.arange(100) * (rank + 1) + step
             req = tx.isend()
-            got = rx.recv(timeout=5.0)
+            got = rx.recv(timeout=30.0)
             req.wait()
             assert np.asarray(got).tobytes() == expected.tobytes()
     assert late_header.lost == 3  # every receive lost the race, and still got its message
@@ -281,9 +281,9 @@ def test_an_empty_payload_announced_apart_posts_no_receive(how: str, into: str) 
         out = {"new": None, "out": np.empty(shape, "<f4"), "strided-out": np.empty((4, 0, 4), "<f4")[..., ::2]}[into]
         try:
             if how == "recv_array":
-                got = cai_mpi.recv_array(0, 49, out=out, timeout=5.0)
+                got = cai_mpi.recv_array(0, 49, out=out, timeout=30.0)
             else:
-                got = cai_mpi.irecv_array(0, 49, out=out).wait(timeout=5.0)
+                got = cai_mpi.irecv_array(0, 49, out=out).wait(timeout=30.0)
         except cai_mpi.TimeoutError:
             pytest.fail("the receive waited for a payload message an empty payload never has")
         data = np.asarray(got)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 from mpi4py import MPI
+from ordering import write_after
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
@@ -228,13 +229,18 @@ def test_race_stream_is_synchronized(sync: bool | None) -> None:
     """The sender enqueues a slow write on a (simulated) stream and sends at once.
 
     With the default policy the receiver must see the written data; with
-    sync=False it must see the stale zeros, which proves the test can fail.
+    sync=False it must see the stale zeros, which proves the test can fail: the write then waits until the send is
+    complete, so the zeros are what was sent whatever the ranks' timing.
     """
     if rank == 0:
         stream = SimulatedStream("race-producer")
         x = FakeCudaArray.zeros(100_000, "<f8", stream=stream)
-        stream.enqueue(x.host.fill, 42.0, delay=0.3)  # a slow "kernel" writing x
+        sent = threading.Event()
+        if sync is None:
+            sent.set()  # (the send waits for the write: the write must not wait for the send)
+        stream.enqueue(write_after, sent, x.host, 42.0, delay=0.3)  # a slow "kernel" writing x
         cai_mpi.send_array(x, 1, tag=99, sync=sync)
+        sent.set()
         stream.synchronize()
     elif rank == 1:
         got = np.asarray(cai_mpi.recv_array(0, 99))

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from mpi4py import MPI
-from nothing_waiting import assert_nothing_waiting
+from ordering import assert_nothing_waiting
 
 import cai_mpi
 from cai_mpi._src.config import reload_config

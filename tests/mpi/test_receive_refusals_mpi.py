@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hostile_headers import craft
 from mpi4py import MPI
-from nothing_waiting import assert_nothing_waiting
+from ordering import assert_nothing_waiting
 
 import cai_mpi
 from cai_mpi._src.core.header import HEADER_BUFFER_BYTES

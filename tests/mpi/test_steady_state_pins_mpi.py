@@ -19,7 +19,7 @@ pytestmark = pytest.mark.mpi(min_size=2)
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 LAST = size - 1
-WAIT = 5.0  # every call's timeout=: a planted mistake that would hang fails within it
+WAIT = 30.0  # every call's timeout=: a planted mistake that would hang fails within it
 
 
 def fresh() -> MPI.Intracomm:

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 from mpi4py import MPI
-from nothing_waiting import assert_nothing_waiting
+from ordering import assert_nothing_waiting
 
 import cai_mpi
 from cai_mpi._src.config import reload_config
@@ -99,8 +99,8 @@ def test_the_environment_sets_a_default_timeout(monkeypatch: pytest.MonkeyPatch)
     WORLD.Barrier()
     if rank == 1:
         cai_mpi.send_array(np.arange(5), 0, tag=9)
-    elif rank == 0:
-        assert np.asarray(cai_mpi.recv_array(1, 9)).tolist() == list(range(5))
+    elif rank == 0:  # (a timeout= of the call wins over the environment's: rank 1 may be late)
+        assert np.asarray(cai_mpi.recv_array(1, 9, timeout=60)).tolist() == list(range(5))
     WORLD.Barrier()
 
 
@@ -161,24 +161,32 @@ def test_a_bad_timeout_is_refused_before_anything_happens(bad, error) -> None:
 
 def test_a_pipeline_stage_that_waits_too_long_fails_and_every_stage_hears_of_it() -> None:
     comm = WORLD.Split(0 if WORLD.Get_rank() < 2 else 1, WORLD.Get_rank())
+    told = comm.Dup()  # (stage 1 tells stage 0 it has timed out: stage 0 must not end the stream before)
     if WORLD.Get_rank() < 2:
         with pytest.raises((cai_mpi.TimeoutError, cai_mpi.PipelineError)) as info, \
                 cai_mpi.Pipeline(comm, timeout=SHORT) as pipe:
-            if pipe.first:
-                time.sleep(3 * SHORT)  # sends nothing in time
+            if pipe.first:  # sends nothing in time: ends the stream only once stage 1 timed out (or 30 s passed)
+                give_up = time.monotonic() + 30
+                while not told.Iprobe(source=1) and time.monotonic() < give_up:
+                    time.sleep(1e-3)
             else:
-                for _item in pipe:
-                    pass
+                try:
+                    for _item in pipe:
+                        pass
+                finally:
+                    told.send(None, dest=0)
         if comm.Get_rank() == 1:
             assert isinstance(info.value, cai_mpi.TimeoutError)
             assert f"stage 1 waited {SHORT:g} s for an item from the previous stage" in str(info.value)
         else:
             assert isinstance(info.value, cai_mpi.PipelineError) and info.value.rank == 1
+            told.recv(source=1)
         x = np.arange(4.0)
         if comm.Get_rank() == 0:
             cai_mpi.send_array(x, 1, comm=comm)
         else:
             assert np.array_equal(np.asarray(cai_mpi.recv_array(0, comm=comm)), x)
+    told.Free()
     comm.Free()
     WORLD.Barrier()
 
@@ -197,6 +205,7 @@ def test_a_payload_that_does_not_come_times_out_and_is_received_in_the_backgroun
         pc.header.Send([encode_header(x.dtype, x.shape, fortran=False, payload_tag=ptag), MPI.BYTE], 0, 17)
     elif rank == 0:
         assert pending_count() == 0  # (so that what is pending afterwards is this receive)
+        pc.header.Probe(1, 17)  # (the header is there: the timeout below is the payload's, however late rank 1 is)
         start = time.monotonic()
         with pytest.raises(cai_mpi.TimeoutError) as info:
             cai_mpi.recv_array(1, 17, timeout=SHORT, out=out)
