@@ -148,8 +148,10 @@ class Plan:
                 part.view(np.uint8)[...] = np.frombuffer(memoryview(staged), np.uint8)
                 piece.release()
 
-    def results(self, buckets: list[np.ndarray[Any, Any]], device: dict[int, Array], rt: Runtime) -> list[Array]:
-        """Each array's result: a view of its bucket (host) or the device Array given for it, refreshed."""
+    def results(self, buckets: list[np.ndarray[Any, Any]], alone: list[np.ndarray[Any, Any]],
+                device: dict[int, Array], rt: Runtime) -> list[Array]:
+        """Each array's result: a view of its bucket (host), the device Array given for it (refreshed), or the array
+        it was reduced into on its own (``alone``, in ``direct``'s order)."""
         out: list[Any] = [None] * self.n
         streams = set()
         waited: set[tuple[int, int | None]] = set()
@@ -181,6 +183,8 @@ class Plan:
                     rt.copy_async(arr.descriptor.ptr, part.ctypes.data, part.nbytes, stream)
                     streams.add(stream)
                 out[pos] = arr
+        for d, result in zip(self.direct, alone, strict=True):
+            out[d.position] = over_host(result, NO_SOURCE, NO_TAG, None)
         for stream in streams:
             rt.record_event(stream).synchronize()
         return out
@@ -188,7 +192,10 @@ class Plan:
     def container(self, arrays: list[Any]) -> Any:
         return arrays if self.keys is None else dict(zip(self.keys, arrays, strict=True))
 
-    def divide(self, buckets: list[np.ndarray[Any, Any]], size: int) -> None:
+    def divide(self, buckets: list[np.ndarray[Any, Any]], alone: list[np.ndarray[Any, Any]], size: int) -> None:
+        """For a mean, the sums divided by the world's size: the buckets' and those of the arrays reduced alone."""
         if self.mean:
             for bucket, buf in zip(self.buckets, buckets, strict=True):
                 np.true_divide(buf, bucket.dtype.type(size), out=buf)
+            for d, result in zip(self.direct, alone, strict=True):
+                np.true_divide(result, d.dtype.type(size), out=result)

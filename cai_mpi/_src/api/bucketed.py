@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..arrays.array import NO_SOURCE, NO_TAG, Array
+from ..arrays.array import Array
 from ..arrays.operands import DeviceSource, send_source
 from ..core.memo import Memo
 from ..runtime.base import Runtime
@@ -169,13 +169,8 @@ def _calls(sig: Signature, ours: _Buckets | None, comm: MPI.Comm) -> list[Call]:
 def _results(plan: Plan, buffers: list[np.ndarray[Any, Any]], alone: list[np.ndarray[Any, Any]], size: int,
              rt: Runtime) -> Any:
     """The container of result Arrays over the reduced buckets and arrays (the mean divided)."""
-    plan.divide(buffers, size)
-    out = plan.results(buffers, {}, rt)  # (None where an array was reduced alone: filled below)
-    for d, result in zip(plan.direct, alone, strict=True):
-        if plan.mean:
-            np.true_divide(result, d.dtype.type(size), out=result)
-        out[d.position] = Array.over_host(result, NO_SOURCE, NO_TAG, None)
-    return plan.container(out)
+    plan.divide(buffers, alone, size)
+    return plan.container(plan.results(buffers, alone, {}, rt))
 
 
 def _direct(steps: Joined, d: Direct, src: np.ndarray[Any, Any], result: np.ndarray[Any, Any],
@@ -215,7 +210,8 @@ class BucketedAllreduce(PersistentLifecycle):
     ``ValueError``, as is any use after ``close()``).
     """
 
-    __slots__ = ("_alone", "_bound", "_device", "_objs", "_plan", "_recv", "_result", "_rt", "_send")
+    __slots__ = ("_alone", "_bound", "_device", "_objs", "_plan", "_recv", "_reduced_alone", "_result", "_rt",
+                 "_send")
 
     def __init__(self, objs: Any, op: Any, comm: Any, sync: Any, timeout: Any = None) -> None:
         fn = "allreduce_init"
@@ -236,10 +232,9 @@ class BucketedAllreduce(PersistentLifecycle):
         values = list(objs.values()) if isinstance(objs, Mapping) else list(objs)
         self._objs, self._bound = objs, values
         self._alone = [self._bind(d, values[d.position], plan.sources[d.position]) for d in plan.direct]
+        self._reduced_alone = [result for _obj, _ptr, _staging, result in self._alone]
         self._device: dict[int, Array] = {}
-        self._result = self._plan.results(self._recv, self._device, rt)
-        for d, (_obj, _ptr, _staging, result) in zip(plan.direct, self._alone, strict=True):
-            self._result[d.position] = Array.over_host(result, NO_SOURCE, NO_TAG, None)
+        self._result = self._plan.results(self._recv, self._reduced_alone, self._device, rt)
         self._device = {i: a for i, a in enumerate(self._result) if not a.is_host}
         self._open()
 
@@ -317,12 +312,9 @@ class BucketedAllreduce(PersistentLifecycle):
     def _done(self) -> Any:
         """The container of results (the same Arrays at every use), the mean divided and device copies made."""
         plan = self._plan
-        plan.divide(self._recv, self._comm.Get_size())
-        if plan.mean and self._alone:
-            for d, (_obj, _ptr, _staging, result) in zip(plan.direct, self._alone, strict=True):
-                np.true_divide(result, d.dtype.type(self._comm.Get_size()), out=result)
+        plan.divide(self._recv, self._reduced_alone, self._comm.Get_size())
         if self._device:
-            plan.results(self._recv, self._device, self._rt)
+            plan.results(self._recv, self._reduced_alone, self._device, self._rt)
         return plan.container(list(self._result))
 
     def _memory(self) -> Any:
