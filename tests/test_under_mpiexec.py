@@ -132,7 +132,8 @@ def test_a_failing_rank_ends_the_run_within_seconds_with_its_assertion(tmp_path:
     assert run.returncode != 0
     assert "deliberate failure on rank 1" in run.output and "rank 1: FAILED" in run.output, tail(run)
     assert summaries[1]["failed"] == ["tests/mpi/selfcheck/broken_assert.py::test_rank_one_fails_while_the_others_wait"]
-    assert run.seconds < 60, f"the run took {run.seconds:.0f} s: rank 0 was not released by the abort"
+    assert not any(summary["hung"] for summary in summaries), summaries  # rank 0 was released by the abort
+    assert run.seconds < 120, f"the run took {run.seconds:.0f} s: rank 0 was not released by the abort"
 
 
 PLANTED = """

@@ -123,11 +123,19 @@ def _hung(nodeid: str, seconds: float, main: int) -> None:
         if where is not None:
             _await_stacks(where)
     else:
-        time.sleep(5)  # (the first rank's abort ends this one; if it never comes, abort from here)
+        time.sleep(STACK_WAIT + 5)  # (the first rank's abort ends this one; if it never comes, abort from here)
+    _abort()
+
+
+def _abort() -> None:
+    """End the job, once the launcher has read what this rank wrote (MPICH's hydra may drop it otherwise)."""
+    from cai_mpi._src.api.abort import _let_the_launcher_read
+
+    _let_the_launcher_read()
     MPI.COMM_WORLD.Abort(1)
 
 
-STACK_WAIT = 5.0  # s the first hung rank waits for the others' verdicts before it aborts them
+STACK_WAIT = 15.0  # s at most the first hung rank waits for the others' verdicts before it aborts them
 
 
 def _await_stacks(where: Path) -> None:
@@ -171,7 +179,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             f"{report.longreprtext}\n"
         )
         sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)  # the other ranks may be waiting for this one: end them all now
+        _abort()  # the other ranks may be waiting for this one: end them all now
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

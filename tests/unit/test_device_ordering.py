@@ -197,11 +197,18 @@ def test_numpy_of_a_device_array_sees_pending_work(lazy_route: tuple[CudaRuntime
 
 def test_sync_false_trusts_the_caller(route: tuple[CudaRuntime, MPI.Comm]) -> None:
     # The opt-out is honoured: what is pending is not waited for (the caller promised there is nothing).
+    # The write waits until the round trip is done, so OLD is what was sent however slow the machine is (a wait
+    # that should not happen blocks for 30 s, then sees NEW).
     rt, comm = route
     x = DoubleDeviceArray(rt, OLD, stream=None)
-    kernel_write(rt, user_stream(rt), x.buf.ptr, NEW, delay=1.0)
-    assert np.array_equal(np.asarray(round_trip(x, comm, device="host", sync=False)), OLD)
+    stream, sent = user_stream(rt), threading.Event()
+    with rt.driver.on(0):
+        double_of(rt).launch(stream, lambda: sent.wait(30))
+    kernel_write(rt, stream, x.buf.ptr, NEW, delay=0.0)
+    got = np.asarray(round_trip(x, comm, device="host", sync=False))
+    sent.set()
     rt.sync_device(0)
+    assert np.array_equal(got, OLD)
 
 
 def test_a_channel_waits_for_work_on_its_array_before_the_next_message(monkeypatch: pytest.MonkeyPatch) -> None:

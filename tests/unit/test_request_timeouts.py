@@ -98,10 +98,10 @@ def test_a_payload_past_its_time_is_finished_in_the_background_with_its_memory_k
 
 def test_the_rest_of_a_matched_transfer_gets_its_own_timeout() -> None:
     header, payload, cleaned = Flag(cancellable=True), Flag(), []
-    threading.Timer(0.6, header.set).start()
-    threading.Timer(1.2, payload.set).start()  # past the first deadline, within the renewed one
+    threading.Timer(2.0, header.set).start()
+    threading.Timer(4.5, payload.set).start()  # past the first deadline, within the renewed one (seconds of slack)
     req = Request(receive(header, payload, cleaned), about=RECEIVE)
-    assert req.wait(timeout=1.0) == "data"
+    assert req.wait(timeout=4.0) == "data"
 
 
 class Broken(Waitable):

@@ -32,6 +32,13 @@ class Gate(Waitable):
         self.event.wait()
 
 
+def until_a_thread_waits(gate: Gate) -> None:
+    """Until some thread is blocked in the gate (a started thread may take a while to get there on a busy machine)."""
+    give_up = time.monotonic() + 30
+    while not gate.waiting and time.monotonic() < give_up:
+        time.sleep(1e-3)
+
+
 def steps(gate: Gate, ran: list[str]) -> Generator[Waitable, None, str]:
     yield gate
     ran.append("landed")
@@ -52,7 +59,8 @@ def test_threads_waiting_for_one_request_all_get_its_result_and_its_steps_run_on
     threads = [threading.Thread(target=waiter) for _ in range(3)]
     for th in threads:
         th.start()
-    time.sleep(0.2)
+    until_a_thread_waits(gate)
+    time.sleep(0.2)  # (time for a second thread to drive it too, were that possible)
     assert gate.waiting == 1, f"{gate.waiting} threads drove the same request at once"
     gate.event.set()
     for th in threads:
@@ -66,7 +74,7 @@ def test_a_test_from_another_thread_never_drives_a_request_a_thread_is_driving()
     req = Request(steps(gate, ran))
     waiter = threading.Thread(target=req.wait)
     waiter.start()
-    time.sleep(0.1)
+    until_a_thread_waits(gate)  # (the waiter drives the request: only then may the test come)
     tested: list[tuple[bool, object]] = []
     tester = threading.Thread(target=lambda: tested.append(req.test()))
     tester.start()
