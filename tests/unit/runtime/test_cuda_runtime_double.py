@@ -244,7 +244,10 @@ def test_streams_events_and_waits(rt: CudaRuntime, d: CudaDriverDouble) -> None:
     user = int(producer(1)[1])
     d.cuCtxPopCurrent()
     log: list[str] = []
+    gate = threading.Event()
     d.cuCtxPushCurrent(d.context_of(0))
+    d.launch(s.handle, lambda: gate.wait(10))  # cai_mpi's stream is held until the gate opens
+    # (the delay: a producer that did not wait for the event would write first)
     d.launch(s.handle, lambda: log.append("cai_mpi's copy"), delay=0.2)
     d.cuCtxPopCurrent()
     ev = rt.record_event(s)
@@ -253,6 +256,8 @@ def test_streams_events_and_waits(rt: CudaRuntime, d: CudaDriverDouble) -> None:
     d.cuCtxPushCurrent(d.context_of(0))
     d.launch(user, lambda: log.append("producer writes again"))
     d.cuCtxPopCurrent()
+    assert ev.query() is False and log == []
+    gate.set()
     rt.sync_stream(user, 0)
     assert log == ["cai_mpi's copy", "producer writes again"] and ev.query() is True
     with pytest.raises(TypeError, match="needs a stream from create_stream"):

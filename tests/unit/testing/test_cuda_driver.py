@@ -184,9 +184,12 @@ def test_a_stream_runs_in_order_and_reports_pending_work(d: CudaDriverDouble) ->
     on(d, 0)
     s = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
     log: list[int] = []
-    d.launch(s, lambda: log.append(1), delay=0.1)
+    gate = threading.Event()
+    d.launch(s, lambda: gate.wait(10))  # pending until the gate opens, however slow this thread is
+    d.launch(s, lambda: log.append(1), delay=0.1)  # (the delay: a stream that ran out of order would run 2 first)
     d.launch(s, lambda: log.append(2))
     assert d.cuStreamQuery(s) == (CUresult.CUDA_ERROR_NOT_READY,)
+    gate.set()
     assert d.cuStreamSynchronize(s) == (OK,) and log == [1, 2]
     assert d.cuStreamQuery(s) == (OK,)
     assert d.cuStreamGetCtx(s)[1] == d.cuCtxGetCurrent()[1]
@@ -200,9 +203,12 @@ def test_freeing_device_memory_waits_for_nothing(d: CudaDriverDouble) -> None:
     s = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
     dptr = d.cuMemAlloc(64)[1]
     done: list[str] = []
-    d.kernel_write(s, dptr, b"x" * 64, delay=0.2)
+    gate = threading.Event()
+    d.launch(s, lambda: gate.wait(10))  # the kernel stays pending until the gate opens
+    d.kernel_write(s, dptr, b"x" * 64)
     d.launch(s, lambda: done.append("kernel"))
     assert d.cuMemFree(dptr) == (OK,) and done == []
+    gate.set()
     assert d.cuStreamSynchronize(s) == (OK,) and done == ["kernel"]
     assert d.cuPointerGetAttributes(1, [A.CU_POINTER_ATTRIBUTE_MEMORY_TYPE], dptr) == (OK, [0])  # forgotten
 
@@ -225,11 +231,13 @@ def test_the_stream_ordered_pool_reuses_a_block_on_its_stream_at_once(d: CudaDri
     s = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
     other = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
     first = int(d.cuMemAllocAsync(4096, s)[1])
-    d.launch(s, lambda: None, delay=0.3)  # work on s still using the block
+    gate = threading.Event()
+    d.launch(s, lambda: gate.wait(10))  # work on s still using the block, until the gate opens
     assert d.cuMemFreeAsync(first, s) == (OK,)
     elsewhere = int(d.cuMemAllocAsync(4096, other)[1])
     assert elsewhere != first  # its free has not run yet
     assert int(d.cuMemAllocAsync(4096, s)[1]) == first
+    gate.set()
     assert d.cuMemFreeAsync(elsewhere, other) == (OK,) and d.cuStreamSynchronize(other) == (OK,)
     assert int(d.cuMemAllocAsync(4096, s)[1]) == elsewhere  # freed and done: any stream may take it
 
@@ -280,11 +288,20 @@ def test_the_legacy_stream_orders_blocking_streams_only(d: CudaDriverDouble, fla
     s = d.cuStreamCreate(flags)[1]
     dev = int(d.cuMemAlloc(8)[1])
     d.write_device(dev, bytes(8))
-    d.kernel_write(1, dev, b"\x07" * 8, delay=0.2)  # a slow kernel on the legacy default stream
+    gate = threading.Event()
+    d.launch(1, lambda: gate.wait(10))  # the legacy default stream is held until the gate opens
+    d.kernel_write(1, dev, b"\x07" * 8, delay=0.2)  # a slow kernel: a copy that does not wait for it reads zeros
     host = np.zeros(8, np.uint8)
     d.cuMemcpyAsync(host.ctypes.data, dev, 8, s)
-    d.cuStreamSynchronize(s)
-    assert (host == 7).all() if waits else (host == 0).all()
+    if waits:
+        assert d.cuStreamQuery(s) == (CUresult.CUDA_ERROR_NOT_READY,)  # the copy waits for the legacy stream
+        gate.set()
+        assert d.cuStreamSynchronize(s) == (OK,)
+        assert (host == 7).all()
+    else:
+        assert d.cuStreamSynchronize(s) == (OK,)  # the legacy stream is still held: the copy did not wait for it
+        assert (host == 0).all()
+        gate.set()
     d.cuCtxSynchronize()
 
 
@@ -301,7 +318,9 @@ def test_work_on_a_blocking_stream_is_waited_for_by_the_legacy_stream(d: CudaDri
 def test_per_thread_default_streams_are_per_thread(d: CudaDriverDouble) -> None:
     ctx = on(d, 0)
     log: list[str] = []
-    d.launch(2, lambda: log.append("main"), delay=0.3)
+    gate = threading.Event()
+    d.launch(2, lambda: gate.wait(10))  # this thread's per-thread stream is held until the gate opens
+    d.launch(2, lambda: log.append("main"))
 
     def other() -> None:
         d.cuCtxSetCurrent(ctx)
@@ -312,6 +331,7 @@ def test_per_thread_default_streams_are_per_thread(d: CudaDriverDouble) -> None:
     t.start()
     t.join()
     assert log == ["other"]
+    gate.set()
     d.cuStreamSynchronize(2)
     assert log == ["other", "main"]
 
@@ -322,11 +342,16 @@ def test_events_and_stream_wait_event_order_two_streams(d: CudaDriverDouble) -> 
     ev = d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING)[1]
     assert d.cuEventQuery(ev) == (OK,)  # never recorded: complete
     log: list[str] = []
+    gate = threading.Event()
+    d.launch(producer, lambda: gate.wait(10))  # the producer is held until the gate opens
+    # (the delay: a consumer that did not wait for the event would run first)
     d.launch(producer, lambda: log.append("produced"), delay=0.2)
     assert d.cuEventRecord(ev, producer) == (OK,)
     assert d.cuEventQuery(ev) == (CUresult.CUDA_ERROR_NOT_READY,)
     assert d.cuStreamWaitEvent(consumer, ev, 0) == (OK,)
     d.launch(consumer, lambda: log.append("consumed"))
+    assert d.cuStreamQuery(consumer) == (CUresult.CUDA_ERROR_NOT_READY,)  # it waits for the event
+    gate.set()
     d.cuStreamSynchronize(consumer)
     assert log == ["produced", "consumed"]
     assert d.cuEventSynchronize(ev) == (OK,) and d.cuEventDestroy(ev) == (OK,)
@@ -339,10 +364,15 @@ def test_a_copy_without_a_wait_can_read_stale_data(d: CudaDriverDouble) -> None:
     producer, other = (d.cuStreamCreate(1)[1] for _ in range(2))
     dev = int(d.cuMemAlloc(8)[1])
     d.write_device(dev, bytes(8))
-    d.kernel_write(producer, dev, b"\x05" * 8, delay=0.2)
+    gate = threading.Event()
+    d.launch(producer, lambda: gate.wait(10))  # the kernel stays pending until the gate opens
+    d.kernel_write(producer, dev, b"\x05" * 8)
     stale, fresh = np.zeros(8, np.uint8), np.zeros(8, np.uint8)
     d.cuMemcpyAsync(stale.ctypes.data, dev, 8, other)
     d.cuMemcpyAsync(fresh.ctypes.data, dev, 8, producer)
+    assert d.cuStreamSynchronize(other) == (OK,)  # the copy on the other stream ran, while the kernel is pending
+    assert (stale == 0).all()
+    gate.set()
     d.cuCtxSynchronize()
     assert (stale == 0).all() and (fresh == 5).all()
 
@@ -448,11 +478,14 @@ def test_a_slow_copy_delay_applies_to_every_async_copy(d: CudaDriverDouble) -> N
     on(d, 0)
     d.set_copy_delay(0.2)
     a, b = np.ones(4), np.zeros(4)
-    t0 = time.monotonic()
+    gate = threading.Event()
+    d.launch(1, lambda: gate.wait(10))  # the copy cannot start before the gate opens
     d.cuMemcpyAsync(b.ctypes.data, a.ctypes.data, 32, 1)
-    assert (b == 0).all()
+    assert (b == 0).all()  # asynchronous: nothing copied at the call
+    t0 = time.monotonic()
+    gate.set()
     d.cuStreamSynchronize(1)
-    assert (b == 1).all() and time.monotonic() - t0 >= 0.2
+    assert (b == 1).all() and time.monotonic() - t0 >= 0.2  # the copy waited its delay once it could start
     ctypes.memset(b.ctypes.data, 0, 32)
 
 
@@ -530,9 +563,12 @@ def test_a_faulting_kernel_is_reported_by_the_syncs_after_it(d: CudaDriverDouble
     err, s = d.cuStreamCreate(0)
     err, before = d.cuEventCreate(0)
     assert d.cuEventRecord(before, s) == (OK,)
-    d.launch(s, lambda: None, delay=0.05, fault=True)
+    gate = threading.Event()
+    d.launch(s, lambda: gate.wait(10))  # the faulting kernel cannot run before the gate opens
+    d.launch(s, lambda: None, delay=0.05, fault=True)  # (the delay: a sync that did not wait would see no fault)
     err, after = d.cuEventCreate(0)
     assert d.cuEventRecord(after, s) == (OK,)  # the fault has not happened yet: the call succeeds
+    gate.set()
     bad = CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
     assert d.cuEventSynchronize(after) == (bad,)  # the wait ends with the kernel's error
     assert d.cuStreamSynchronize(s) == (bad,)

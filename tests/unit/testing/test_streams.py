@@ -19,13 +19,26 @@ from cai_mpi.testing._streams import resolve_stream
 
 
 def test_stream_runs_work_in_order_after_the_delay(stream: SimulatedStream) -> None:
-    log: list[int] = []
-    stream.enqueue(log.append, 1, delay=0.05)
-    stream.enqueue(log.append, 2)
-    stream.enqueue(log.append, 3, delay=0.01)
-    assert log == []  # the first item is still sleeping
+    # The gate holds the stream, so "nothing has run yet" does not depend on this thread being quick; the times
+    # at which the items ran show that each waited for its delay (a lower bound only: robust to a loaded machine).
+    gate = threading.Event()
+    stream.enqueue(lambda: gate.wait(10))
+    log: list[tuple[int, float]] = []
+
+    def note(item: int) -> None:
+        log.append((item, time.monotonic()))
+
+    stream.enqueue(note, 1, delay=0.05)
+    stream.enqueue(note, 2)
+    stream.enqueue(note, 3, delay=0.01)
+    assert log == []  # the stream is held at the gate
+    opened = time.monotonic()
+    gate.set()
     stream.synchronize()
-    assert log == [1, 2, 3]
+    assert [item for item, _ in log] == [1, 2, 3]
+    (_, first), (_, second), (_, third) = log
+    assert first - opened >= 0.05  # the first item slept its delay before it ran
+    assert third - second >= 0.01
 
 
 def test_stream_delay_is_honoured(stream: SimulatedStream) -> None:
