@@ -89,6 +89,13 @@ def uncovered() -> list[str]:
 # (pipeline.py's earlier judgements went when it was split into pipeline, pipeline_wire and pipeline_leave: their
 # occurrences named other code after the split; docs/testing.md lists what they were.)
 JUDGED_EQUIVALENT: dict[tuple[str, str, int], str] = {
+    ("cai_mpi/_src/api/persistent.py", "core/NumberReplacer", 14):
+        "equivalent: a persistent collective's receive address keeps its initial value only where nothing reads "
+        "it: a bcast's root posts its own buffer, a reduce's other ranks pass no receive buffer, and device "
+        "memory is posted per use at the addresses of that use",
+    ("cai_mpi/_src/api/persistent.py", "core/ReplaceComparisonOperator_Eq_LtE", 9):
+        "equivalent: the kinds are allgather, allreduce, bcast and reduce, and none but allgather sorts at or "
+        "below 'allgather', so '<=' picks the same kinds as '=='",
     ("cai_mpi/_src/api/persistent.py", "core/NumberReplacer", 9):
         "equivalent: the chunk size in a persistent collective's own description is never read: it lands only "
         "through Landing.plan, which reads its dtype, shape, order, size and meta (chunks are the point-to-point "

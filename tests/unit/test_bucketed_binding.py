@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 import cai_mpi
 from cai_mpi._src.api.bucket_plan import DIRECT_BYTES
+from cai_mpi.testing import FakeCudaArray, SimulatedRuntime, use_runtime
 
 
 def test_a_list_of_hundreds_of_arrays_is_used_again_and_again() -> None:
@@ -53,3 +54,18 @@ def test_a_large_array_that_moved_is_refused_wherever_it_went(shift: int) -> Non
             red()
     finally:
         red.close()
+
+
+@pytest.mark.parametrize("shift", [-8, 8], ids=["lower", "higher"])
+def test_a_device_array_that_moved_is_refused_wherever_it_went(shift: int) -> None:
+    """A device array shares its dtype's bucket, copied in at every use from where it was at creation."""
+    with use_runtime(SimulatedRuntime()):
+        grad = FakeCudaArray(np.arange(4.0), device=True, shape=(2,), offset=8)  # elements 1 and 2 of its memory
+        red = cai_mpi.allreduce_init([np.ones(2), grad], comm=MPI.COMM_SELF)
+        try:
+            assert red()[1].numpy().tolist() == [1.0, 2.0]
+            grad.ptr += shift  # the same object, its data now one element lower or higher
+            with pytest.raises(ValueError, match="reallocated"):
+                red()
+        finally:
+            red.close()
