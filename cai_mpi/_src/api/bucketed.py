@@ -231,29 +231,30 @@ class BucketedAllreduce(PersistentLifecycle):
             self._reqs.append(prepared(comm_, "Allreduce", sbuf, rbuf, bucket.op))
         values = list(objs.values()) if isinstance(objs, Mapping) else list(objs)
         self._objs, self._bound = objs, values
-        self._alone = [self._bind(d, values[d.position], plan.sources[d.position]) for d in plan.direct]
-        self._reduced_alone = [result for _obj, _ptr, _staging, result in self._alone]
+        self._reduced_alone = [np.empty(d.shape, d.dtype) for d in plan.direct]
+        self._alone = [self._bind(d, values[d.position], plan.sources[d.position], result)
+                       for d, result in zip(plan.direct, self._reduced_alone, strict=True)]
         self._device: dict[int, Array] = {}
         self._result = self._plan.results(self._recv, self._reduced_alone, self._device, rt)
         self._device = {i: a for i, a in enumerate(self._result) if not a.is_host}
         self._open()
 
-    def _bind(self, d: Direct, obj: Any, src: np.ndarray[Any, Any]) -> tuple[Any, int, Any, np.ndarray[Any, Any]]:
-        """A large host array's own persistent Allreduce, from its buffer (or a staging copy of it) into a result
-        array: ``(the array, the address bound, the staging array or None, the result)``."""
+    def _bind(self, d: Direct, obj: Any, src: np.ndarray[Any, Any],
+              result: np.ndarray[Any, Any]) -> tuple[Any, int, Any]:
+        """A large host array's own persistent Allreduce, from its buffer (or a staging copy of it) into ``result``:
+        ``(the array, the address bound, the staging array or None)``."""
         staging = None if src.dtype == d.dtype and src.flags.c_contiguous else np.empty(d.shape, d.dtype)
         send = src if staging is None else staging
-        result = np.empty(d.shape, d.dtype)
         n = result.size
         sbuf = [MPI.buffer.fromaddress(send.ctypes.data, send.nbytes, readonly=True), n, d.datatype]
         rbuf = [MPI.buffer.fromaddress(result.ctypes.data, result.nbytes), n, d.datatype]
         self._reqs.append(prepared(self._comm, "Allreduce", sbuf, rbuf, d.op))
-        return obj, src.ctypes.data, staging, result
+        return obj, src.ctypes.data, staging
 
     def _check_alone(self) -> None:
         """The arrays with their own Allreduce are still where and what they were bound as (staged ones copied)."""
         plan = self._plan
-        for d, (obj, ptr0, staging, _result) in zip(plan.direct, self._alone, strict=True):
+        for d, (obj, ptr0, staging) in zip(plan.direct, self._alone, strict=True):
             src = obj if type(obj) is np.ndarray else send_source(self._fn, obj, plan.sync, self._rt)
             shape = src.desc.shape if isinstance(src, DeviceSource) else src.shape
             if shape != d.shape or isinstance(src, DeviceSource) or (
@@ -318,7 +319,7 @@ class BucketedAllreduce(PersistentLifecycle):
         return plan.container(list(self._result))
 
     def _memory(self) -> Any:
-        return (self._send, self._recv, self._alone)
+        return (self._send, self._recv, self._alone, self._reduced_alone)
 
     def __repr__(self) -> str:
         return f"<cai_mpi persistent bucketed allreduce of {self._plan.n} arrays {self._state()}>"
